@@ -1,0 +1,20 @@
+"""gradlab: the router. Page config, the shared experiment sidebar, navigation over pages/."""
+
+import streamlit as st
+
+from gradlab import ui
+
+st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
+
+PAGES = [
+    st.Page("pages/home.py", title="Home", icon="🏠", default=True),
+    st.Page("pages/norms.py", title="Gradient norms", icon="📊"),
+    st.Page("pages/equivalence.py", title="Equivalence", icon="🟰"),
+    st.Page("pages/performance.py", title="Performance", icon="⏱️"),
+    st.Page("pages/dp_clipping.py", title="DP clipping", icon="🔒"),
+    st.Page("pages/influence.py", title="Influence", icon="🧭"),
+]
+
+page = st.navigation(PAGES)
+st.session_state["_experiment"] = ui.experiment_sidebar()
+page.run()

@@ -1,0 +1,242 @@
+"""Datasets: scikit-learn's bundled real sets, generated toys, label noise, CSV import.
+
+Nothing is downloaded: digits, breast cancer and diabetes ship inside scikit-learn; the toys are
+generated from a seed. Features are standardized with the training split's mean and std.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from sklearn import datasets as skd
+from sklearn.model_selection import train_test_split
+
+
+class DataError(ValueError):
+    """A dataset or setting that cannot work; the message says what to change."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+    """A standardized train/test split.
+
+    - `x_train (N, D) float32`, `y_train (N,)` int32 class ids or float32 targets; same for test.
+    - `task`: `"classification"` or `"regression"`.
+    - `flipped (N,) bool`: training labels replaced by label-noise injection (all False without).
+    - `y_train_clean (N,)`: the training labels before noise.
+    - `image_shape`: `(8, 8)` for digits (x rows are flattened images), else None.
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    task: str
+    feature_names: tuple[str, ...]
+    class_names: tuple[str, ...]
+    flipped: np.ndarray
+    y_train_clean: np.ndarray
+    image_shape: tuple[int, int] | None = None
+
+    @property
+    def n_classes(self) -> int:
+        """K classes (1 for regression: one output)."""
+        return len(self.class_names) if self.task == "classification" else 1
+
+    @property
+    def n_features(self) -> int:
+        return self.x_train.shape[1]
+
+
+#: name -> human label; the order is the sidebar's.
+DATASETS = {
+    "digits": "Digits (8×8 images, 10 classes, scikit-learn)",
+    "breast_cancer": "Breast cancer (30 features, 2 classes, scikit-learn)",
+    "diabetes": "Diabetes (10 features, regression, scikit-learn)",
+    "blobs": "Blobs (2-D toy, 3 classes)",
+    "moons": "Moons (2-D toy, 2 classes)",
+    "circles": "Circles (2-D toy, 2 classes)",
+    "spirals": "Spirals (2-D toy, 2 classes)",
+    "line_outliers": "Line with outliers (1-D regression toy)",
+}
+
+TOY_SIZE = 600
+
+
+def _spirals(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Two interleaved Archimedean spirals with Gaussian jitter."""
+    t = np.sqrt(rng.uniform(0.05, 1.0, n)) * 3 * np.pi
+    y = rng.integers(0, 2, n)
+    r = t * np.where(y == 0, 1.0, -1.0)
+    x = np.stack([r * np.cos(t), r * np.sin(t)], axis=1) + rng.normal(0, 0.3, (n, 2))
+    return x, y
+
+
+def _line_outliers(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """y = 2x + 1 + noise, with 5% of the targets shifted far off the line."""
+    x = rng.uniform(-3, 3, (n, 1))
+    y = 2 * x[:, 0] + 1 + rng.normal(0, 0.5, n)
+    out = rng.choice(n, size=max(1, n // 20), replace=False)
+    y[out] += rng.choice([-1, 1], out.size) * rng.uniform(8, 12, out.size)
+    return x, y
+
+
+def _raw(name: str, seed: int):
+    """(x, y, task, feature names, class names, image shape) before splitting."""
+    rng = np.random.default_rng(seed)
+    if name == "digits":
+        d = skd.load_digits()
+        return d.data, d.target, "classification", tuple(f"pixel {i}" for i in range(64)), tuple(map(str, range(10))), (8, 8)
+    if name == "breast_cancer":
+        d = skd.load_breast_cancer()
+        return d.data, d.target, "classification", tuple(d.feature_names), tuple(d.target_names), None
+    if name == "diabetes":
+        d = skd.load_diabetes()
+        return d.data, d.target, "regression", tuple(d.feature_names), ("target",), None
+    if name == "blobs":
+        x, y = skd.make_blobs(TOY_SIZE, centers=3, cluster_std=1.5, random_state=seed)
+        return x, y, "classification", ("x₁", "x₂"), ("0", "1", "2"), None
+    if name == "moons":
+        x, y = skd.make_moons(TOY_SIZE, noise=0.2, random_state=seed)
+        return x, y, "classification", ("x₁", "x₂"), ("0", "1"), None
+    if name == "circles":
+        x, y = skd.make_circles(TOY_SIZE, noise=0.1, factor=0.5, random_state=seed)
+        return x, y, "classification", ("x₁", "x₂"), ("0", "1"), None
+    if name == "spirals":
+        x, y = _spirals(TOY_SIZE, rng)
+        return x, y, "classification", ("x₁", "x₂"), ("0", "1"), None
+    if name == "line_outliers":
+        x, y = _line_outliers(200, rng)
+        return x, y, "regression", ("x",), ("y",), None
+    raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def flip_labels(
+    y: np.ndarray, rate: float, n_classes: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replace a fraction `rate` of labels by a different class, chosen uniformly.
+
+    **Returns** `(noisy labels (N,), flipped mask (N,) bool)`; exactly round(rate·N) are flipped.
+
+    **Raises** `DataError` if rate is outside [0, 1) or there is one class only.
+    """
+    if not 0.0 <= rate < 1.0:
+        raise DataError(f"label-noise rate must be in [0, 1), got {rate:g}: at 100% no label is left to learn from")
+    flipped = np.zeros(y.shape[0], bool)
+    k = int(round(rate * y.shape[0]))
+    if k == 0:
+        return y.copy(), flipped
+    if n_classes < 2:
+        raise DataError("label noise needs at least two classes")
+    idx = rng.choice(y.shape[0], size=k, replace=False)
+    flipped[idx] = True
+    noisy = y.copy()
+    noisy[idx] = (y[idx] + rng.integers(1, n_classes, k)) % n_classes
+    return noisy, flipped
+
+
+def corrupt_targets(y: np.ndarray, rate: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Regression "label noise": shift a fraction `rate` of targets by ±3 standard deviations."""
+    if not 0.0 <= rate < 1.0:
+        raise DataError(f"label-noise rate must be in [0, 1), got {rate:g}")
+    flipped = np.zeros(y.shape[0], bool)
+    k = int(round(rate * y.shape[0]))
+    idx = rng.choice(y.shape[0], size=k, replace=False)
+    flipped[idx] = True
+    noisy = y.copy()
+    noisy[idx] += rng.choice([-3.0, 3.0], k) * max(float(y.std()), 1e-6)
+    return noisy, flipped
+
+
+def make_dataset(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    task: str,
+    *,
+    seed: int = 0,
+    label_noise: float = 0.0,
+    test_fraction: float = 0.2,
+    feature_names: tuple[str, ...] | None = None,
+    class_names: tuple[str, ...] | None = None,
+    image_shape: tuple[int, int] | None = None,
+) -> Dataset:
+    """Split (stratified for classification), standardize, and inject label noise into the train split.
+
+    **Arguments**
+    - `x (N, D)` numeric features; `y (N,)` labels (any values for classification: they are
+      mapped to 0..K-1 in sorted order) or real targets.
+    - `task`: `"classification"` or `"regression"`; `seed` for the split and the noise.
+    - `label_noise`: fraction of training labels flipped to another class, in [0, 1).
+    - `test_fraction`: in (0, 1).
+
+    **Returns** a `Dataset`; regression targets are standardized too.
+
+    **Raises** `DataError` with a fix when the split leaves no examples or a class too small to
+    stratify, the noise rate is impossible, or shapes disagree.
+    """
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y)
+    if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        raise DataError(f"features must be (N, D) and labels (N,), got {x.shape} and {y.shape}")
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test fraction must be in (0, 1), got {test_fraction:g}")
+    n = x.shape[0]
+    if task == "classification":
+        values, y = np.unique(y, return_inverse=True)
+        class_names = class_names or tuple(str(v) for v in values)
+        if len(values) < 2:
+            raise DataError("the label column has a single class: a classifier needs at least two")
+        counts = np.bincount(y)
+        n_test = int(np.ceil(test_fraction * n))
+        if counts.min() < 2 or n_test < len(values) or n - n_test < len(values):
+            raise DataError(
+                f"too few examples to split {n} rows into train and test with every one of the "
+                f"{len(values)} classes in both (smallest class: {counts.min()} rows); add rows or "
+                "change the test fraction"
+            )
+        stratify = y
+    else:
+        class_names = class_names or ("target",)
+        stratify = None
+        if n < 4:
+            raise DataError(f"only {n} rows: need at least 4 to split into train and test")
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=stratify)
+    mu, sd = xtr.mean(0), xtr.std(0)
+    sd = np.where(sd > 0, sd, 1.0)
+    xtr, xte = (xtr - mu) / sd, (xte - mu) / sd
+    rng = np.random.default_rng(seed + 1)
+    if task == "classification":
+        ytr, yte = ytr.astype(np.int32), yte.astype(np.int32)
+        noisy, flipped = flip_labels(ytr, label_noise, len(class_names), rng)
+    else:
+        ym, ys = ytr.mean(), ytr.std() or 1.0
+        ytr, yte = ((ytr - ym) / ys).astype(np.float32), ((yte - ym) / ys).astype(np.float32)
+        noisy, flipped = corrupt_targets(ytr, label_noise, rng)
+    return Dataset(
+        name=name,
+        x_train=xtr.astype(np.float32),
+        y_train=noisy,
+        x_test=xte.astype(np.float32),
+        y_test=yte,
+        task=task,
+        feature_names=tuple(feature_names or (f"x{i}" for i in range(x.shape[1]))),
+        class_names=tuple(class_names),
+        flipped=flipped,
+        y_train_clean=ytr,
+        image_shape=image_shape,
+    )
+
+
+def load_dataset(name: str, *, seed: int = 0, label_noise: float = 0.0, test_fraction: float = 0.2) -> Dataset:
+    """Load a bundled or generated dataset by name (see `DATASETS`), split and standardized.
+
+    **Raises** `DataError` for an unknown name or an impossible setting (see `make_dataset`).
+    """
+    x, y, task, feats, classes, image_shape = _raw(name, seed)
+    return make_dataset(
+        name, x, y, task, seed=seed, label_noise=label_noise, test_fraction=test_fraction,
+        feature_names=feats, class_names=classes, image_shape=image_shape,
+    )

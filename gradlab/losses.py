@@ -1,0 +1,42 @@
+"""Single-example losses `(model, x, y) -> scalar`, the engine's `loss_fn` contract.
+
+They are module-level functions on purpose: the engine compiles once per `loss_fn` object, so a
+fresh lambda per call would re-trace.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def mse(model, x, y):
+    """Squared error `(model(x) - y)²` of one example; `y` a scalar target."""
+    return jnp.square(model(x) - y)
+
+
+def cross_entropy(model, x, y):
+    """Cross-entropy `-log softmax(model(x))[y]` of one example; `y` an int class id."""
+    logits = model(x)
+    return jax.nn.logsumexp(logits) - logits[y]
+
+
+def loss_for(task: str):
+    """The loss for a task: `cross_entropy` for classification, `mse` for regression."""
+    return cross_entropy if task == "classification" else mse
+
+
+def predict(model, xs, task: str):
+    """Predictions for a batch `xs (N, D)`: class ids `(N,)` or real values `(N,)`."""
+    out = jax.vmap(model)(xs)
+    return jnp.argmax(out, axis=-1) if task == "classification" else out
+
+
+def probabilities(model, xs):
+    """Class probabilities `(N, K)` for a batch (classification models)."""
+    return jax.nn.softmax(jax.vmap(model)(xs), axis=-1)
+
+
+def per_example_losses(loss_fn, model, xs, ys):
+    """`(N,)` losses `loss_fn(model, x_i, y_i)` of a batch (one vmap)."""
+    return jax.vmap(loss_fn, in_axes=(None, 0, 0))(model, xs, ys)

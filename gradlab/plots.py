@@ -1,0 +1,126 @@
+"""Plotly figure builders: pure functions, data in, `go.Figure` out. Every axis is labelled."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+NORM_LABEL = "per-example gradient norm ‖∇θ ℓ(xᵢ, yᵢ)‖₂"
+TEMPLATE = "plotly_white"
+FLIPPED_COLOR = "#d62728"
+
+
+def _log10(values: np.ndarray) -> np.ndarray:
+    return np.log10(np.maximum(np.asarray(values, np.float64), 1e-12))
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE, height=height,
+                      margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15))
+    return fig
+
+
+def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray | None = None, bins: int = 60) -> go.Figure:
+    """Histogram of per-example gradient norms; flipped-label examples stacked in red when given."""
+    v = _log10(norms) if log else np.asarray(norms)
+    fig = go.Figure()
+    if flipped is not None and np.any(flipped):
+        fig.add_histogram(x=v[~flipped], name="clean label", nbinsx=bins, marker_color="#1f77b4")
+        fig.add_histogram(x=v[flipped], name="flipped label", nbinsx=bins, marker_color=FLIPPED_COLOR)
+        fig.update_layout(barmode="stack")
+    else:
+        fig.add_histogram(x=v, name="examples", nbinsx=bins, marker_color="#1f77b4")
+    return _layout(fig, "Distribution of per-example gradient norms",
+                   f"log₁₀ {NORM_LABEL}" if log else NORM_LABEL, "number of training examples")
+
+
+def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, *, log: bool = False) -> go.Figure:
+    """One small histogram of per-example gradient norms per (training) label."""
+    v = _log10(norms) if log else np.asarray(norms)
+    names = [class_names[int(c)] for c in labels]
+    order = [c for c in class_names if c in set(names)]
+    fig = px.histogram(x=v, facet_col=names, facet_col_wrap=5, nbins=30,
+                       category_orders={"facet_col": order}, template=TEMPLATE)
+    fig.for_each_annotation(lambda a: a.update(text="class " + a.text.split("=")[-1]))
+    fig.update_xaxes(title_text="")
+    fig.update_yaxes(title_text="")
+    rows = int(np.ceil(len(order) / 5))
+    fig.update_layout(title=f"Per class ({'log₁₀ ' if log else ''}norm on x, count on y)", height=230 * rows + 80,
+                      margin=dict(l=40, r=20, t=70, b=40), font=dict(size=14), showlegend=False)
+    return fig
+
+
+def layer_share(layer_norms: dict[str, np.ndarray]) -> go.Figure:
+    """Bar per parameter leaf: its share of the total squared per-example norm (mean over examples)."""
+    names = list(layer_norms)
+    sq = np.stack([np.square(np.asarray(layer_norms[k], np.float64)) for k in names])
+    share = sq.sum(1) / max(sq.sum(), 1e-30)
+    median = [float(np.median(layer_norms[k])) for k in names]
+    fig = go.Figure(go.Bar(x=share * 100, y=names, orientation="h", marker_color="#1f77b4",
+                           text=[f"{s * 100:.1f}% · median ‖g‖ {m:.3g}" for s, m in zip(share, median)],
+                           textposition="auto"))
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, "Which layers carry the gradient", "share of Σᵢ‖gᵢ‖² in this parameter leaf (%)",
+                   "parameter leaf", height=max(260, 60 * len(names) + 120))
+
+
+def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_shape=(8, 8)) -> go.Figure:
+    """Small grayscale images (rows of flattened pixels) with a title each, e.g. top-k digits."""
+    n = len(images)
+    rows = max(1, int(np.ceil(n / cols)))
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.02, vertical_spacing=0.12)
+    for i, img in enumerate(images):
+        fig.add_trace(go.Heatmap(z=np.asarray(img).reshape(image_shape)[::-1], colorscale="gray_r", showscale=False,
+                                 hoverinfo="skip"), row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, scaleanchor=None)
+    fig.update_annotations(font_size=12)
+    fig.update_layout(template=TEMPLATE, height=170 * rows + 40, margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def scatter_2d(x: np.ndarray, color: np.ndarray, *, color_label: str, highlight: np.ndarray | None = None,
+               labels: np.ndarray | None = None, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
+    """Scatter of 2-D inputs coloured by a per-example value, `highlight` indices circled."""
+    custom = np.arange(len(x)) if labels is None else np.stack([np.arange(len(x)), labels], 1)
+    fig = go.Figure(go.Scattergl(
+        x=x[:, 0], y=x[:, 1], mode="markers", customdata=custom,
+        marker=dict(color=color, colorscale="Viridis", size=7, colorbar=dict(title=color_label)),
+        hovertemplate="example %{customdata[0]}<br>" + color_label + " %{marker.color:.3g}<extra></extra>",
+        name="training examples"))
+    if highlight is not None and len(highlight):
+        fig.add_trace(go.Scatter(x=x[highlight, 0], y=x[highlight, 1], mode="markers", name="top-k",
+                                 marker=dict(size=16, color="rgba(0,0,0,0)", line=dict(color=FLIPPED_COLOR, width=2.5))))
+    fig.update_layout(legend=dict(orientation="h", y=-0.15))
+    return _layout(fig, title, axis_names[0], axis_names[1], height=480)
+
+
+def scatter_1d(x: np.ndarray, y: np.ndarray, color: np.ndarray, *, color_label: str, highlight=None,
+               axis_names=("x", "y"), title: str = "") -> go.Figure:
+    """Regression data `y` against a single feature `x`, coloured by a per-example value."""
+    return scatter_2d(np.stack([np.asarray(x).ravel(), np.asarray(y)], 1), color, color_label=color_label,
+                      highlight=highlight, axis_names=axis_names, title=title)
+
+
+def roc_figure(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], title: str) -> go.Figure:
+    """ROC curves `{name: (fpr, tpr, auc)}` with the chance diagonal."""
+    fig = go.Figure()
+    for name, (fpr, tpr, auc) in curves.items():
+        fig.add_trace(go.Scatter(x=fpr, y=tpr, mode="lines", name=f"{name} (AUC {auc:.3f})"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line=dict(dash="dot", color="gray")))
+    fig.update_layout(legend=dict(x=0.45, y=0.08))
+    return _layout(fig, title, "false positive rate (clean examples flagged)", "true positive rate (flipped labels found)", height=420)
+
+
+def training_curve(losses: np.ndarray, checkpoint_steps, current_step: int | None = None) -> go.Figure:
+    """Minibatch training objective per step, checkpoints marked."""
+    steps = np.arange(1, len(losses) + 1)
+    fig = go.Figure(go.Scatter(x=steps, y=losses, mode="lines", name="minibatch objective"))
+    for s in checkpoint_steps:
+        fig.add_vline(x=s, line=dict(color="lightgray", width=1))
+    if current_step is not None:
+        fig.add_vline(x=current_step, line=dict(color=FLIPPED_COLOR, width=2))
+    fig.update_yaxes(type="log")
+    return _layout(fig, "Training objective (red: the checkpoint shown)", "training step", "mean loss + λ/2‖θ‖² (log scale)", height=300)

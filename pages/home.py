@@ -1,0 +1,38 @@
+"""Home: what per-example gradients are, in one screen, and where to look next."""
+
+import streamlit as st
+
+st.title("∇ gradlab: per-example gradients, made visible")
+
+left, right = st.columns([3, 2])
+with left:
+    st.markdown(
+        """
+Training uses **one** gradient: the gradient of the mean loss over a batch. Inside it hide **N**
+gradients, one per training example, ∇θ ℓ(xᵢ, yᵢ). In JAX you get all of them with one line:
+the loss of a *single* example, differentiated with `grad`, vectorized over the batch with `vmap`
+(`params` is shared: `in_axes=None`; inputs and labels are mapped over their first axis: `0`).
+"""
+    )
+    st.code("per_example_grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xs, ys)", language="python")
+    st.markdown(
+        """
+It costs about as much as one batch gradient, not N of them. **Why people need it:**
+- **DP-SGD**: clip each example's gradient to norm C before adding noise, so no example dominates.
+- **Outlier and mislabel detection**: examples the model fights against have large gradients.
+- **Influence**: the dot product of a training example's gradient with a test example's says
+  whether that training example helped or hurt the prediction.
+
+Every number in gradlab is computed live on a real model and dataset (digits from scikit-learn by
+default) and checked in the test suite against an independent oracle: a Python loop of `jax.grad`,
+float64, actual leave-one-out retraining, published privacy-accountant values.
+The sidebar sets the experiment shared by every page; the URL keeps it, so a link reproduces it.
+"""
+    )
+with right:
+    st.subheader("Pages")
+    st.page_link("pages/norms.py", label="**Gradient norms**: which examples pull hardest, per class and layer; mislabels", icon="📊")
+    st.page_link("pages/equivalence.py", label="**Equivalence**: `vmap(grad)` summed equals `grad` of the sum, in float32 and float64", icon="🟰")
+    st.page_link("pages/performance.py", label="**Performance**: Python loop vs `vmap(grad)` vs one batch gradient", icon="⏱️")
+    st.page_link("pages/dp_clipping.py", label="**DP clipping**: per-example clipping, its bias, DP-SGD with a real accountant", icon="🔒")
+    st.page_link("pages/influence.py", label="**Influence**: who helped or hurt this prediction, checked by retraining", icon="🧭")

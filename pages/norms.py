@@ -1,0 +1,137 @@
+"""Gradient norms: the distribution of per-example gradient norms, per class and per layer, the
+examples that pull hardest, and how well the norm finds mislabeled examples."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from gradlab import plots, ui
+from gradlab.metrics import detection_roc
+from gradlab.summary import norm_summary
+
+st.title("📊 Gradient norms")
+st.markdown(
+    "Each training example has its own gradient ∇θ ℓ(xᵢ, yᵢ): the direction it pulls the parameters. "
+    "Its **norm** says how hard it pulls. Most examples the model already fits pull weakly; the long "
+    "right tail holds hard, ambiguous or **mislabeled** examples. Computed live, streamed over chunks of "
+    "examples with `vmap(grad)` (the N × P matrix is never built)."
+)
+
+exp = ui.experiment()
+fitted = ui.fitted(exp)
+data = fitted.data
+
+
+@ui.cached
+def summary(exp, checkpoint, _fitted):
+    return norm_summary(_fitted, checkpoint)
+
+
+c1, c2, c3 = st.columns([3, 1, 1])
+with c1:
+    ckpt = ui.checkpoint_picker(fitted)
+with c2:
+    log = st.toggle("Log scale", value=False, key="log", bind="query-params")
+with c3:
+    k = st.number_input("Top-k examples", min_value=1, max_value=48, value=16, key="topk", bind="query-params")
+
+with st.spinner("Computing per-example gradients…"):
+    s = summary(exp, ckpt, fitted)
+
+flipped = data.flipped
+noisy = bool(flipped.any())
+det = detection_roc(s.norms, flipped) if noisy else None
+m = st.columns(5)
+m[0].metric("Training examples N", f"{len(s.norms):,}", help=f"P = {s.num_params:,} parameters")
+m[1].metric("Median norm", f"{np.median(s.norms):.3g}")
+m[2].metric("Max / median", f"{s.norms.max() / max(np.median(s.norms), 1e-30):.1f}×", help="How far the largest example sticks out.")
+m[3].metric("Gradient noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noise_scale) else "∞",
+            help="tr(Σ)/‖G‖² (McCandlish et al. 2018): the batch size at which gradient noise and signal are comparable. "
+                 "Larger means bigger batches still help.")
+if det is not None:
+    m[4].metric("Mislabel detection AUC", f"{det.auc:.3f}", help="ROC AUC of the norm as a detector of the flipped labels.")
+elif data.task == "classification":
+    m[4].metric("Training accuracy", f"{np.mean(s.predictions == data.y_train):.1%}")
+
+left, right = st.columns(2)
+with left:
+    st.plotly_chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
+with right:
+    st.plotly_chart(plots.layer_share(s.layer_norms), width="stretch")
+
+if data.task == "classification":
+    st.plotly_chart(plots.norm_histogram_by_class(s.norms, data.y_train, data.class_names, log=log), width="stretch")
+
+st.subheader(f"The {k} examples with the largest gradient norm")
+top = np.argsort(-s.norms)[:k]
+
+
+def label(i):
+    if data.task != "classification":
+        return f"y={data.y_train[i]:.2f}"
+    name = data.class_names
+    tag = " (flipped)" if flipped[i] else ""
+    return f"#{i} y={name[data.y_train[i]]}{tag} ŷ={name[int(s.predictions[i])]}"
+
+
+if data.image_shape is not None:
+    titles = [f"{label(i)}<br>‖g‖={s.norms[i]:.2g}" for i in top]
+    st.plotly_chart(plots.image_grid(data.x_train[top], titles, image_shape=data.image_shape), width="stretch")
+elif data.n_features == 2:
+    st.plotly_chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top,
+                                     axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
+                    width="stretch")
+elif data.n_features == 1:
+    st.plotly_chart(plots.scatter_1d(data.x_train, data.y_train, s.norms, color_label="‖g‖", highlight=top,
+                                     axis_names=(data.feature_names[0], "target (standardized)"),
+                                     title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
+
+table = pd.DataFrame({
+    "example": np.arange(len(s.norms)),
+    "label": [data.class_names[c] for c in data.y_train] if data.task == "classification" else data.y_train,
+    "prediction": [data.class_names[int(c)] for c in s.predictions] if data.task == "classification" else s.predictions,
+    "loss": s.losses,
+    "gradient norm": s.norms,
+    "flipped label": flipped,
+})
+st.dataframe(table.iloc[top], hide_index=True, width="stretch")
+
+if det is not None:
+    loss_det = detection_roc(s.losses, flipped)
+    st.subheader("Finding the flipped labels")
+    st.markdown(
+        f"{int(flipped.sum())} training labels were flipped to a wrong class. Rank the examples by gradient norm "
+        "and read off how many flipped labels sit at the top: the ROC curve (the per-example loss for comparison)."
+    )
+    st.plotly_chart(plots.roc_figure({"gradient norm": (det.fpr, det.tpr, det.auc),
+                                      "per-example loss": (loss_det.fpr, loss_det.tpr, loss_det.auc)},
+                                     "Gradient norm as a mislabel detector"), width="stretch")
+
+with st.expander("Training curve"):
+    st.plotly_chart(plots.training_curve(fitted.run.losses, fitted.run.steps, s.step), width="stretch")
+
+st.download_button("Download per-example norms (CSV)", table.to_csv(index=False).encode(),
+                   file_name=f"gradlab_norms_step{s.step}.csv", mime="text/csv")
+
+ui.code_panel(
+    """
+import jax, jax.numpy as jnp
+
+def loss(model, x, y):                      # the loss of ONE example
+    logits = model(x)
+    return jax.nn.logsumexp(logits) - logits[y]
+
+# per-example squared norms per parameter leaf, streamed in chunks of 256 examples
+def sq_norms(x, y):
+    g = jax.grad(loss)(model, x, y)          # one example's gradient (a pytree like the model)
+    return jax.tree.map(lambda a: jnp.sum(a ** 2), g)
+
+layer_sq = jax.lax.map(lambda xy: sq_norms(*xy), (xs, ys), batch_size=256)   # vmap inside each chunk
+norms = jnp.sqrt(sum(jax.tree.leaves(layer_sq)))                              # (N,)
+
+# gradient noise scale B_simple = tr(Σ) / |G|²  (McCandlish et al. 2018)
+G = jax.grad(lambda m: jax.vmap(loss, (None, 0, 0))(m, xs, ys).mean())(model)
+G2 = sum(jnp.sum(a ** 2) for a in jax.tree.leaves(G))
+B_simple = (jnp.sum(norms ** 2) - N * G2) / (N - 1) / G2
+"""
+)
