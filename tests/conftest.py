@@ -1,0 +1,43 @@
+"""Shared test helpers: an AppTest factory that opens one page with sidebar settings."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)
+
+# Small, fast experiments for page tests: the sidebar keys are the Experiment's field names.
+FAST = dict(steps=50, checkpoint_every=25)
+
+
+def open_page(page: str, timeout: float = 300, **sidebar):
+    """Run app.py, switch to `pages/<page>.py`, apply sidebar values (by widget key), run again.
+
+    AppTest drops the entry point's sidebar elements after `switch_page`, so sidebar controls are
+    set through `session_state` (the widget keys), which is what a user's change does.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    at.run()
+    at.switch_page(f"pages/{page}.py")
+    for key, value in sidebar.items():
+        at.session_state[key] = value
+    at.run()
+    return at
+
+
+def assert_clean(at):
+    """No exception element and no raw traceback on the page."""
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.fixture
+def page():
+    return open_page
