@@ -240,3 +240,140 @@ def load_dataset(name: str, *, seed: int = 0, label_noise: float = 0.0, test_fra
         name, x, y, task, seed=seed, label_noise=label_noise, test_fraction=test_fraction,
         feature_names=feats, class_names=classes, image_shape=image_shape,
     )
+
+
+# ---------------------------------------------------------------- your own data: CSV import
+
+#: Limits for an uploaded CSV: enough for teaching-size data, small enough for a 690 MB server.
+CSV_MIN_ROWS = 10
+CSV_MAX_ROWS = 5000
+CSV_MAX_FEATURES = 200
+CSV_MAX_CLASSES = 50
+
+
+def read_csv(file_like, *, max_rows: int = CSV_MAX_ROWS, max_features: int = CSV_MAX_FEATURES):
+    """Parse a CSV with a header row into a `pandas.DataFrame`, enforcing the size limits.
+
+    **Arguments** `file_like`: a path, bytes, or a binary/text file object (an uploaded file);
+    `max_rows`, `max_features`: the limits (the label column is not counted as a feature).
+
+    **Returns** the table (at most `max_rows` rows, at most `max_features + 1` columns).
+
+    **Raises** `DataError` when the file is empty, not UTF-8 text, not parseable as CSV, or over a limit.
+    """
+    import io
+
+    import pandas as pd
+
+    if isinstance(file_like, (bytes, bytearray)):
+        file_like = io.BytesIO(file_like)
+    if hasattr(file_like, "seek"):
+        file_like.seek(0)
+    try:
+        table = pd.read_csv(file_like, nrows=max_rows + 1, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise DataError("the file is empty: a CSV needs a header row and at least one row of numbers") from None
+    except UnicodeDecodeError:
+        raise DataError("the file is not UTF-8 text: save it as a plain CSV (comma-separated, UTF-8)") from None
+    except (pd.errors.ParserError, ValueError) as err:
+        raise DataError(f"the file could not be read as CSV ({str(err).strip().splitlines()[0]}); "
+                        "check that every row has the same number of comma-separated fields") from None
+    if len(table) > max_rows:
+        raise DataError(f"more than {max_rows:,} rows: the limit keeps the app fast and within memory; "
+                        f"upload a random sample of at most {max_rows:,} rows")
+    if table.shape[1] - 1 > max_features:
+        raise DataError(f"{table.shape[1] - 1:,} feature columns: the limit is {max_features:,}; "
+                        "drop columns or reduce the dimension (e.g. PCA) first")
+    if table.shape[1] < 2:
+        raise DataError("the file has a single column: it needs at least one feature column and a label column")
+    return table
+
+
+def load_csv(
+    file_like,
+    label_column: str,
+    task: str,
+    *,
+    seed: int = 0,
+    label_noise: float = 0.0,
+    test_fraction: float = 0.2,
+    max_rows: int = CSV_MAX_ROWS,
+    max_features: int = CSV_MAX_FEATURES,
+    min_rows: int = CSV_MIN_ROWS,
+    max_classes: int = CSV_MAX_CLASSES,
+    name: str = "upload",
+) -> Dataset:
+    """Turn a user's CSV (numeric features + one label column) into a split, standardized `Dataset`.
+
+    Every column except `label_column` is a feature and must be numeric. For classification the
+    label column may hold any values (numbers or names: they become classes in sorted order);
+    for regression it must be numeric.
+
+    **Arguments**
+    - `file_like`: path, bytes or file object of a CSV with a header row.
+    - `label_column`: the header of the label column; `task`: `"classification"` or `"regression"`.
+    - `seed`, `label_noise`, `test_fraction`: as in `make_dataset`.
+    - `max_rows`, `max_features`, `min_rows`, `max_classes`: the limits.
+
+    **Returns** a `Dataset` named `name`: `x_train (N, D) float32`, labels `(N,)`.
+
+    **Raises** `DataError`, each with a message that says what to fix: unreadable file, unknown label
+    column, non-numeric feature columns, missing or infinite values, too few rows, a single class,
+    too many classes, more rows or features than the limits, a class too small to split.
+    """
+    if task not in ("classification", "regression"):
+        raise DataError(f"task must be 'classification' or 'regression', got {task!r}")
+    table = read_csv(file_like, max_rows=max_rows, max_features=max_features)
+    if label_column not in table.columns:
+        raise DataError(f"no column named {label_column!r}; the columns are: {', '.join(map(str, table.columns))}")
+    features = table.drop(columns=[label_column])
+    non_numeric = [str(c) for c in features.columns if not _numeric(features[c])]
+    if non_numeric:
+        shown = ", ".join(non_numeric[:8]) + (f" and {len(non_numeric) - 8} more" if len(non_numeric) > 8 else "")
+        raise DataError(f"non-numeric feature column(s): {shown}. Features must be numbers: encode categories "
+                        "as numbers (e.g. one-hot) or drop those columns")
+    missing = table.isna().sum()
+    missing = missing[missing > 0]
+    if len(missing):
+        where = ", ".join(f"{c} ({n} missing)" for c, n in list(missing.items())[:8])
+        raise DataError(f"missing values in {where}. Drop or fill those rows before uploading")
+    x = features.to_numpy(np.float64)
+    if not np.isfinite(x).all():
+        bad = [str(c) for c, ok in zip(features.columns, np.isfinite(x).all(0)) if not ok]
+        raise DataError(f"infinite values in {', '.join(bad[:8])}: replace them with finite numbers")
+    n = len(table)
+    if n < min_rows:
+        raise DataError(f"only {n} row(s): at least {min_rows} are needed to train and to hold out a test split")
+    labels = table[label_column]
+    if task == "regression":
+        if not _numeric(labels):
+            raise DataError(f"the label column {label_column!r} is not numeric: regression needs numeric targets "
+                            "(or choose classification)")
+        y = labels.to_numpy(np.float64)
+        if not np.isfinite(y).all():
+            raise DataError(f"infinite values in the label column {label_column!r}")
+        if np.ptp(y) == 0:
+            raise DataError(f"the label column {label_column!r} is constant: there is nothing to regress")
+        class_names = None
+    else:
+        values = labels.astype(str) if not _numeric(labels) else labels
+        k = values.nunique()
+        if k < 2:
+            raise DataError(f"the label column {label_column!r} has a single class ({values.iloc[0]!s}): "
+                            "a classifier needs at least two")
+        if k > max_classes:
+            raise DataError(f"the label column {label_column!r} has {k:,} distinct values (the limit is {max_classes}): "
+                            "is it a regression target? Choose regression, or another label column")
+        y = values.to_numpy()
+        class_names = tuple(str(v) for v in np.unique(y))
+    return make_dataset(
+        name, x, y, task, seed=seed, label_noise=label_noise, test_fraction=test_fraction,
+        feature_names=tuple(str(c) for c in features.columns), class_names=class_names,
+    )
+
+
+def _numeric(column) -> bool:
+    """Whether a pandas column holds numbers (bools count as 0/1)."""
+    import pandas as pd
+
+    return bool(pd.api.types.is_numeric_dtype(column.dtype))
