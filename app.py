@@ -18,3 +18,4 @@ PAGES = [
 page = st.navigation(PAGES)
 st.session_state["_experiment"] = ui.experiment_sidebar()
 page.run()
+ui.share_link()

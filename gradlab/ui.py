@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import inspect
 import logging
 import threading
 from collections import OrderedDict
 
 import streamlit as st
 
-from gradlab.data import DATASETS
+from gradlab.data import DATASETS, DataError, load_csv, read_csv
 from gradlab.experiment import Experiment, Fitted, fit
 from gradlab.models import ACTIVATIONS, MODELS
 from gradlab.train import OPTIMIZERS
@@ -40,9 +42,13 @@ def experiment_sidebar() -> Experiment:
     """
     d = DEFAULT
     sb = st.sidebar
+    follow_preset()
+    banner = sb.container()
     with sb:
         st.header("Experiment")
-        dataset = _widget(st.selectbox, "Dataset", "dataset", options=list(DATASETS), index=0, format_func=DATASETS.get)
+        dataset = _widget(st.selectbox, "Dataset", "dataset", options=[*DATASETS, UPLOAD], index=0, format_func=_dataset_label)
+        if dataset == UPLOAD:
+            upload_controls()
         model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model), format_func=MODELS.get)
         width, depth, activation = d.width, d.depth, d.activation
         if model == "mlp":
@@ -63,16 +69,40 @@ def experiment_sidebar() -> Experiment:
             batch_size = _widget(st.select_slider, "Batch size", "batch_size", options=[16, 32, 64, 128, 256, 512, 2048], value=d.batch_size)
             l2 = _widget(st.select_slider, "L2 penalty λ", "l2", options=[0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=d.l2, format_func=lambda v: f"{v:g}")
             checkpoint_every = _widget(st.select_slider, "Checkpoint every k steps", "checkpoint_every", options=[10, 25, 50, 100, 250, 500], value=d.checkpoint_every)
-    return Experiment(
+    exp = Experiment(
         dataset=dataset, model=model, width=int(width), depth=int(depth), activation=activation,
         optimizer=optimizer, lr=float(lr), steps=int(steps), batch_size=int(batch_size), l2=float(l2),
         label_noise=float(label_noise), seed=int(seed), checkpoint_every=int(checkpoint_every),
     )
+    with banner:
+        preset_banner(exp)
+    return exp
 
 
 def experiment() -> Experiment:
-    """The experiment the sidebar set on this run (app.py renders the sidebar before the page)."""
-    return st.session_state.get("_experiment", DEFAULT)
+    """The experiment the sidebar set on this run (app.py renders the sidebar before the page).
+
+    Read from the sidebar's widget keys in session state, so it is also right when only the page
+    script reruns (AppTest reruns the page, not the entry point, after the first run).
+    """
+    return experiment_from_state(st.session_state)
+
+
+def experiment_from_state(state) -> Experiment:
+    """The `Experiment` that the sidebar's widget keys in `state` (a mapping) describe; defaults elsewhere."""
+    d = DEFAULT
+    get = lambda key, default: state[key] if key in state else default  # noqa: E731
+    model = get("model", d.model)
+    return Experiment(
+        dataset=get("dataset", d.dataset), model=model,
+        width=int(get("width", d.width)) if model == "mlp" else d.width,
+        depth=int(get("depth", d.depth)) if model == "mlp" else d.depth,
+        activation=get("activation", d.activation) if model in ("mlp", "cnn") else d.activation,
+        optimizer=get("optimizer", d.optimizer), lr=float(get("lr", d.lr)), steps=int(get("steps", d.steps)),
+        batch_size=int(get("batch_size", d.batch_size)), l2=float(get("l2", d.l2)),
+        label_noise=float(get("label_noise", d.label_noise)), seed=int(get("seed", d.seed)),
+        checkpoint_every=int(get("checkpoint_every", d.checkpoint_every)),
+    )
 
 
 # ---------------------------------------------------------------- trained models, shared LRU
@@ -93,7 +123,10 @@ def fitted(exp: Experiment) -> Fitted:
     """The trained experiment, from the shared cache or trained now with a progress bar.
 
     A bad setting shows a clear message and stops this page (the sidebar keeps working).
+    Uploaded data (`exp.dataset == "upload"`) is trained and kept in this session only.
     """
+    if exp.dataset == UPLOAD:
+        return _fitted_upload(exp)
     store = _fitted_store()
     with _FIT_LOCK:
         if exp in store:
@@ -121,7 +154,18 @@ def cached(fn=None, *, max_entries: int = 16):
     """
     if fn is None:
         return functools.partial(cached, max_entries=max_entries)
-    return st.cache_data(max_entries=max_entries, show_spinner=False)(fn)
+    shared = st.cache_data(max_entries=max_entries, show_spinner=False)(fn)
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        # Results derived from an uploaded CSV never enter the cross-session cache.
+        if any(_from_upload(v) for v in (*args, *kwargs.values())):
+            return _session_cached(fn, signature, max_entries, args, kwargs)
+        return shared(*args, **kwargs)
+
+    wrapper.clear = shared.clear
+    return wrapper
 
 
 # ---------------------------------------------------------------- errors, code, small widgets
@@ -161,3 +205,301 @@ def checkpoint_picker(f: Fitted, key: str = "checkpoint") -> int:
         help="The model as it was after this many training steps.",
     )
     return steps.index(step)
+
+
+# ---------------------------------------------------------------- your own data: per-session only
+#
+# An uploaded CSV, everything trained on it and every page result derived from it live in this
+# user's `st.session_state`, never in `st.cache_*` (which every session of the server shares).
+# The shared caches are keyed on `Experiment`, and `Experiment(dataset="upload")` is the same key
+# for every user, so `fitted` and `cached` route upload-derived calls to per-session stores keyed
+# by a token of this session's upload (its bytes, label column and task).
+
+UPLOAD = "upload"
+UPLOAD_LABEL = "Your own data (CSV upload)"
+_UPLOAD_STATE = "_upload"          # {"bytes", "file", "label", "task", "token"} or absent
+_UPLOAD_FITTED = "_upload_fitted"  # OrderedDict[(Experiment, token)] -> Fitted
+_UPLOAD_CACHE = "_upload_cache"    # OrderedDict[(function, token, args)] -> result
+UPLOAD_FIT_CACHE_SIZE = 2
+
+
+def _dataset_label(name: str) -> str:
+    return UPLOAD_LABEL if name == UPLOAD else DATASETS.get(name, name)
+
+
+def upload_controls() -> None:
+    """Sidebar controls for "your own data": a CSV uploader, the label column and the task.
+
+    Valid uploads are stored in this session only (`st.session_state`); a bad file shows what to fix.
+    """
+    from gradlab.data import CSV_MAX_FEATURES, CSV_MAX_ROWS, CSV_MIN_ROWS
+
+    file = st.file_uploader(
+        "CSV file (header row, numeric features, one label column)", type=["csv"], key="upload_file",
+        help=f"{CSV_MIN_ROWS}–{CSV_MAX_ROWS:,} rows, at most {CSV_MAX_FEATURES} feature columns, no missing values. "
+             "It stays in your browser session: a shared link does not carry it.",
+    )
+    if file is None:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.info("Upload a CSV to use your own data.", icon="📄")
+        return
+    raw = file.getvalue()
+    try:
+        table = read_csv(raw)
+    except DataError as err:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.error(f"**This CSV cannot be used.** {err}", icon="⚠️")
+        return
+    columns = [str(c) for c in table.columns]
+    label = st.selectbox("Label column", columns, index=len(columns) - 1, key="upload_label")
+    task = st.radio("Task", ["classification", "regression"], key="upload_task", horizontal=True)
+    try:
+        load_csv(raw, label, task)  # validate now, so the message sits next to the controls
+    except DataError as err:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.error(f"**This CSV cannot be used.** {err}", icon="⚠️")
+        return
+    token = hashlib.sha256(raw + b"\0" + label.encode() + b"\0" + task.encode()).hexdigest()[:16]
+    st.session_state[_UPLOAD_STATE] = {"bytes": raw, "file": file.name, "label": label, "task": task, "token": token}
+    st.caption(f"{file.name}: {len(table):,} rows, {len(columns) - 1} features, label **{label}** ({task}).")
+
+
+def uploaded() -> dict | None:
+    """This session's validated upload (`bytes`, `file`, `label`, `task`, `token`), or None."""
+    return st.session_state.get(_UPLOAD_STATE)
+
+
+def _from_upload(value) -> bool:
+    """Whether a cache argument is derived from uploaded data (an upload Experiment or its Fitted)."""
+    exp = value.experiment if isinstance(value, Fitted) else value
+    return isinstance(exp, Experiment) and exp.dataset == UPLOAD
+
+
+def _upload_token() -> str:
+    up = uploaded()
+    return up["token"] if up else "none"
+
+
+def _fitted_upload(exp: Experiment) -> Fitted:
+    """Train on this session's uploaded CSV (kept in `st.session_state`, never in a shared cache)."""
+    up = uploaded()
+    if up is None:
+        st.info(
+            "This view uses **your own data**: upload a CSV in the sidebar. Uploaded data stays in the "
+            "uploader's browser session, so a shared link cannot carry it.", icon="📄",
+        )
+        st.stop()
+    store = st.session_state.setdefault(_UPLOAD_FITTED, OrderedDict())
+    key = (exp, up["token"])
+    if key in store:
+        store.move_to_end(key)
+        return store[key]
+    with guard("Your CSV cannot be used with these settings", stop=True):
+        data = load_csv(up["bytes"], up["label"], up["task"], seed=exp.seed, label_noise=exp.label_noise,
+                        test_fraction=exp.test_fraction)
+    bar = st.progress(0.0, text="Training on your data…")
+
+    def progress(step, steps):
+        bar.progress(step / max(steps, 1), text=f"Training on your data: step {step} of {steps}")
+
+    with guard("Training failed", stop=True):
+        result = fit(exp, data=data, progress=progress)
+    bar.empty()
+    store[key] = result
+    while len(store) > UPLOAD_FIT_CACHE_SIZE:
+        store.popitem(last=False)
+    return result
+
+
+def _hashable(value):
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _session_cached(fn, signature, max_entries, args, kwargs):
+    """`fn(*args, **kwargs)` memoized in this session's state (arguments named `_x` are not keys)."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    key = (fn.__module__, fn.__qualname__, _upload_token(),
+           tuple((k, _hashable(v)) for k, v in bound.arguments.items() if not k.startswith("_")))
+    store = st.session_state.setdefault(_UPLOAD_CACHE, OrderedDict())
+    if key in store:
+        store.move_to_end(key)
+        return store[key]
+    result = fn(*args, **kwargs)
+    store[key] = result
+    while len(store) > max_entries:
+        store.popitem(last=False)
+    return result
+
+
+# ---------------------------------------------------------------- exports, figures, links, presets
+
+#: Tables larger than this are not offered as a download (the reason is shown instead).
+EXPORT_BUDGET_BYTES = 64 * 2**20
+
+
+def _columns(table) -> dict:
+    """A DataFrame or {name: array} as {column name: 1-D array}; 2-D arrays become name[0], name[1], …"""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(table, pd.DataFrame):
+        return {str(c): table[c].to_numpy() for c in table.columns}
+    cols = {}
+    for name, values in table.items():
+        a = np.asarray(values)
+        if a.ndim <= 1:
+            cols[str(name)] = a.reshape(-1)
+        else:
+            flat = a.reshape(a.shape[0], -1)
+            cols.update({f"{name}[{j}]": flat[:, j] for j in range(flat.shape[1])})
+    return cols
+
+
+def export_bytes(table) -> int:
+    """Bytes of the arrays in `table` (DataFrame or dict of arrays): what a download would hold."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(table, pd.DataFrame):
+        return int(table.memory_usage(index=False, deep=False).sum())
+    return int(sum(np.asarray(v).nbytes for v in table.values()))
+
+
+def to_csv(table) -> bytes:
+    """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry)."""
+    import pandas as pd
+
+    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
+    return frame.to_csv(index=False).encode()
+
+
+def to_npz(table) -> bytes:
+    """Compressed NPZ bytes: one array per DataFrame column, or the dict's arrays with their shapes."""
+    import io
+
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(table, pd.DataFrame):
+        arrays = {}
+        for c in table.columns:
+            a = table[c].to_numpy()
+            arrays[str(c)] = a.astype(str) if a.dtype == object else a
+    else:
+        arrays = {str(k): np.asarray(v) for k, v in table.items()}
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def download(name: str, table, *, label: str | None = None, key: str | None = None) -> None:
+    """CSV and NPZ download buttons for a table of per-example results.
+
+    **Arguments** `name`: file stem, e.g. `"gradlab_norms_step300"`; `table`: a `pandas.DataFrame`
+    or `{name: array}` with the example axis first (2-D arrays such as per-example gradients
+    `(N, P)` are kept whole in the NPZ and spread over columns in the CSV). Files are built only
+    when clicked. Over `EXPORT_BUDGET_BYTES` the buttons are replaced by the reason.
+    """
+    size = export_bytes(table)
+    what = label or name.replace("_", " ")
+    if size > EXPORT_BUDGET_BYTES:
+        st.caption(f"⬇️ {what}: {size / 2**20:,.0f} MB is over the {EXPORT_BUDGET_BYTES // 2**20} MB export "
+                   "limit; use a smaller model or dataset (or the library in a notebook) to export it.")
+        return
+    key = key or f"download_{name}"
+    c1, c2 = st.columns(2)
+    c1.download_button(f"⬇️ {what} (CSV)", lambda: to_csv(table), file_name=f"{name}.csv", mime="text/csv",
+                       key=f"{key}_csv", on_click="ignore", width="stretch")
+    c2.download_button(f"⬇️ {what} (NPZ)", lambda: to_npz(table), file_name=f"{name}.npz",
+                       mime="application/octet-stream", key=f"{key}_npz", on_click="ignore", width="stretch")
+
+
+def plotly_config(filename: str = "gradlab") -> dict:
+    """`st.plotly_chart(config=...)`: the modebar's camera button saves a 2× PNG named `filename`."""
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", filename).strip("_")[:80] or "gradlab"
+    return {
+        "displaylogo": False,
+        "toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2},
+    }
+
+
+def chart(fig, *, filename: str | None = None, **kwargs):
+    """`st.plotly_chart(fig, width="stretch")` whose PNG download is named after the figure's title."""
+    title = filename or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "gradlab figure")
+    kwargs.setdefault("width", "stretch")
+    return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
+
+
+def share_link() -> str | None:
+    """A "copy link to this view" box in the sidebar: the page URL plus the current query parameters.
+
+    Call it at the end of a run (after the page's widgets are bound), so the link holds every control.
+    """
+    from urllib.parse import urlencode
+
+    base = st.context.url
+    if not base:
+        return None
+    params = {k: v for k, v in st.query_params.to_dict().items() if not k.startswith("_")}
+    link = base + ("?" + urlencode(params) if params else "")
+    with st.sidebar:
+        st.markdown("**Copy link to this view**", help="Opens this page with the same experiment and controls. "
+                    "Uploaded data is not in the link.")
+        st.code(link, language=None, wrap_lines=True)
+    return link
+
+
+_PRESET_GOTO = "_preset_goto"
+_PRESET_ACTIVE = "_preset_active"
+
+
+def apply_preset(name: str) -> None:
+    """Set every control of preset `name` in session state and ask for its page (an `on_click` callback).
+
+    Bound widgets take session-state values over the URL, and write them into the URL.
+    """
+    from gradlab.presets import BY_NAME
+
+    preset = BY_NAME[name]
+    for key, value in preset.state().items():
+        st.session_state[key] = value
+    st.session_state[_PRESET_GOTO] = preset.page
+    st.session_state[_PRESET_ACTIVE] = name
+
+
+def follow_preset() -> None:
+    """Switch to the page a preset asked for (call it early in a run; no-op otherwise)."""
+    page = st.session_state.pop(_PRESET_GOTO, None)
+    if page:
+        st.switch_page(page)
+
+
+def preset_picker(*, columns: int = 2) -> None:
+    """The lecture scenarios as buttons, each with what to look at; a click opens the scenario."""
+    from gradlab.presets import PRESETS
+
+    follow_preset()  # the sidebar follows it first in the app; AppTest reruns only the page
+    cols = st.columns(columns)
+    for i, p in enumerate(PRESETS):
+        with cols[i % columns].container(border=True):
+            st.button(p.name, key=f"preset_{i}", on_click=apply_preset, args=(p.name,), type="primary",
+                      width="stretch")
+            st.caption(p.look_at)
+
+
+def preset_banner(exp: Experiment) -> None:
+    """While the experiment is still the one a preset set: its name and what to look at."""
+    from gradlab.presets import BY_NAME
+
+    name = st.session_state.get(_PRESET_ACTIVE)
+    if name in BY_NAME and BY_NAME[name].config == exp:
+        st.info(f"**Lecture scenario: {name}.** {BY_NAME[name].look_at}", icon="🎓")
+    elif name is not None:
+        del st.session_state[_PRESET_ACTIVE]

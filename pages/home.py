@@ -2,6 +2,8 @@
 
 import streamlit as st
 
+from gradlab import ui
+
 st.title("∇ gradlab: per-example gradients, made visible")
 
 left, right = st.columns([3, 2])
@@ -36,3 +38,7 @@ with right:
     st.page_link("pages/performance.py", label="**Performance**: Python loop vs `vmap(grad)` vs one batch gradient", icon="⏱️")
     st.page_link("pages/dp_clipping.py", label="**DP clipping**: per-example clipping, its bias, DP-SGD with a real accountant", icon="🔒")
     st.page_link("pages/influence.py", label="**Influence**: who helped or hurt this prediction, checked by retraining", icon="🧭")
+
+st.subheader("🎓 Lecture scenarios")
+st.caption("One click sets the experiment and the page's controls and opens the page; the link in the sidebar shares it.")
+ui.preset_picker(columns=3)
