@@ -46,10 +46,14 @@ def experiment_sidebar() -> Experiment:
     banner = sb.container()
     with sb:
         st.header("Experiment")
-        dataset = _widget(st.selectbox, "Dataset", "dataset", options=[*DATASETS, UPLOAD], index=0, format_func=_dataset_label)
+        # Bound selectboxes put the *displayed* option into the URL, so options are the short names
+        # (links read ?dataset=moons) and the long description is the caption below.
+        dataset = _widget(st.selectbox, "Dataset", "dataset", options=[*DATASETS, UPLOAD], index=0)
+        st.caption(_dataset_label(dataset))
         if dataset == UPLOAD:
             upload_controls()
-        model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model), format_func=MODELS.get)
+        model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model),
+                        help=" · ".join(f"**{k}**: {v}" for k, v in MODELS.items()))
         width, depth, activation = d.width, d.depth, d.activation
         if model == "mlp":
             width = _widget(st.select_slider, "Hidden width", "width", options=[8, 16, 32, 64, 128, 256, 512], value=d.width)
@@ -65,7 +69,8 @@ def experiment_sidebar() -> Experiment:
         )
         seed = _widget(st.number_input, "Seed", "seed", min_value=0, max_value=10_000, value=d.seed, step=1)
         with st.expander("Advanced"):
-            optimizer = _widget(st.selectbox, "Optimizer (optax)", "optimizer", options=list(OPTIMIZERS), format_func=OPTIMIZERS.get)
+            optimizer = _widget(st.selectbox, "Optimizer (optax)", "optimizer", options=list(OPTIMIZERS),
+                                help=" · ".join(f"**{k}**: {v}" for k, v in OPTIMIZERS.items()))
             batch_size = _widget(st.select_slider, "Batch size", "batch_size", options=[16, 32, 64, 128, 256, 512, 2048], value=d.batch_size)
             l2 = _widget(st.select_slider, "L2 penalty λ", "l2", options=[0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=d.l2, format_func=lambda v: f"{v:g}")
             checkpoint_every = _widget(st.select_slider, "Checkpoint every k steps", "checkpoint_every", options=[10, 25, 50, 100, 250, 500], value=d.checkpoint_every)
@@ -465,11 +470,14 @@ def apply_preset(name: str) -> None:
 
     Bound widgets take session-state values over the URL, and write them into the URL.
     """
-    from gradlab.presets import BY_NAME
+    from gradlab.presets import BY_NAME, SIDEBAR_KEYS
 
     preset = BY_NAME[name]
     for key, value in preset.state().items():
-        st.session_state[key] = value
+        unset = getattr(DEFAULT, key) if key in SIDEBAR_KEYS else object()  # an absent sidebar key is its default
+        current = st.session_state[key] if key in st.session_state else unset
+        if current != value:
+            st.session_state[key] = value
     st.session_state[_PRESET_GOTO] = preset.page
     st.session_state[_PRESET_ACTIVE] = name
 
