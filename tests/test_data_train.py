@@ -1,0 +1,80 @@
+"""Datasets, models and training: splits, label noise, divergence, checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradlab import losses
+from gradlab.data import DATASETS, DataError, load_dataset, make_dataset
+from gradlab.experiment import Experiment, fit
+from gradlab.metrics import detection_roc, fraction_in_top, gradient_noise_scale
+from gradlab.train import TrainingError
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_every_dataset_is_standardized_and_split(name):
+    d = load_dataset(name, seed=3)
+    assert d.x_train.dtype == np.float32 and d.x_train.shape[1] == d.x_test.shape[1]
+    np.testing.assert_allclose(d.x_train.mean(0), 0, atol=1e-4)
+    if d.task == "classification":
+        # stratified: every class in both splits, in about the same proportion
+        assert set(np.unique(d.y_train)) == set(np.unique(d.y_test)) == set(range(d.n_classes))
+        np.testing.assert_allclose(np.bincount(d.y_train) / len(d.y_train), np.bincount(d.y_test) / len(d.y_test), atol=0.03)
+
+
+def test_label_noise_flips_exactly_the_mask_to_other_classes():
+    d = load_dataset("digits", seed=0, label_noise=0.1)
+    assert d.flipped.sum() == round(0.1 * len(d.y_train))
+    assert np.all(d.y_train[d.flipped] != d.y_train_clean[d.flipped])
+    assert np.all(d.y_train[~d.flipped] == d.y_train_clean[~d.flipped])
+    again = load_dataset("digits", seed=0, label_noise=0.1)
+    np.testing.assert_array_equal(again.y_train, d.y_train)  # seeded
+
+
+def test_impossible_settings_raise_data_errors():
+    with pytest.raises(DataError, match="100%"):
+        load_dataset("digits", label_noise=1.0)
+    with pytest.raises(DataError, match="single class"):
+        make_dataset("x", np.ones((10, 2)), np.zeros(10), "classification")
+    with pytest.raises(DataError, match="too few"):
+        make_dataset("x", np.ones((3, 2)), np.array([0, 1, 1]), "classification")
+
+
+def test_training_reduces_loss_and_keeps_checkpoints():
+    f = fit(Experiment(dataset="moons", steps=100, checkpoint_every=25))
+    assert f.run.steps == (0, 25, 50, 75, 100)
+    assert len(f.run.checkpoints) == 5 and len(f.run.losses) == 100
+    assert f.run.losses[-10:].mean() < 0.5 * f.run.losses[:10].mean()
+    acc = np.mean(np.asarray(losses.predict(f.model, f.data.x_test, "classification")) == f.data.y_test)
+    assert acc > 0.85
+
+
+def test_diverging_run_says_what_to_change():
+    with pytest.raises(TrainingError, match="learning rate"):
+        fit(Experiment(dataset="diabetes", model="mlp", optimizer="sgd", lr=100.0, steps=50))
+
+
+def test_cnn_needs_images():
+    with pytest.raises(DataError, match="image"):
+        fit(Experiment(dataset="moons", model="cnn", steps=0))
+
+
+def test_experiment_round_trips_through_the_url():
+    e = Experiment(dataset="moons", lr=0.3, label_noise=0.15, seed=7)
+    q = e.to_query()
+    assert q == {"dataset": "moons", "lr": "0.3", "label_noise": "0.15", "seed": "7"}
+    assert Experiment.from_query(q) == e
+    assert hash(Experiment.from_query(q)) == hash(e)
+    with pytest.raises(ValueError, match="steps"):
+        Experiment.from_query({"steps": "many"})
+
+
+def test_metrics_against_hand_computed_values():
+    det = detection_roc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1], bool))
+    assert det.auc == pytest.approx(0.75)  # scikit-learn's documented example
+    assert fraction_in_top(np.array([5, 1, 4, 2]), np.array([1, 0, 0, 1], bool), 0.5) == 0.5
+    g = np.array([[1.0, 0.0], [3.0, 2.0], [-1.0, 1.0]])
+    G = g.mean(0)
+    cov_trace = np.trace(np.cov(g.T, ddof=1))
+    assert gradient_noise_scale((g**2).sum(1), float(G @ G)) == pytest.approx(cov_trace / (G @ G))
