@@ -1,0 +1,248 @@
+"""Influence scores against independent oracles: NumPy brute force (explicit per-example gradient
+matrix, closed-form Hessian, numpy.linalg.solve), actual leave-one-out retraining with SciPy's
+BFGS in float64, and a planted mislabel."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import optimize
+from scipy.special import logsumexp, softmax
+
+from gradlab import influence as inf
+from gradlab import losses
+from gradlab.models import ModelSpec, build_model
+
+D, K = 3, 3
+
+
+@pytest.fixture
+def x64():
+    """Run one test in float64, then restore the previous setting."""
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", old)
+
+
+def softmax_loss(theta, x, y):
+    """Softmax regression on a flat parameter vector θ = vec(W̃), W̃ of shape (D+1, K), x̃ = [x, 1]."""
+    w = theta.reshape(D + 1, K)
+    logits = jnp.append(x, 1.0) @ w
+    return jax.nn.logsumexp(logits) - logits[y]
+
+
+# ---------------------------------------------------------------- NumPy oracle (no JAX)
+
+
+def np_parts(theta, xs, ys):
+    """Per-example gradients (N, P) and the mean Hessian (P, P) of softmax regression, closed form."""
+    xt = np.hstack([xs, np.ones((len(xs), 1))])
+    p = softmax(xt @ theta.reshape(D + 1, K), axis=1)
+    r = p - np.eye(K)[ys]
+    grads = np.einsum("na,nk->nak", xt, r).reshape(len(xs), -1)
+    h = sum(np.kron(np.outer(a, a), np.diag(q) - np.outer(q, q)) for a, q in zip(xt, p)) / len(xs)
+    return grads, h
+
+
+def np_objective(theta, xs, ys, lam):
+    xt = np.hstack([xs, np.ones((len(xs), 1))])
+    logits = xt @ theta.reshape(D + 1, K)
+    loss = np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(ys)), ys])
+    g, _ = np_parts(theta, xs, ys)
+    return loss + 0.5 * lam * theta @ theta, g.mean(0) + lam * theta
+
+
+def np_fit(xs, ys, lam, start):
+    res = optimize.minimize(np_objective, start, args=(xs, ys, lam), jac=True, method="BFGS",
+                            options=dict(gtol=1e-11, maxiter=10_000))
+    return res.x
+
+
+def np_test_loss(theta, x, y):
+    logits = np.append(x, 1.0) @ theta.reshape(D + 1, K)
+    return logsumexp(logits) - logits[y]
+
+
+def problem(n=80, seed=0, flip=None, spread=2.0):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, spread, (K, D))
+    ys = rng.integers(0, K, n)
+    xs = centers[ys] + rng.normal(0, 1.0, (n, D))
+    if flip is not None:
+        ys = ys.copy()
+        ys[flip] = (ys[flip] + 1) % K
+    xt = centers[1] + 0.5 * rng.normal(0, 1.0, D)
+    return xs, ys, xt, 1
+
+
+# ---------------------------------------------------------------- influence functions vs retraining
+
+
+def test_predicted_loo_change_matches_actual_retraining(x64):
+    """Koh & Liang's Fig. 2 on a convex problem: prediction vs SciPy BFGS retrained without each example."""
+    lam = 0.05
+    xs, ys, xt, yt = problem()
+    theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
+    pred = np.asarray(inf.predicted_loo_change(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
+                                               jnp.asarray(xt), yt, damping=lam, method="exact"))
+    assert pred.shape == (len(xs),) and pred.dtype == np.float64
+    idx = inf.extreme_indices(pred, 8)
+    base = np_test_loss(theta, xt, yt)
+    actual = []
+    for i in idx:
+        keep = np.arange(len(xs)) != i
+        actual.append(np_test_loss(np_fit(xs[keep], ys[keep], lam, theta), xt, yt) - base)
+    actual = np.array(actual)
+    r, rho = inf.correlations(pred[idx], actual)
+    assert r > 0.99 and rho > 0.9, (r, rho)
+    # scale and sign, not just ranking: first order in 1/N
+    np.testing.assert_allclose(pred[idx], actual, rtol=0.15, atol=0.02 * np.abs(actual).max())
+
+
+def test_own_retraining_agrees_with_scipy(x64):
+    """gradlab's warm-started L-BFGS leave-one-out retraining reaches SciPy's BFGS minimum."""
+    lam = 0.05
+    xs, ys, xt, yt = problem(n=50, seed=3)
+    theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
+    chk = inf.check_against_retraining(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
+                                       jnp.asarray(xt), yt, damping=lam, k=3)
+    assert chk.base.grad_norm < 1e-8
+    for i, m in zip(chk.indices, chk.retrained):
+        keep = np.arange(len(xs)) != i
+        np.testing.assert_allclose(np.asarray(m.params), np_fit(xs[keep], ys[keep], lam, theta), atol=1e-6)
+    assert chk.pearson > 0.99
+
+
+def test_influence_methods_agree_with_brute_force(x64):
+    """grad dot, cosine, TracIn and influence functions (exact, CG, LiSSA) against NumPy formulas."""
+    lam = 0.1
+    xs, ys, xt, yt = problem(n=60, seed=1)
+    theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
+    args = (softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(xt), yt)
+    grads, h = np_parts(theta, xs, ys)
+    gt, _ = np_parts(theta, xt[None], np.array([yt]))
+    gt = gt[0]
+    dots = grads @ gt
+    np.testing.assert_allclose(inf.grad_dot(*args, chunk_size=7), dots, rtol=1e-10)
+    cos = dots / np.linalg.norm(grads, axis=1) / np.linalg.norm(gt)
+    np.testing.assert_allclose(inf.grad_cosine(*args), cos, rtol=1e-10)
+
+    hl = h + lam * np.eye(len(theta))
+    np.testing.assert_allclose(inf.hessian(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
+                                           damping=lam, chunk_size=16), hl, rtol=1e-9, atol=1e-12)
+    s = np.linalg.solve(hl, gt)
+    brute = (grads @ s + lam * theta @ s) / len(xs)
+    for method, tol in [("exact", 1e-9), ("cg", 1e-7), ("lissa", 1e-3)]:
+        got = inf.predicted_loo_change(*args, damping=lam, method=method, lissa_depth=4000, lissa_batch_size=len(xs))
+        np.testing.assert_allclose(got, brute, rtol=tol, atol=tol * np.abs(brute).max(), err_msg=method)
+
+    # TracIn: Σ_c η_c g_i(θ_c)·g(θ_c) over two checkpoints with different learning rates
+    theta0 = 0.3 * np.ones_like(theta)
+    g0, _ = np_parts(theta0, xs, ys)
+    gt0, _ = np_parts(theta0, xt[None], np.array([yt]))
+    expected = 0.5 * g0 @ gt0[0] + 0.1 * dots
+    got = inf.tracin(softmax_loss, [jnp.asarray(theta0), jnp.asarray(theta)], [0.5, 0.1], *args[2:])
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+
+    # self-influence variants
+    np.testing.assert_allclose(inf.self_influence(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys)),
+                               np.sum(grads**2, 1), rtol=1e-10)
+    quad = np.einsum("np,pq,nq->n", grads, np.linalg.inv(hl), grads) / len(xs)
+    np.testing.assert_allclose(inf.self_influence(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
+                                                  method="influence", damping=lam), quad, rtol=1e-8)
+    tr = inf.self_influence(softmax_loss, None, jnp.asarray(xs), jnp.asarray(ys), method="tracin",
+                            checkpoints=[jnp.asarray(theta0), jnp.asarray(theta)], lrs=[0.5, 0.1])
+    np.testing.assert_allclose(tr, 0.5 * np.sum(g0**2, 1) + 0.1 * np.sum(grads**2, 1), rtol=1e-10)
+
+
+def test_equinox_model_auto_switches_to_cg_with_a_note():
+    """An Equinox softmax regression in float32: past the size threshold "auto" runs CG, with a note,
+    and CG agrees with the exact solve."""
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.normal(size=(64, 5)), jnp.float32)
+    ys = jnp.asarray(rng.integers(0, 3, 64))
+    model = build_model(ModelSpec("linear"), 5, 3, key=jax.random.key(0))
+    args = (losses.cross_entropy, model, xs, ys, xs[0], ys[0])
+    exact = inf.loo_influence(*args, damping=0.1, method="exact")
+    auto = inf.loo_influence(*args, damping=0.1, method="auto", exact_max_params=10)
+    assert exact.ihvp.method == "exact" and exact.ihvp.note is None
+    assert auto.ihvp.method == "cg" and "conjugate gradient" in auto.ihvp.note and "18" in auto.ihvp.note
+    assert auto.ihvp.residual < 1e-4
+    np.testing.assert_allclose(auto.scores, exact.scores, rtol=1e-3, atol=1e-6)
+    assert inf.resolve_method(5_000) == ("cg", inf.resolve_method(5_000)[1])
+    with pytest.raises(ValueError, match="unknown"):
+        inf.resolve_method(10, "newton")
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_lissa_divergence_says_raise_damping_or_scale():
+    xs, ys, xt, yt = problem(n=40)
+    args = (softmax_loss, jnp.zeros((D + 1) * K, jnp.float32), jnp.asarray(xs, jnp.float32), jnp.asarray(ys),
+            jnp.asarray(xt, jnp.float32), yt)
+    with pytest.raises(inf.InfluenceError, match="LiSSA diverged.*raise the damping.*scale"):
+        inf.predicted_loo_change(*args, damping=0.01, method="lissa", lissa_scale=0.01, lissa_depth=300)
+    # with a scale above the largest eigenvalue it converges
+    ok = inf.loo_influence(*args, damping=0.5, method="lissa", lissa_depth=300)
+    assert ok.ihvp.residual < 1e-2
+
+
+def negative_curvature(theta, x, y):
+    return -jnp.sum((theta * x) ** 2) + 0.0 * y
+
+
+def test_cg_on_non_convex_objective_says_raise_damping():
+    xs = jnp.ones((4, 2))
+    ys = jnp.zeros(4)
+    with pytest.raises(inf.InfluenceError, match="not positive definite.*Raise the damping"):
+        inf.predicted_loo_change(negative_curvature, jnp.ones(2), xs, ys, xs[0], ys[0], damping=0.1, method="cg")
+    with pytest.raises(inf.InfluenceError, match="damping"):
+        inf.predicted_loo_change(negative_curvature, jnp.ones(2), xs, ys, xs[0], ys[0], damping=0.1, method="lissa",
+                                 lissa_scale=1.0, lissa_depth=200)
+    with pytest.raises(inf.InfluenceError, match="damping must be"):
+        inf.inverse_hvp(negative_curvature, jnp.ones(2), xs, ys, jnp.ones(2), damping=-1.0)
+
+
+# ---------------------------------------------------------------- self-influence on a planted mislabel
+
+
+def test_self_influence_finds_a_planted_mislabel(x64):
+    planted = 17  # a typical example of well-separated classes, given the wrong label
+    lam = 0.01
+    xs, ys, _, _ = problem(n=90, seed=2, flip=planted, spread=4.0)
+    thetas, theta = [], np.zeros((D + 1) * K)
+    for step in range(400):  # full-batch gradient descent, a checkpoint every 40 steps (TracIn's setting)
+        if step % 40 == 0:
+            thetas.append(theta)
+        theta = theta - 0.2 * np_objective(theta, xs, ys, lam)[1]
+    thetas.append(theta)
+    theta = thetas[-1]
+    xs_j, ys_j = jnp.asarray(xs), jnp.asarray(ys)
+    for method in ("grad_norm", "influence", "tracin"):
+        s = np.asarray(inf.self_influence(softmax_loss, jnp.asarray(theta), xs_j, ys_j, method=method, damping=lam,
+                                          checkpoints=[jnp.asarray(t) for t in thetas], lrs=[0.2] * len(thetas)))
+        assert int(np.argmax(s)) == planted, method
+    # and the clean labels score lower under every method
+    with pytest.raises(ValueError, match="checkpoints"):
+        inf.self_influence(softmax_loss, jnp.asarray(theta), xs_j, ys_j, method="tracin")
+    with pytest.raises(ValueError, match="unknown"):
+        inf.self_influence(softmax_loss, jnp.asarray(theta), xs_j, ys_j, method="loss")
+
+
+def test_influence_self_refuses_large_models():
+    model = build_model(ModelSpec("mlp", width=64), 64, 10, key=jax.random.key(0))
+    xs = jnp.zeros((4, 64))
+    with pytest.raises(inf.InfluenceError, match="TracIn"):
+        inf.self_influence(losses.cross_entropy, model, xs, jnp.zeros(4, int), method="influence")
+
+
+def test_method_agreement_and_extremes():
+    a = np.arange(10.0)
+    m = inf.method_agreement({"a": a, "b": a**3, "c": -a})
+    np.testing.assert_allclose(m, [[1, 1, -1], [1, 1, -1], [-1, -1, 1]])
+    np.testing.assert_array_equal(inf.extreme_indices(np.array([3.0, -1.0, 5.0, 0.0]), 1), [2, 1])
+    assert np.isnan(inf.correlations([1.0, 2.0], [1.0, 2.0])[0])
