@@ -124,3 +124,85 @@ def training_curve(losses: np.ndarray, checkpoint_steps, current_step: int | Non
         fig.add_vline(x=current_step, line=dict(color=FLIPPED_COLOR, width=2))
     fig.update_yaxes(type="log")
     return _layout(fig, "Training objective (red: the checkpoint shown)", "training step", "mean loss + λ/2‖θ‖² (log scale)", height=300)
+
+
+# ---------------------------------------------------------------- influence (issue 5)
+
+PROPONENT_COLOR = "#2ca02c"
+OPPONENT_COLOR = "#d62728"
+
+
+def test_point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_names=("x₁", "x₂"),
+                      title: str = "Test points: click one") -> go.Figure:
+    """Clickable scatter of test points `xy (M, 2)` (inputs, or index vs loss), misclassified as crosses.
+
+    Each marker's `customdata` is its test index (read back from `st.plotly_chart(on_select=...)`).
+    """
+    xy = np.asarray(xy, np.float64)
+    idx = np.arange(len(xy))
+    correct = np.asarray(correct, bool)
+    fig = go.Figure(go.Scatter(
+        x=xy[:, 0], y=xy[:, 1], mode="markers", customdata=idx, name="test points",
+        marker=dict(size=8, color=np.where(correct, "#1f77b4", OPPONENT_COLOR),
+                    symbol=np.where(correct, "circle", "x")),
+        hovertemplate="test point %{customdata}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[xy[selected, 0]], y=[xy[selected, 1]], mode="markers", name="chosen test point",
+                             marker=dict(size=20, symbol="star", color="gold", line=dict(color="black", width=1.5)),
+                             hoverinfo="skip"))
+    fig.update_layout(legend=dict(orientation="h", y=-0.2), clickmode="event+select")
+    return _layout(fig, title + " (blue: correct, red ×: misclassified)", axis_names[0], axis_names[1], height=360)
+
+
+def influence_scatter_2d(x_train: np.ndarray, scores: np.ndarray, proponents, opponents, test_x: np.ndarray, *,
+                         score_label: str, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
+    """2-D training inputs coloured by an influence score (diverging, 0 = white), the top-k proponents
+    ringed green, the top-k opponents ringed red, and the test point as a star."""
+    x = np.asarray(x_train, np.float64)
+    s = np.asarray(scores, np.float64)
+    lim = float(np.quantile(np.abs(s), 0.98)) or 1.0
+    fig = go.Figure(go.Scattergl(
+        x=x[:, 0], y=x[:, 1], mode="markers", customdata=np.arange(len(x)), name="training examples",
+        marker=dict(color=s, colorscale="RdBu", cmid=0, cmin=-lim, cmax=lim, size=7,
+                    colorbar=dict(title=score_label), line=dict(width=0.3, color="gray")),
+        hovertemplate="example %{customdata}<br>score %{marker.color:.3g}<extra></extra>"))
+    for ids, color, name in ((proponents, PROPONENT_COLOR, "top proponents"), (opponents, OPPONENT_COLOR, "top opponents")):
+        ids = np.asarray(ids, int)
+        fig.add_trace(go.Scatter(x=x[ids, 0], y=x[ids, 1], mode="markers", name=name,
+                                 marker=dict(size=16, color="rgba(0,0,0,0)", line=dict(color=color, width=2.5))))
+    t = np.asarray(test_x, np.float64).ravel()
+    fig.add_trace(go.Scatter(x=[t[0]], y=[t[1]], mode="markers", name="test point",
+                             marker=dict(size=22, symbol="star", color="gold", line=dict(color="black", width=1.5))))
+    fig.update_layout(legend=dict(orientation="h", y=-0.15))
+    return _layout(fig, title, axis_names[0], axis_names[1], height=480)
+
+
+def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agreement between methods") -> go.Figure:
+    """Rank-correlation matrix (e.g. Spearman ρ) between score vectors, annotated."""
+    m = np.asarray(matrix, np.float64)
+    fig = go.Figure(go.Heatmap(z=m, x=names, y=names, zmin=-1, zmax=1, colorscale="RdBu", reversescale=False,
+                               text=np.round(m, 2), texttemplate="%{text}", colorbar=dict(title="Spearman ρ")))
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, title, "method", "method", height=380)
+
+
+def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, *, pearson: float, spearman: float,
+                n_top: int | None = None, title: str | None = None) -> go.Figure:
+    """Predicted vs actual leave-one-out change in test loss, the y = x line (Koh & Liang 2017, Fig. 2).
+
+    The first `n_top` entries are the predicted proponents (green), the rest opponents (red).
+    """
+    p, a = np.asarray(predicted, np.float64), np.asarray(actual, np.float64)
+    n_top = len(p) // 2 if n_top is None else n_top
+    groups = (slice(0, n_top), slice(n_top, None))
+    fig = go.Figure()
+    for sl, color, name in zip(groups, (PROPONENT_COLOR, OPPONENT_COLOR), ("most positive prediction", "most negative prediction")):
+        fig.add_trace(go.Scatter(x=p[sl], y=a[sl], mode="markers", name=name, customdata=np.asarray(indices)[sl],
+                                 marker=dict(size=10, color=color),
+                                 hovertemplate="example %{customdata}<br>predicted %{x:.3g}<br>actual %{y:.3g}<extra></extra>"))
+    lo = float(min(p.min(), a.min())) if len(p) else 0.0
+    hi = float(max(p.max(), a.max())) if len(p) else 1.0
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(dash="dot", color="gray")))
+    fig.update_layout(legend=dict(orientation="h", y=-0.2))
+    title = title or f"Predicted vs actual leave-one-out change (Pearson {pearson:.3f}, Spearman {spearman:.3f})"
+    return _layout(fig, title, "predicted change in test loss (influence function)",
+                   "actual change in test loss (retrained without the example)", height=460)
