@@ -357,6 +357,10 @@ def load_csv(
         class_names = None
     else:
         values = labels.astype(str) if not _numeric(labels) else labels
+        if _numeric(labels) and not np.all(np.mod(labels.to_numpy(np.float64), 1) == 0):
+            example = next(v for v in labels if v % 1 != 0)
+            raise DataError(f"the label column {label_column!r} holds non-integer numbers (e.g. {example:g}): "
+                            "is it a regression target? Choose regression, or another label column")
         k = values.nunique()
         if k < 2:
             raise DataError(f"the label column {label_column!r} has a single class ({values.iloc[0]!s}): "
