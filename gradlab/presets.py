@@ -59,16 +59,17 @@ class Preset:
 
     def query(self) -> dict[str, str]:
         """The URL query parameters of this view (values that differ from the defaults, as strings)."""
-        q = {k: v for k, v in self.config.to_query().items() if k in SIDEBAR_KEYS}
+        exp, default = self.config, Experiment()
+        q = {k: _number(getattr(exp, k)) for k in SIDEBAR_KEYS if getattr(exp, k) != getattr(default, k)}
         for k, v in self.widgets.items():
             q[k] = str(v).lower() if isinstance(v, bool) else _number(v)
         return q
 
 
 def _number(v: Any) -> str:
-    """How Streamlit writes a bound widget's value into the URL (5.0 -> "5")."""
-    if isinstance(v, float) and v == int(v):
-        return str(int(v))
+    """How Streamlit writes a bound widget's value into the URL (5.0 -> "5", 0.0001 -> "0.0001")."""
+    if isinstance(v, float):
+        return f"{v:g}"
     return str(v)
 
 
