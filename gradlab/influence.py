@@ -766,3 +766,88 @@ def method_agreement(scores: dict[str, np.ndarray]) -> np.ndarray:
         return np.ones((1, 1))
     rho = stats.spearmanr(m).statistic
     return np.atleast_2d(np.nan_to_num(np.asarray(rho, np.float64), nan=0.0))
+
+
+# ------------------------------------------------------------------ one experiment, for the page
+
+
+def _arrays(fitted):
+    d = fitted.data
+    return jnp.asarray(d.x_train), jnp.asarray(d.y_train)
+
+
+def _test_point(fitted, index: int):
+    d = fitted.data
+    if not 0 <= int(index) < len(d.y_test):
+        raise ValueError(f"test point {index} does not exist: there are {len(d.y_test)} test points (0 to {len(d.y_test) - 1})")
+    return jnp.asarray(d.x_test[int(index)]), jnp.asarray(d.y_test[int(index)])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PointScores:
+    """Every method's scores between the training set and one test point of a fitted experiment.
+
+    - `scores {method: (N,)}`: keys of `METHODS` (`"influence"` missing when it failed); high = proponent.
+    - `ihvp`: how the influence function's H⁻¹∇L_test was solved (None if it failed).
+    - `error`: the influence function's failure message (e.g. raise the damping), else None.
+    """
+
+    scores: dict
+    ihvp: InverseHVP | None
+    error: str | None
+
+
+def score_test_point(fitted, test_index: int, *, damping: float, method: Method = "auto",
+                     chunk_size: int | None = engine.DEFAULT_CHUNK, **solver) -> PointScores:
+    """Gradient dot, gradient cosine and TracIn at the last checkpoint / over all checkpoints, and the
+    influence function (damping λ) for test point `test_index` of a `gradlab.experiment.Fitted`.
+
+    **Raises** `ValueError` for a test index out of range. An influence-function failure
+    (`InfluenceError`) is reported in `error`, the other methods still computed.
+    """
+    xs, ys = _arrays(fitted)
+    x, y = _test_point(fitted, test_index)
+    f, model = fitted.loss_fn, fitted.model
+    out = {
+        "grad_dot": np.asarray(grad_dot(f, model, xs, ys, x, y, chunk_size=chunk_size)),
+        "grad_cosine": np.asarray(grad_cosine(f, model, xs, ys, x, y, chunk_size=chunk_size)),
+        "tracin": np.asarray(tracin(f, fitted.run.checkpoints, fitted.run.lrs, xs, ys, x, y, chunk_size=chunk_size)),
+    }
+    try:
+        r = loo_influence(f, model, xs, ys, x, y, damping=damping, method=method, chunk_size=chunk_size, **solver)
+    except InfluenceError as err:
+        return PointScores(out, None, str(err))
+    out["influence"] = r.scores
+    return PointScores(out, r.ihvp, None)
+
+
+def self_influence_all(fitted, *, damping: float, chunk_size: int | None = engine.DEFAULT_CHUNK) -> tuple[dict, str | None]:
+    """Self-influence of every training example of a fitted experiment by each available method.
+
+    **Returns** `({"grad_norm": (N,), "tracin": (N,)[, "influence": (N,)]}, note)`: the
+    influence-function variant only for models small enough for the exact Hessian; `note` says why
+    it is missing (or None).
+    """
+    xs, ys = _arrays(fitted)
+    f = fitted.loss_fn
+    out = {
+        "grad_norm": np.asarray(self_influence(f, fitted.model, xs, ys, method="grad_norm", chunk_size=chunk_size)),
+        "tracin": np.asarray(self_influence(f, fitted.model, xs, ys, method="tracin", checkpoints=fitted.run.checkpoints,
+                                            lrs=fitted.run.lrs, chunk_size=chunk_size)),
+    }
+    try:
+        out["influence"] = np.asarray(self_influence(f, fitted.model, xs, ys, method="influence", damping=damping,
+                                                     chunk_size=chunk_size))
+        note = None
+    except InfluenceError as err:
+        note = str(err)
+    return out, note
+
+
+def retraining_check(fitted, test_index: int, *, damping: float, k: int = 10, method: Method = "auto",
+                     progress: Callable[[int, int], None] | None = None, **solver) -> RetrainingCheck:
+    """`check_against_retraining` for test point `test_index` of a fitted experiment, from its last checkpoint."""
+    xs, ys = _arrays(fitted)
+    x, y = _test_point(fitted, test_index)
+    return check_against_retraining(fitted.loss_fn, fitted.model, xs, ys, x, y, damping=damping, k=k, method=method,
+                                    progress=progress, **solver)

@@ -132,7 +132,7 @@ PROPONENT_COLOR = "#2ca02c"
 OPPONENT_COLOR = "#d62728"
 
 
-def test_point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_names=("x₁", "x₂"),
+def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_names=("x₁", "x₂"),
                       title: str = "Test points: click one") -> go.Figure:
     """Clickable scatter of test points `xy (M, 2)` (inputs, or index vs loss), misclassified as crosses.
 
