@@ -7,12 +7,12 @@ from gradlab import ui
 st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
 
 PAGES = [
-    st.Page("pages/home.py", title="Home", icon="🏠", default=True),
-    st.Page("pages/norms.py", title="Gradient norms", icon="📊"),
-    st.Page("pages/equivalence.py", title="Equivalence", icon="🟰"),
-    st.Page("pages/performance.py", title="Performance", icon="⏱️"),
-    st.Page("pages/dp_clipping.py", title="DP clipping", icon="🔒"),
-    st.Page("pages/influence.py", title="Influence", icon="🧭"),
+    st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
+    st.Page("pages/norms.py", title="Gradient norms", icon=":material/bar_chart:"),
+    st.Page("pages/equivalence.py", title="Equivalence", icon=":material/drag_handle:"),
+    st.Page("pages/performance.py", title="Performance", icon=":material/timer:"),
+    st.Page("pages/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
+    st.Page("pages/influence.py", title="Influence", icon=":material/explore:"),
 ]
 
 page = st.navigation(PAGES)

@@ -39,6 +39,14 @@ class Dataset:
     flipped: np.ndarray
     y_train_clean: np.ndarray
     image_shape: tuple[int, int] | None = None
+    x_mean: np.ndarray | None = None
+    x_std: np.ndarray | None = None
+
+    def raw(self, x: np.ndarray) -> np.ndarray:
+        """Undo the standardization of rows `x (n, D)`: the original feature values (pixels to draw)."""
+        if self.x_mean is None:
+            return x
+        return x * self.x_std + self.x_mean
 
     @property
     def n_classes(self) -> int:
@@ -227,6 +235,8 @@ def make_dataset(
         flipped=flipped,
         y_train_clean=ytr,
         image_shape=image_shape,
+        x_mean=mu.astype(np.float32),
+        x_std=sd.astype(np.float32),
     )
 
 

@@ -4,7 +4,7 @@ import streamlit as st
 
 from gradlab import ui
 
-st.title("∇ gradlab: per-example gradients, made visible")
+st.title("gradlab: per-example gradients, made visible")
 
 left, right = st.columns([3, 2])
 with left:
@@ -33,12 +33,12 @@ The sidebar sets the experiment shared by every page; the URL keeps it, so a lin
     )
 with right:
     st.subheader("Pages")
-    st.page_link("pages/norms.py", label="**Gradient norms**: which examples pull hardest, per class and layer; mislabels", icon="📊")
-    st.page_link("pages/equivalence.py", label="**Equivalence**: `vmap(grad)` summed equals `grad` of the sum, in float32 and float64", icon="🟰")
-    st.page_link("pages/performance.py", label="**Performance**: Python loop vs `vmap(grad)` vs one batch gradient", icon="⏱️")
-    st.page_link("pages/dp_clipping.py", label="**DP clipping**: per-example clipping, its bias, DP-SGD with a real accountant", icon="🔒")
-    st.page_link("pages/influence.py", label="**Influence**: who helped or hurt this prediction, checked by retraining", icon="🧭")
+    st.page_link("pages/norms.py", label="**Gradient norms**: who pulls hardest; mislabels", icon=":material/bar_chart:")
+    st.page_link("pages/equivalence.py", label="**Equivalence**: sum of per-example = batch gradient", icon=":material/drag_handle:")
+    st.page_link("pages/performance.py", label="**Performance**: loop vs `vmap(grad)` vs batch", icon=":material/timer:")
+    st.page_link("pages/dp_clipping.py", label="**DP clipping**: clipping bias, DP-SGD, real ε", icon=":material/lock:")
+    st.page_link("pages/influence.py", label="**Influence**: who helped this prediction?", icon=":material/explore:")
 
-st.subheader("🎓 Lecture scenarios")
+st.subheader("Lecture scenarios")
 st.caption("One click sets the experiment and the page's controls and opens the page; the link in the sidebar shares it.")
 ui.preset_picker(columns=3)

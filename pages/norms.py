@@ -9,7 +9,7 @@ from gradlab import plots, ui
 from gradlab.metrics import detection_roc
 from gradlab.summary import norm_summary
 
-st.title("📊 Gradient norms")
+st.title("Gradient norms")
 st.markdown(
     "Each training example has its own gradient ∇θ ℓ(xᵢ, yᵢ): the direction it pulls the parameters. "
     "Its **norm** says how hard it pulls. Most examples the model already fits pull weakly; the long "
@@ -45,7 +45,7 @@ m = st.columns(5)
 m[0].metric("Training examples N", f"{len(s.norms):,}", help=f"P = {s.num_params:,} parameters")
 m[1].metric("Median norm", f"{np.median(s.norms):.3g}")
 m[2].metric("Max / median", f"{s.norms.max() / max(np.median(s.norms), 1e-30):.1f}×", help="How far the largest example sticks out.")
-m[3].metric("Gradient noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noise_scale) else "∞",
+m[3].metric("Noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noise_scale) else "∞",
             help="tr(Σ)/‖G‖² (McCandlish et al. 2018): the batch size at which gradient noise and signal are comparable. "
                  "Larger means bigger batches still help.")
 if det is not None:
@@ -76,7 +76,7 @@ def label(i):
 
 if data.image_shape is not None:
     titles = [f"{label(i)}<br>‖g‖={s.norms[i]:.2g}" for i in top]
-    st.plotly_chart(plots.image_grid(data.x_train[top], titles, image_shape=data.image_shape), width="stretch")
+    st.plotly_chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
     st.plotly_chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top,
                                      axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
