@@ -7,6 +7,7 @@ TracIn's sum over checkpoints. The objective is `mean_i loss_i + l2/2 ‖θ‖²
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import equinox as eqx
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from gradlab import privacy
 from gradlab.engine import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9"}
@@ -142,4 +144,208 @@ def train(
         steps=tuple(at),
         losses=np.concatenate(losses) if losses else np.zeros(0),
         lrs=tuple(float(lr) for _ in at),
+    )
+
+
+# ---------------------------------------------------------------- DP-SGD (Abadi et al. 2016)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DPTrainResult:
+    """Checkpoints of one DP-SGD run and the privacy spent so far at each.
+
+    - `checkpoints`, `steps (C,)`: as `TrainResult`.
+    - `losses (S,)`: mean loss over each step's Poisson batch (before the update).
+    - `batch_sizes (S,)` int: how many examples Poisson sampling drew at each step.
+    - `clipped_fraction (S,)`: share of the batch whose gradient norm exceeded C.
+    - `epsilons (C,)`: ε spent after `steps[i]` steps at `delta`, from `accountant` (inf when σ = 0).
+    - `overflow_steps`: steps whose batch overflowed the fixed buffer (examples dropped; ~never).
+    """
+
+    checkpoints: tuple
+    steps: tuple[int, ...]
+    losses: np.ndarray
+    batch_sizes: np.ndarray
+    clipped_fraction: np.ndarray
+    epsilons: np.ndarray
+    sample_rate: float
+    noise_multiplier: float
+    clip_norm: float
+    delta: float
+    accountant: str
+    buffer_size: int
+    overflow_steps: int
+
+    @property
+    def final(self):
+        return self.checkpoints[-1]
+
+
+def dp_buffer_size(n: int, sample_rate: float) -> int:
+    """Fixed size M of the padded batch buffer for Poisson sampling with rate q from N examples.
+
+    M = min(N, ⌈qN + 7·√(qN(1−q))⌉ + 8): the Binomial(N, q) batch size exceeds it with probability
+    below 1e-11 per step, so the jitted step has one shape while the batch size varies.
+    """
+    mean = n * sample_rate
+    return int(min(n, math.ceil(mean + 7 * math.sqrt(mean * (1 - sample_rate))) + 8))
+
+
+def poisson_sample(key, n: int, sample_rate, buffer_size: int):
+    """One Poisson-sampled batch: each of the N examples joins independently with probability q.
+
+    **Returns** `(idx (M,) int32, mask (M,) bool, count)`: the first `count` entries of `idx` are
+    the selected examples (in increasing order), the rest are padding (`mask` False). If more than
+    M examples are drawn, the extra ones are dropped (see `dp_buffer_size`).
+    """
+    chosen = jax.random.uniform(key, (n,)) < sample_rate
+    count = jnp.sum(chosen)
+    idx = jnp.nonzero(chosen, size=buffer_size, fill_value=0)[0]
+    return idx.astype(jnp.int32), jnp.arange(buffer_size) < count, count
+
+
+def _dp_keys(seed: int, steps: int):
+    """Per-step keys of a DP-SGD run: `(sampling key, noise key)` pairs, shape (steps, 2)."""
+    keys = jax.random.split(jax.random.key(seed), max(steps, 1))
+    return jax.vmap(lambda k: jax.random.split(k, 2))(keys)
+
+
+def dp_sgd_batches(n: int, sample_rate: float, steps: int, seed: int = 0) -> list[np.ndarray]:
+    """The indices `train_dp_sgd(…, seed=seed)` samples at each step (for tests and inspection)."""
+    m = dp_buffer_size(n, sample_rate)
+    out = []
+    for k in _dp_keys(seed, steps)[:steps]:
+        idx, mask, _ = poisson_sample(k[0], n, sample_rate, m)
+        out.append(np.asarray(idx)[np.asarray(mask)])
+    return out
+
+
+@eqx.filter_jit
+def _dp_segment(loss_fn, params, opt_state, optimizer, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size):
+    """len(keys) DP-SGD steps with lax.scan: Poisson batch → vmap(grad) → clip → sum → noise → /qN → optax."""
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    n = xs.shape[0]
+
+    def one(d, x, y):
+        return loss_fn(eqx.combine(d, static), x, y)
+
+    per_example = jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0))
+
+    def step(carry, key):
+        d, s = carry
+        idx, mask, count = poisson_sample(key[0], n, q, buffer_size)
+        losses, g = per_example(d, xs[idx], ys[idx])
+        m = mask.astype(losses.dtype)
+        g = jax.tree.map(lambda a: a * m.reshape((-1,) + (1,) * (a.ndim - 1)), g)
+        summed, n_clipped = privacy.clip_and_sum(g, clip_norm)
+        noise = privacy.gaussian_noise(key[1], summed, clip_norm, sigma)
+        grad = jax.tree.map(lambda a, z, p: (a + z) / (q * n) + l2 * p, summed, noise, d)
+        updates, s = optimizer.update(grad, s, d)
+        b = jnp.maximum(count, 1)
+        return (optax.apply_updates(d, updates), s), (jnp.sum(losses * m) / b, count, n_clipped / b)
+
+    (diff, opt_state), (losses, counts, clipped) = jax.lax.scan(step, (diff, opt_state), keys)
+    return eqx.combine(diff, static), opt_state, losses, counts, clipped
+
+
+def train_dp_sgd(
+    model,
+    loss_fn: Callable,
+    xs,
+    ys,
+    *,
+    sample_rate: float,
+    noise_multiplier: float,
+    clip_norm: float,
+    optimizer: str | optax.GradientTransformation = "sgd",
+    lr: float = 0.1,
+    steps: int = 300,
+    l2: float = 0.0,
+    seed: int = 0,
+    checkpoint_every: int = 50,
+    delta: float = 1e-5,
+    accountant: str = "rdp",
+    progress: Callable[[int, int], None] | None = None,
+) -> DPTrainResult:
+    """Train with DP-SGD (Abadi et al. 2016, Algorithm 1) with any optax optimizer, keeping checkpoints.
+
+    Each step: Poisson-sample a batch (each example joins with probability q, the sampling the
+    accountant assumes; a fixed-size padded buffer with a mask keeps one compiled shape), compute
+    per-example gradients with `vmap(grad)`, clip each to L2 norm ≤ C
+    (`optax.per_example_global_norm_clip`), sum, add N(0, σ²C² I), divide by the expected batch
+    size qN, add the (data-independent) L2 term λθ, and apply the optimizer. With σ = 0 and
+    C = inf it is plain minibatch training on the same sampled batches.
+
+    **Arguments**
+    - `model`, `loss_fn(model, x, y)`, `xs (N, D)`, `ys (N,)`: as `train`.
+    - `sample_rate`: q ∈ (0, 1]; `noise_multiplier`: σ ≥ 0; `clip_norm`: C > 0 (inf: no clipping).
+    - `optimizer`: `"adam"`, `"sgd"` (momentum 0.9) or any `optax.GradientTransformation`
+      (then `lr` is ignored); `lr` > 0.
+    - `steps` ≥ 0; `l2` ≥ 0; `seed` for sampling, noise; `checkpoint_every` ≥ 1.
+    - `delta` δ ∈ (0, 1) and `accountant` (`"rdp"` | `"pld"`) for the ε reported at each checkpoint.
+    - `progress(step, steps)`: called after each checkpoint.
+
+    **Returns** a `DPTrainResult`.
+
+    **Raises** `ValueError` (`TrainingError`) for C ≤ 0, σ < 0, q ∉ (0, 1], δ ∉ (0, 1), impossible
+    settings, or a diverging run (NaN/inf loss), with what to change.
+    """
+    try:
+        q = privacy.check_sample_rate(sample_rate)
+        sigma = privacy.check_noise_multiplier(noise_multiplier)
+        c = privacy.check_clip_norm(clip_norm)
+        delta = privacy.check_delta(delta)
+        privacy._check_accountant(accountant)
+    except ValueError as err:
+        raise TrainingError(str(err)) from None
+    n = int(xs.shape[0])
+    if n == 0:
+        raise TrainingError("no training examples: pick a larger dataset or a smaller test fraction")
+    if steps < 0 or checkpoint_every < 1:
+        raise TrainingError(f"steps must be ≥ 0 and checkpoint_every ≥ 1, got {steps} and {checkpoint_every}")
+    if l2 < 0:
+        raise TrainingError(f"the L2 penalty must be ≥ 0, got {l2:g}")
+    opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else make_optimizer(optimizer, lr)
+    params = as_params(model)
+    opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    m = dp_buffer_size(n, q)
+    keys = _dp_keys(seed, steps)
+    scalars = tuple(jnp.float32(v) for v in (q, c, sigma, l2))
+    checkpoints, at, losses, counts, clipped, done = [params], [0], [], [], [], 0
+    while done < steps:
+        k = min(checkpoint_every, steps - done)
+        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt, xs, ys, keys[done : done + k], *scalars, m)
+        seg = np.asarray(seg)
+        params_ok = all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array)))
+        if not (np.all(np.isfinite(seg)) and params_ok):
+            bad = done + (int(np.argmin(np.isfinite(seg))) + 1 if not np.all(np.isfinite(seg)) else k)
+            raise TrainingError(
+                f"the DP-SGD training loss became NaN or infinite by step {bad}: the run diverged. "
+                f"Lower the learning rate (now {lr:g}), the noise σ or the clipping norm C, or switch to Adam."
+            )
+        done += k
+        losses.append(seg)
+        counts.append(np.asarray(cnt))
+        clipped.append(np.asarray(clp))
+        checkpoints.append(params)
+        at.append(done)
+        if progress is not None:
+            progress(done, steps)
+    counts = np.concatenate(counts) if counts else np.zeros(0, int)
+    epsilons = privacy.dp_sgd_epsilons(sample_rate=q, noise_multiplier=sigma, steps=at, delta=delta, accountant=accountant)
+    return DPTrainResult(
+        checkpoints=tuple(checkpoints),
+        steps=tuple(at),
+        losses=np.concatenate(losses) if losses else np.zeros(0),
+        batch_sizes=counts,
+        clipped_fraction=np.concatenate(clipped) if clipped else np.zeros(0),
+        epsilons=epsilons,
+        sample_rate=q,
+        noise_multiplier=sigma,
+        clip_norm=c,
+        delta=delta,
+        accountant=accountant,
+        buffer_size=m,
+        overflow_steps=int(np.sum(counts > m)),
     )

@@ -1,0 +1,265 @@
+"""What per-example clipping does to the gradient: norms before/after, fraction clipped, bias.
+
+DP-SGD replaces the mean gradient G = (1/N) Σᵢ gᵢ by the mean of the clipped gradients
+Ḡ_C = (1/N) Σᵢ gᵢ·min(1, C/‖gᵢ‖). Clipping bounds each example's influence (the sensitivity the
+noise is calibrated to) but biases the update: examples with large gradients (hard, rare or
+mislabeled) are scaled down the most (Chen, Wu, Hong 2020, "Understanding gradient clipping in
+private SGD"; Bagdasaryan, Poursaeed, Shmatikov 2019, "Differential privacy has disparate impact
+on model accuracy"). Abadi et al. (2016) suggest C near the median per-example norm.
+
+`clipping_analysis` computes, in ONE streamed pass over the training set (chunks of examples,
+never the N × P matrix), the clipped means for a whole grid of C values, flat and per-layer, and
+per-class means at the chosen C: peak extra memory ≈ (chunk + 2·G + 2·K) × P floats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradlab import engine
+from gradlab.engine import _grad_one, _split, as_params
+from gradlab.privacy import check_batch_size, check_clip_norm, check_noise_multiplier, noise_std_of_mean
+
+DEFAULT_GRID = 40
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClippingAnalysis:
+    """Per-example clipping at one clipping norm C, and the bias it causes as C varies.
+
+    Per example (N training examples):
+    - `norms (N,)`: ‖gᵢ‖₂ before clipping; `clipped_norms (N,)`: min(‖gᵢ‖, C) after flat clipping.
+    - `layer_norms {leaf: (N,)}`; `layer_clipped_norms (N,)`: global norm after per-layer clipping
+      (each of the L leaves clipped to C/√L).
+
+    Over the grid of clipping norms `grid (G,)` (sorted, includes C at index `index`):
+    - `cosine (G,)`, `norm_ratio (G,)`: cos∠(Ḡ_C, G) and ‖Ḡ_C‖/‖G‖ for flat clipping, where
+      G = mean gradient and Ḡ_C = mean clipped gradient; `cosine_layer`, `norm_ratio_layer`: per-layer.
+    - `fraction_clipped (G,)`: share of examples with ‖gᵢ‖ > C; `fraction_clipped_layer (G,)`: share
+      with at least one leaf clipped.
+
+    Per class (classification; empty arrays otherwise), at C:
+    - `class_counts (K,)`, `class_fraction_clipped (K,)`, `class_cosine (K,)`, `class_norm_ratio (K,)`
+      (bias of the class's clipped mean gradient against its true mean gradient).
+
+    Scalars: `clip_norm` C; `mean_norm` ‖G‖; `clipped_mean_norm` ‖Ḡ_C‖; `num_params` P.
+    """
+
+    clip_norm: float
+    norms: np.ndarray
+    clipped_norms: np.ndarray
+    layer_norms: dict[str, np.ndarray]
+    layer_clipped_norms: np.ndarray
+    grid: np.ndarray
+    index: int
+    cosine: np.ndarray
+    norm_ratio: np.ndarray
+    cosine_layer: np.ndarray
+    norm_ratio_layer: np.ndarray
+    fraction_clipped: np.ndarray
+    fraction_clipped_layer: np.ndarray
+    class_counts: np.ndarray
+    class_fraction_clipped: np.ndarray
+    class_cosine: np.ndarray
+    class_norm_ratio: np.ndarray
+    mean_norm: float
+    clipped_mean_norm: float
+    num_params: int
+
+    @property
+    def fraction_clipped_at_c(self) -> float:
+        return float(self.fraction_clipped[self.index])
+
+
+def default_grid(norms: np.ndarray, size: int = DEFAULT_GRID) -> np.ndarray:
+    """Geometric grid of clipping norms from well below the smallest to above the largest norm."""
+    norms = np.asarray(norms, np.float64)
+    pos = norms[norms > 0]
+    if pos.size == 0:
+        return np.geomspace(1e-3, 1.0, size)
+    lo, hi = np.quantile(pos, 0.01) / 4, pos.max() * 1.5
+    return np.geomspace(max(lo, 1e-12), max(hi, lo * 10), size)
+
+
+@eqx.filter_jit
+def _clip_pass(loss_fn, params, xs, ys, labels, grid, clip_norm, n_classes, chunk):
+    """Sums over examples: G·N (P,), Ḡ_C·N for every C in grid (G, P) flat and per layer, per class (K, P)."""
+    engine.TRACES["clipping_analysis"] += 1
+    diff, static = _split(params)
+    g = _grad_one(loss_fn, static)
+    n_leaves = len(jax.tree.leaves(diff))
+    sizes = [int(np.size(a)) for a in jax.tree.leaves(diff)]
+    bounds = np.cumsum([0] + sizes)
+
+    def one(x, y):
+        leaves = jax.tree.leaves(g(diff, x, y))
+        flat = jnp.concatenate([a.ravel() for a in leaves])
+        return flat, jnp.stack([jnp.sum(jnp.square(a)) for a in leaves])
+
+    def step(acc, batch):
+        x, y, lab, m = batch
+        flat, lsq = jax.vmap(one)(x, y)  # (c, P), (c, L)
+        flat = flat * m[:, None]
+        norm = jnp.sqrt(lsq.sum(1))
+        scale = jnp.minimum(1.0, grid[None, :] / jnp.maximum(norm, 1e-30)[:, None])  # (c, G)
+        lscale = jnp.minimum(1.0, (grid / np.sqrt(n_leaves))[None, :, None]
+                             / jnp.maximum(jnp.sqrt(lsq), 1e-30)[:, None, :])  # (c, G, L)
+        layer = jnp.concatenate(
+            [jnp.einsum("cg,cp->gp", lscale[:, :, l], flat[:, bounds[l]:bounds[l + 1]]) for l in range(n_leaves)],
+            axis=1,
+        )
+        onehot = jax.nn.one_hot(lab, n_classes) * m[:, None]
+        s_c = jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-30))
+        total, flat_g, layer_g, cls, cls_c = acc
+        return (
+            total + flat.sum(0),
+            flat_g + jnp.einsum("cg,cp->gp", scale, flat),
+            layer_g + layer,
+            cls + onehot.T @ flat,
+            cls_c + (onehot * s_c[:, None]).T @ flat,
+        ), None
+
+    n = xs.shape[0]
+    chunk = min(chunk, n)
+    pad = (-n) % chunk
+    mask = (jnp.arange(n + pad) < n).astype(jnp.float32)
+    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys, labels))
+    split = lambda a: a.reshape((-1, chunk) + a.shape[1:])
+    p = int(bounds[-1])
+    k = grid.shape[0]
+    zeros = (jnp.zeros(p), jnp.zeros((k, p)), jnp.zeros((k, p)), jnp.zeros((n_classes, p)), jnp.zeros((n_classes, p)))
+    acc, _ = jax.lax.scan(step, zeros, tuple(split(a) for a in padded) + (split(mask),))
+    return acc
+
+
+def _cos_ratio(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos∠(a, b) and ‖a‖/‖b‖ along the last axis (float64; NaN where ‖b‖ = 0)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sum(a * b, axis=-1) / (na * nb), na / nb
+
+
+def clipping_analysis(
+    loss_fn,
+    params,
+    xs,
+    ys,
+    clip_norm: float,
+    *,
+    labels=None,
+    n_classes: int | None = None,
+    grid: np.ndarray | None = None,
+    chunk_size: int = engine.DEFAULT_CHUNK,
+) -> ClippingAnalysis:
+    """Per-example clipping at C and the bias of the clipped mean gradient as C varies.
+
+    **Arguments**
+    - `loss_fn`, `params`, `xs (N, …)`, `ys (N, …)`: as `gradlab.engine.per_example_grads`.
+    - `clip_norm`: C > 0.
+    - `labels (N,)` int class ids and `n_classes` K for the per-class breakdown (None: skip it).
+    - `grid`: clipping norms for the bias curve (default: `default_grid(norms)`, 40 values); C is
+      inserted into it.
+    - `chunk_size`: examples per vmap chunk (memory ≈ (chunk + 2G + 2K) × P floats).
+
+    **Returns** a `ClippingAnalysis` (NumPy arrays, float64 for the bias curves).
+
+    **Raises** `ValueError` if C ≤ 0 or as `per_example_grads`.
+
+    Flat clipping: Abadi et al. 2016, Alg. 1. Per-layer clipping with C/√L per leaf: McMahan et al.
+    2017. Per-class disparity: Bagdasaryan et al. 2019.
+    """
+    c = check_clip_norm(clip_norm)
+    params = as_params(params)
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    layer = engine.per_example_layer_norms(loss_fn, params, xs, ys, chunk_size=chunk_size)
+    layer = {k: np.asarray(v, np.float64) for k, v in layer.items()}
+    lsq = np.stack([np.square(v) for v in layer.values()], 1)  # (N, L)
+    norms = np.sqrt(lsq.sum(1))
+    n, n_leaves = lsq.shape
+    base = default_grid(norms) if grid is None else np.asarray(grid, np.float64)
+    full = np.unique(np.append(base[np.isfinite(base) & (base > 0)], c if np.isfinite(c) else base.max()))
+    index = int(np.searchsorted(full, c if np.isfinite(c) else base.max()))
+    k = int(n_classes) if labels is not None else 1
+    lab = jnp.asarray(labels if labels is not None else np.zeros(n), jnp.int32)
+    total, flat_g, layer_g, cls, cls_c = _clip_pass(
+        loss_fn, params, xs, ys, lab, jnp.asarray(full, jnp.float32), jnp.float32(c), k, int(max(1, chunk_size))
+    )
+    total = np.asarray(total, np.float64)
+    cos, ratio = _cos_ratio(np.asarray(flat_g), total[None])
+    cos_l, ratio_l = _cos_ratio(np.asarray(layer_g), total[None])
+    lnorm = np.sqrt(lsq)
+    cl = full[:, None, None] / np.sqrt(n_leaves)
+    frac = (norms[None, :] > full[:, None]).mean(1)
+    frac_l = (lnorm[None] > cl).any(-1).mean(1)
+    layer_clipped = np.sqrt(np.sum(np.minimum(lnorm, c / np.sqrt(n_leaves)) ** 2, 1))
+    if labels is not None:
+        labels_np = np.asarray(labels)
+        counts = np.bincount(labels_np, minlength=k)[:k]
+        clipped = norms > c
+        with np.errstate(invalid="ignore"):
+            cfrac = np.array([clipped[labels_np == j].mean() if counts[j] else np.nan for j in range(k)])
+        ccos, cratio = _cos_ratio(np.asarray(cls_c), np.asarray(cls))
+    else:
+        counts = cfrac = ccos = cratio = np.zeros(0)
+    return ClippingAnalysis(
+        clip_norm=c,
+        norms=norms,
+        clipped_norms=np.minimum(norms, c),
+        layer_norms=layer,
+        layer_clipped_norms=layer_clipped,
+        grid=full,
+        index=index,
+        cosine=cos,
+        norm_ratio=ratio,
+        cosine_layer=cos_l,
+        norm_ratio_layer=ratio_l,
+        fraction_clipped=frac,
+        fraction_clipped_layer=frac_l,
+        class_counts=counts,
+        class_fraction_clipped=cfrac,
+        class_cosine=ccos,
+        class_norm_ratio=cratio,
+        mean_norm=float(np.linalg.norm(total) / n),
+        clipped_mean_norm=float(np.linalg.norm(np.asarray(flat_g)[index]) / n),
+        num_params=int(total.size),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalToNoise:
+    """The noise DP-SGD adds against the signal it perturbs, for one step with batch size B.
+
+    - `noise_std`: σ·C/B, the std of each coordinate of the noise on the averaged gradient.
+    - `noise_norm`: σ·C·√P/B, the expected norm of that noise vector (P parameters).
+    - `signal_norm`: ‖Ḡ_C‖, the norm of the clipped mean gradient.
+    - `ratio`: signal_norm / noise_norm (above 1: the step mostly follows the data).
+    """
+
+    noise_std: float
+    noise_norm: float
+    signal_norm: float
+    ratio: float
+
+
+def signal_to_noise(analysis: ClippingAnalysis, noise_multiplier: float, batch_size: float) -> SignalToNoise:
+    """Compare the per-step noise σC/B (per coordinate; ×√P in norm) with the clipped mean gradient.
+
+    **Arguments** `analysis` from `clipping_analysis`; `noise_multiplier` σ ≥ 0; `batch_size` B > 0
+    (for Poisson sampling the expected batch size qN).
+
+    **Returns** a `SignalToNoise` (ratio is inf when σ = 0).
+
+    **Raises** `ValueError` if σ < 0 or B ≤ 0.
+    """
+    sigma = check_noise_multiplier(noise_multiplier)
+    b = check_batch_size(batch_size)
+    std = noise_std_of_mean(analysis.clip_norm, sigma, b) if sigma > 0 else 0.0
+    norm = std * np.sqrt(analysis.num_params)
+    signal = analysis.clipped_mean_norm
+    return SignalToNoise(std, norm, signal, signal / norm if norm > 0 else np.inf)
