@@ -22,10 +22,20 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from gradlab import ghost, losses
+
 LossFn = Callable[[Any, Any, Any], Any]
 PyTree = Any
 
 DEFAULT_CHUNK = 256
+
+Method = Literal["auto", "ghost", "vmap"]
+METHODS = ("auto", "ghost", "vmap")
+
+# The library's losses reach the model's weights only by calling the model: the per-layer
+# rules (gradlab.ghost) are exact for them, so method="auto" uses them.
+ghost.register_model_loss(losses.mse)
+ghost.register_model_loss(losses.cross_entropy)
 
 #: How often each jitted body was traced (a trace precedes each compile). Tests and the
 #: benchmark read it to show that a second call with the same shapes does not recompile.
@@ -74,6 +84,14 @@ def _chunk(n: int, chunk_size: int | None) -> int | None:
     return None if chunk_size >= n else int(chunk_size)
 
 
+def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
+    """`f` over the leading axis: one `vmap` if chunk is None, else `lax.map` in chunks.
+
+    (`jax.lax.map(batch_size=None)` would be a sequential scan, one example per step.)
+    """
+    return jax.vmap(f)(xs) if chunk is None else jax.lax.map(f, xs, batch_size=chunk)
+
+
 def _check_batch(xs, ys) -> int:
     nx = jax.tree.leaves(xs)[0].shape[0]
     ny = jax.tree.leaves(ys)[0].shape[0]
@@ -89,11 +107,17 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk):
     TRACES["per_example_grads"] += 1
     diff, static = _split(params)
     g = _grad_one(loss_fn, static)
-    return jax.lax.map(lambda xy: g(diff, *xy), (xs, ys), batch_size=chunk)
+    return _map(lambda xy: g(diff, *xy), (xs, ys), chunk)
 
 
 def per_example_grads(
-    loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, chunk_size: int | None = None
+    loss_fn: LossFn,
+    params: PyTree,
+    xs: Any,
+    ys: Any,
+    *,
+    chunk_size: int | None = None,
+    method: Method = "auto",
 ) -> PyTree:
     """Per-example gradients `vmap(grad(loss_fn), in_axes=(None, 0, 0))(params, xs, ys)`.
 
@@ -103,17 +127,31 @@ def per_example_grads(
     - `xs`, `ys`: inputs and targets with the example axis first, N examples.
     - `chunk_size`: vmap over chunks of this many examples (scan between chunks) to bound the
       intermediate activations; the result is still N x P.
+    - `method`: `"vmap"` is `vmap(grad)`; `"ghost"` builds the weight gradients of
+      `eqx.nn.Linear` / `eqx.nn.Conv` layers from per-layer rules (outer product δ ⊗ a; input
+      patches @ δ), one backward pass for the batch (`gradlab.ghost`); `"auto"` (default) uses
+      `"ghost"` for an Equinox model with such layers and a loss registered with
+      `ghost.register_model_loss` (the library's losses are), else `"vmap"`. Same numbers either way.
 
     **Returns** the differentiable part of `params` with every leaf of shape `(N, *leaf.shape)`
     (a Python float becomes shape `(N,)`); non-differentiable leaves are `None`. Units: loss per
     parameter unit.
 
-    **Raises** `ValueError` if xs and ys disagree on N, N is 0, or chunk_size < 1.
+    **Raises** `ValueError` if xs and ys disagree on N, N is 0, or chunk_size < 1, or an
+    unknown method; `ghost.GhostUnsupported` (a ValueError) for `method="ghost"` on a model
+    without rules.
 
-    Source: the JAX per-example gradient idiom (JAX docs, "Automatic vectorization"); seeds 000-002.
+    Source: the JAX per-example gradient idiom (JAX docs, "Automatic vectorization"); seeds 000-002;
+    Goodfellow (2015), arXiv:1510.01799, for the per-layer rules.
     """
     n = _check_batch(xs, ys)
-    return _per_example_grads(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size))
+    params = as_params(params)
+    chunk = _chunk(n, chunk_size)
+    return _dispatch(
+        method, loss_fn, params,
+        lambda: _ghost_grads(loss_fn, params, xs, ys, chunk),
+        lambda: _per_example_grads(loss_fn, params, xs, ys, chunk),
+    )
 
 
 @eqx.filter_jit
@@ -121,17 +159,26 @@ def _sq_norms(loss_fn, params, xs, ys, chunk):
     TRACES["per_example_sq_norms"] += 1
     diff, static = _split(params)
     g = _grad_one(loss_fn, static)
-    return jax.lax.map(lambda xy: _sq_norms_by_leaf(g(diff, *xy)), (xs, ys), batch_size=chunk)
+    return _map(lambda xy: _sq_norms_by_leaf(g(diff, *xy)), (xs, ys), chunk)
 
 
 def per_example_layer_norms(
-    loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, chunk_size: int | None = DEFAULT_CHUNK
+    loss_fn: LossFn,
+    params: PyTree,
+    xs: Any,
+    ys: Any,
+    *,
+    chunk_size: int | None = DEFAULT_CHUNK,
+    method: Method = "auto",
 ) -> dict[str, Float[Array, "N"]]:
     """L2 norm of each parameter leaf's per-example gradient ("which layers carry the norm").
 
     Streams over chunks: never holds the N x P matrix (peak extra memory ~ chunk_size x P x 4 B).
 
-    **Arguments** as `per_example_grads`.
+    **Arguments** as `per_example_grads`. With `method="ghost"` (or `"auto"` on the library's
+    models and losses) a Linear layer's weight norm is ‖δᵢ‖·‖aᵢ‖ and its bias norm ‖δᵢ‖, from one
+    backward pass: no per-example weight gradient is built at all (Goodfellow 2015; Opacus'
+    ghost clipping).
 
     **Returns** `{leaf name: (N,) float32 norms}`, names from the pytree path (e.g.
     `".layers[0].weight"`, or `"[0]"` for a tuple of floats), in tree order. The global norm is
@@ -139,18 +186,26 @@ def per_example_layer_norms(
 
     **Raises** `ValueError` as `per_example_grads`.
     """
-    n = _check_batch(xs, ys)
-    sq = _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size))
+    sq = _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method)
     leaves = jax.tree_util.tree_flatten_with_path(sq)[0]
     return {(jax.tree_util.keystr(path) or "params"): jnp.sqrt(v) for path, v in leaves}
 
 
 def per_example_norms(
-    loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, chunk_size: int | None = DEFAULT_CHUNK
+    loss_fn: LossFn,
+    params: PyTree,
+    xs: Any,
+    ys: Any,
+    *,
+    chunk_size: int | None = DEFAULT_CHUNK,
+    method: Method = "auto",
 ) -> Float[Array, "N"]:
     """Global L2 norm ||∇θ loss(θ, x_i, y_i)||₂ of each example's gradient, streamed.
 
-    Peak extra memory ~ chunk_size x P x 4 bytes: the N x P matrix is never built.
+    Peak extra memory ~ chunk_size x P x 4 bytes: the N x P matrix is never built. With
+    `method="ghost"` (the default `"auto"` picks it for the library's models and losses) Linear
+    layers contribute ‖δᵢ‖²·‖aᵢ‖² + ‖δᵢ‖² and no per-example weight gradient is built: about the
+    cost of one batch gradient (Goodfellow 2015, arXiv:1510.01799).
 
     **Arguments** as `per_example_grads`.
 
@@ -158,9 +213,84 @@ def per_example_norms(
 
     **Raises** `ValueError` as `per_example_grads`.
     """
-    n = _check_batch(xs, ys)
-    sq = _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size))
+    sq = _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method)
     return jnp.sqrt(sum(jax.tree.leaves(sq)))
+
+
+# ---------------------------------------------------------------- the per-layer-rule path
+
+_GHOST_FAILED: set = set()
+
+
+@eqx.filter_jit
+def _ghost_grads(loss_fn, params, xs, ys, chunk):
+    TRACES["ghost_grads"] += 1
+    diff, static = _split(params)
+    one = lambda xy: ghost.one_example(loss_fn, diff, static, *xy, norms=False)
+    return _map(one, (xs, ys), chunk)
+
+
+@eqx.filter_jit
+def _ghost_sq_norms(loss_fn, params, xs, ys, chunk):
+    TRACES["ghost_sq_norms"] += 1
+    diff, static = _split(params)
+    one = lambda xy: ghost.one_example(loss_fn, diff, static, *xy, norms=True)
+    return _map(one, (xs, ys), chunk)
+
+
+def _ghost_key(loss_fn, params):
+    try:
+        key = (loss_fn, jax.tree.structure(params))
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def resolve_method(method: str, loss_fn: LossFn, params: PyTree) -> str:
+    """Which path `method` takes for this loss and model: `"ghost"` or `"vmap"`.
+
+    **Raises** `ValueError` for a method other than "auto", "ghost", "vmap".
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method != "auto":
+        return method
+    if ghost.is_model_loss(loss_fn) and ghost.supports(params):
+        return "vmap" if _ghost_key(loss_fn, params) in _GHOST_FAILED else "ghost"
+    return "vmap"
+
+
+def _dispatch(method, loss_fn, params, fast, plain):
+    """Run `fast` (per-layer rules) or `plain` (vmap); "auto" falls back when tracing says no."""
+    path = resolve_method(method, loss_fn, params)
+    if path == "vmap":
+        return plain()
+    if method == "ghost" and not ghost.supports(params):
+        raise ghost.GhostUnsupported(
+            "method='ghost' needs an Equinox model with eqx.nn.Linear or eqx.nn.Conv layers"
+        )
+    try:
+        return fast()
+    except ghost.GhostUnsupported:
+        if method == "ghost":
+            raise
+        key = _ghost_key(loss_fn, params)
+        if key is not None:
+            _GHOST_FAILED.add(key)
+        return plain()
+
+
+def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
+    """Per-leaf squared per-example norms, streamed over chunks, by the chosen method."""
+    n = _check_batch(xs, ys)
+    params = as_params(params)
+    chunk = _chunk(n, chunk_size)
+    return _dispatch(
+        method, loss_fn, params,
+        lambda: _ghost_sq_norms(loss_fn, params, xs, ys, chunk),
+        lambda: _sq_norms(loss_fn, params, xs, ys, chunk),
+    )
 
 
 @eqx.filter_jit
@@ -173,7 +303,7 @@ def _dots(loss_fn, params, xs, ys, v, chunk):
         gi = g(diff, *xy)
         return sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(gi), jax.tree.leaves(v)))
 
-    return jax.lax.map(dot, (xs, ys), batch_size=chunk)
+    return _map(dot, (xs, ys), chunk)
 
 
 def per_example_dots(

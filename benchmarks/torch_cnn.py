@@ -1,0 +1,240 @@
+"""Per-example gradients of seed 003's SimpleCNN: gradlab (JAX) vs torch.func vs Opacus, on this CPU.
+
+Seed 003 (the PyTorch tutorial "Per-sample-gradients") computes the per-example gradients of a
+SimpleCNN (conv 1→32, conv 32→64, max-pool, fc 9216→128, fc 128→10) on a batch of 64 random
+1×28×28 images with `torch.func.vmap(grad(...))`. This script runs the same network with the
+same weights through
+
+- gradlab's engine (`per_example_grads`: per-layer rules, method "auto"; and plain `vmap(grad)`),
+- `torch.func` `vmap(grad(functional_call))` (seed 003's "efficient way"),
+- Opacus' `GradSampleModule` (hooks), and seed 003's Python loop of `torch.autograd.grad`,
+
+checks that all of them give the same gradients, and times them in interleaved rounds (so that
+load from other processes hits every contender alike). A peer that is not installed is skipped.
+
+    pip install -r requirements-bench.txt      # CPU torch + opacus
+    python -m benchmarks.torch_cnn [--rounds 15] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradlab import engine, losses
+
+
+class SimpleCNN(eqx.Module):
+    """Seed 003's SimpleCNN for one 1×28×28 image, returning logits (the loss applies log-softmax)."""
+
+    conv1: eqx.nn.Conv2d
+    conv2: eqx.nn.Conv2d
+    fc1: eqx.nn.Linear
+    fc2: eqx.nn.Linear
+
+    def __init__(self, *, key):
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        self.conv1 = eqx.nn.Conv2d(1, 32, 3, key=k1)
+        self.conv2 = eqx.nn.Conv2d(32, 64, 3, key=k2)
+        self.fc1 = eqx.nn.Linear(9216, 128, key=k3)
+        self.fc2 = eqx.nn.Linear(128, 10, key=k4)
+
+    def __call__(self, x):
+        x = jax.nn.relu(self.conv1(x))
+        x = jax.nn.relu(self.conv2(x))
+        c, h, w = x.shape
+        x = x.reshape(c, h // 2, 2, w // 2, 2).max(axis=(2, 4))  # max_pool2d(2)
+        x = jax.nn.relu(self.fc1(x.reshape(-1)))
+        return self.fc2(x)
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _torch_contenders(batch: int, seed: int):
+    """Build the torch model, data and the torch-side contenders; None if torch is missing."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(seed)
+
+    class TorchCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 32, 3, 1)
+            self.conv2 = nn.Conv2d(32, 64, 3, 1)
+            self.fc1 = nn.Linear(9216, 128)
+            self.fc2 = nn.Linear(128, 10)
+
+        def forward(self, x):
+            x = F.relu(self.conv1(x))
+            x = F.relu(self.conv2(x))
+            x = F.max_pool2d(x, 2)
+            x = torch.flatten(x, 1)
+            x = F.relu(self.fc1(x))
+            return F.log_softmax(self.fc2(x), dim=1)
+
+    model = TorchCNN()
+    data = torch.randn(batch, 1, 28, 28)
+    targets = torch.randint(10, (batch,))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss_one(p, x, y):
+        return F.nll_loss(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+
+    func_grads = vmap(grad(loss_one), in_dims=(None, 0, 0))
+
+    def torch_func():
+        return func_grads(params, data, targets)
+
+    def torch_loop():
+        rows = []
+        for i in range(batch):
+            loss = F.nll_loss(model(data[i : i + 1]), targets[i : i + 1])
+            rows.append(torch.autograd.grad(loss, list(model.parameters())))
+        return [torch.stack(r) for r in zip(*rows)]
+
+    contenders = {"torch.func vmap(grad)": lambda: {k: v for k, v in torch_func().items()}}
+    names = list(params)
+    contenders["torch Python loop (seed 003)"] = lambda: dict(zip(names, torch_loop()))
+    if importlib.util.find_spec("opacus") is not None:
+        import warnings
+
+        from opacus import GradSampleModule
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gsm = GradSampleModule(TorchCNN(), loss_reduction="sum")
+        gsm._module.load_state_dict(model.state_dict())
+
+        def opacus():
+            gsm.zero_grad(set_to_none=True)
+            for p in gsm.parameters():
+                p.grad_sample = None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "full backward hook ... no inputs require gradients"
+                F.nll_loss(gsm(data), targets, reduction="sum").backward()
+            return {n: p.grad_sample for n, p in gsm._module.named_parameters()}
+
+        contenders["Opacus GradSampleModule"] = opacus
+    return model, data, targets, contenders, torch.get_num_threads()
+
+
+def _jax_model_from_torch(model) -> SimpleCNN:
+    """Copy the torch weights into the Equinox SimpleCNN (same layouts: OIHW, (out, in))."""
+    m = SimpleCNN(key=jax.random.key(0))
+    sd = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
+    return eqx.tree_at(
+        lambda m: (m.conv1.weight, m.conv1.bias, m.conv2.weight, m.conv2.bias,
+                   m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias),
+        m,
+        (sd["conv1.weight"], sd["conv1.bias"].reshape(32, 1, 1), sd["conv2.weight"],
+         sd["conv2.bias"].reshape(64, 1, 1), sd["fc1.weight"], sd["fc1.bias"],
+         sd["fc2.weight"], sd["fc2.bias"]),
+    )
+
+
+def _jax_as_dict(g: SimpleCNN) -> dict:
+    """Per-example gradients as {torch parameter name: (N, ...) array} (shapes fixed up later)."""
+    return {f"{name}.{leaf}": np.asarray(getattr(getattr(g, name), leaf))
+            for name in ("conv1", "conv2", "fc1", "fc2") for leaf in ("weight", "bias")}
+
+
+def _max_rel_diff(a: dict, b: dict) -> float:
+    """max over leaves of max|a - b| / max|b|."""
+    worst = 0.0
+    for k in b:
+        x = np.asarray(a[k], dtype=np.float64).reshape(np.shape(b[k]))
+        y = np.asarray(b[k], dtype=np.float64)
+        worst = max(worst, float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)))
+    return worst
+
+
+def run(batch: int = 64, rounds: int = 15, seed: int = 0, with_loop: bool = True) -> dict:
+    """Check agreement and time every contender; returns {name: median seconds} plus details."""
+    built = _torch_contenders(batch, seed)
+    if built is None:
+        print("torch is not installed: only gradlab is timed (pip install -r requirements-bench.txt)")
+        rng = np.random.default_rng(seed)
+        xs = jnp.asarray(rng.standard_normal((batch, 1, 28, 28)), jnp.float32)
+        ys = jnp.asarray(rng.integers(0, 10, batch))
+        jmodel, contenders, threads = SimpleCNN(key=jax.random.key(seed)), {}, None
+    else:
+        tmodel, data, targets, contenders, threads = built
+        if not with_loop:
+            contenders.pop("torch Python loop (seed 003)")
+        xs, ys = jnp.asarray(data.numpy()), jnp.asarray(targets.numpy())
+        jmodel = _jax_model_from_torch(tmodel)
+
+    loss = losses.cross_entropy  # log-softmax + NLL of one example, as seed 003's loss
+
+    def ours(method):
+        return lambda: jax.block_until_ready(engine.per_example_grads(loss, jmodel, xs, ys, method=method))
+
+    jax_contenders = {"gradlab per_example_grads (layer rules)": ours("auto"), "gradlab vmap(grad)": ours("vmap")}
+    everyone = {**jax_contenders, **contenders}
+
+    # Agreement (and warm-up: compile, first-touch allocations).
+    results = {name: fn() for name, fn in everyone.items()}
+    ref_name = "torch.func vmap(grad)" if "torch.func vmap(grad)" in results else "gradlab vmap(grad)"
+    as_dict = lambda name, r: _jax_as_dict(r) if name in jax_contenders else {k: v.detach().numpy() for k, v in r.items()}
+    ref = as_dict(ref_name, results[ref_name])
+    agreement = {name: _max_rel_diff(as_dict(name, r), ref) for name, r in results.items()}
+    del results
+
+    times = {name: [] for name in everyone}
+    slow = {"torch Python loop (seed 003)"}
+    for r in range(rounds):
+        for name, fn in everyone.items():
+            if name in slow and r >= 3:
+                continue
+            times[name].append(_timed(fn))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    return dict(batch=batch, rounds=rounds, threads=threads, median=med,
+                best={n: min(ts) for n, ts in times.items()}, agreement=agreement, reference=ref_name)
+
+
+def report(res: dict) -> str:
+    ours = res["median"]["gradlab per_example_grads (layer rules)"]
+    lines = [
+        f"Per-example gradients of seed 003's SimpleCNN, batch {res['batch']} of 1x28x28, CPU "
+        f"({jax.devices()[0].device_kind}; torch threads: {res['threads']}); median of {res['rounds']} interleaved rounds",
+        f"{'contender':42s} {'median ms':>10s} {'best ms':>9s} {'time / gradlab':>15s} {'max rel diff vs ' + res['reference']:>10s}",
+    ]
+    for name, t in res["median"].items():
+        lines.append(f"{name:42s} {t * 1e3:10.1f} {res['best'][name] * 1e3:9.1f} {t / ours:14.2f}x "
+                     f"{res['agreement'][name]:10.1e}")
+    if "torch.func vmap(grad)" in res["median"]:
+        r = ours / res["median"]["torch.func vmap(grad)"]
+        lines.append(f"gradlab / torch.func time ratio: {r:.2f}x  (target <= 1.0x)")
+    if "Opacus GradSampleModule" in res["median"]:
+        r = ours / res["median"]["Opacus GradSampleModule"]
+        lines.append(f"gradlab / Opacus time ratio: {r:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--no-loop", action="store_true", help="skip seed 003's slow Python loop")
+    args = ap.parse_args(argv)
+    print(report(run(args.batch, args.rounds, with_loop=not args.no_loop)))
+
+
+if __name__ == "__main__":
+    main()
