@@ -1,0 +1,137 @@
+"""The per-layer-rule path (gradlab.ghost) against independent oracles: a Python loop of jax.grad."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradlab import engine, ghost, losses, models
+
+KEY = jax.random.key(0)
+
+
+def _data(n, d, classes):
+    kx, ky = jax.random.split(jax.random.key(1))
+    xs = jax.random.normal(kx, (n, d))
+    ys = jax.random.randint(ky, (n,), 0, classes) if classes > 1 else jax.random.normal(ky, (n,))
+    return xs, ys
+
+
+CASES = {
+    "linear-regression": (lambda: models.Linear(3, "scalar", key=KEY), 3, 1, losses.mse),
+    "softmax-regression": (lambda: models.Linear(5, 4, key=KEY), 5, 4, losses.cross_entropy),
+    "mlp-relu-2": (lambda: models.MLP(6, 3, 8, 2, "relu", key=KEY), 6, 3, losses.cross_entropy),
+    "mlp-tanh-regression": (lambda: models.MLP(4, "scalar", 8, 1, "tanh", key=KEY), 4, 1, losses.mse),
+    "cnn": (lambda: models.CNN((8, 8), 10, key=KEY), 64, 10, losses.cross_entropy),
+}
+
+
+def _oracle(loss_fn, model, xs, ys):
+    """Python loop of jax.grad, one example at a time (no vmap)."""
+    diff, static = eqx.partition(model, eqx.is_inexact_array)
+    g = jax.grad(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y))
+    rows = [g(diff, xs[i], ys[i]) for i in range(xs.shape[0])]
+    return jax.tree.map(lambda *r: np.stack(r), *rows)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rules_equal_the_loop_on_every_model(name):
+    make, d, k, loss_fn = CASES[name]
+    model = make()
+    xs, ys = _data(7, d, k)
+    assert engine.resolve_method("auto", loss_fn, model) == "ghost"
+    want = _oracle(loss_fn, model, xs, ys)
+    got = engine.per_example_grads(loss_fn, model, xs, ys, method="ghost", chunk_size=3)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # norms: streamed ghost norms == materialized vmap norms == loop norms
+    flat = np.concatenate([np.reshape(b, (7, -1)) for b in jax.tree.leaves(want)], axis=1)
+    want_norms = np.linalg.norm(flat.astype(np.float64), axis=1)
+    for chunk in (None, 3):
+        fast = engine.per_example_norms(loss_fn, model, xs, ys, method="ghost", chunk_size=chunk)
+        np.testing.assert_allclose(fast, want_norms, rtol=1e-5)
+    plain = engine.per_example_norms(loss_fn, model, xs, ys, method="vmap")
+    np.testing.assert_allclose(plain, want_norms, rtol=1e-5)
+    layers_fast = engine.per_example_layer_norms(loss_fn, model, xs, ys, method="ghost", chunk_size=4)
+    layers_vmap = engine.per_example_layer_norms(loss_fn, model, xs, ys, method="vmap")
+    assert list(layers_fast) == list(layers_vmap) == engine.leaf_names(model)
+    for key in layers_vmap:
+        np.testing.assert_allclose(layers_fast[key], layers_vmap[key], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        lambda: eqx.nn.Conv2d(2, 3, 3, stride=2, padding=1, key=KEY),
+        lambda: eqx.nn.Conv2d(2, 3, (2, 3), dilation=2, padding=((0, 1), (2, 0)), key=KEY),
+        lambda: eqx.nn.Conv1d(2, 4, 3, stride=2, use_bias=False, key=KEY),
+    ],
+)
+def test_conv_rule_with_stride_padding_dilation(conv):
+    layer = conv()
+
+    class Net(eqx.Module):
+        conv: eqx.Module
+
+        def __call__(self, x):
+            return jnp.tanh(self.conv(x)).reshape(-1)[:3]
+
+    net = Net(layer)
+    spatial = (7, 6) if layer.num_spatial_dims == 2 else (9,)
+    xs = jax.random.normal(KEY, (5, 2) + spatial)
+    ys = jnp.array([0, 1, 2, 0, 1])
+    want = _oracle(losses.cross_entropy, net, xs, ys)
+    got = engine.per_example_grads(losses.cross_entropy, net, xs, ys, method="ghost")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_python_float_params_fall_back_to_vmap():
+    """The seeds' scalar example has no layers: auto uses vmap, ghost refuses clearly."""
+    loss = lambda p, x, y: (p[0] * x + p[1] - y) ** 2
+    xs, ys = jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0])
+    assert engine.resolve_method("auto", loss, (1.0, 0.0)) == "vmap"
+    g = engine.per_example_grads(loss, (1.0, 0.0), xs, ys)
+    np.testing.assert_allclose(g[0], [2.0, 8.0])
+    with pytest.raises(ghost.GhostUnsupported):
+        engine.per_example_norms(loss, (1.0, 0.0), xs, ys, method="ghost")
+
+
+def test_unregistered_loss_uses_vmap():
+    """A loss that may read the weights directly (e.g. an L2 penalty) is not trusted to the rule."""
+    model = models.Linear(3, 2, key=KEY)
+
+    def penalized(m, x, y):
+        return losses.cross_entropy(m, x, y) + 0.1 * jnp.sum(m.layer.weight ** 2)
+
+    assert engine.resolve_method("auto", penalized, model) == "vmap"
+    xs, ys = _data(4, 3, 2)
+    want = _oracle(penalized, model, xs, ys)
+    got = engine.per_example_grads(penalized, model, xs, ys)
+    np.testing.assert_allclose(got.layer.weight, want.layer.weight, rtol=1e-5, atol=1e-6)
+
+
+def test_weight_sharing_is_detected_and_auto_falls_back():
+    class Twice(eqx.Module):
+        lin: eqx.nn.Linear
+
+        def __call__(self, x):
+            return self.lin(jnp.tanh(self.lin(x)))
+
+    net = Twice(eqx.nn.Linear(3, 3, key=KEY))
+    loss = ghost.register_model_loss(lambda m, x, y: losses.cross_entropy(m, x, y))
+    xs, ys = _data(4, 3, 3)
+    with pytest.raises(ghost.GhostUnsupported, match="more than once"):
+        engine.per_example_grads(loss, net, xs, ys, method="ghost")
+    got = engine.per_example_norms(loss, net, xs, ys)  # auto: falls back to vmap
+    want = _oracle(loss, net, xs, ys)
+    np.testing.assert_allclose(
+        got, np.sqrt(sum(np.sum(np.reshape(b, (4, -1)) ** 2, 1) for b in jax.tree.leaves(want))), rtol=1e-5
+    )
+
+
+def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match="method"):
+        engine.per_example_norms(losses.mse, models.Linear(2, "scalar", key=KEY), jnp.ones((2, 2)), jnp.ones(2), method="fast")
