@@ -128,3 +128,15 @@ def metrics(page) -> dict[str, str]:
 
 def normalized(text: str) -> str:
     return text.lower().replace("_", " ")
+
+
+def wait_for_metrics(page, labels, *, timeout: float = 120) -> dict[str, str]:
+    """Poll until every st.metric label in `labels` is shown; return all metrics."""
+    deadline = time.time() + timeout
+    while True:
+        shown = metrics(page)
+        if all(label in shown for label in labels):
+            return shown
+        if time.time() > deadline:
+            raise TimeoutError(f"metrics {sorted(set(labels) - set(shown))} not shown after {timeout} s: {shown}")
+        time.sleep(0.3)

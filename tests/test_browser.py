@@ -1,0 +1,206 @@
+"""The real thing: `streamlit run app.py` headless, driven by Debian's chromium through Playwright.
+
+- every page renders, finishes running, shows its title and no exception box (screenshots in
+  screenshots/, to look at);
+- a shared link (?dataset=moons&label_noise=0.1 on the norms page) shows the numbers the library
+  computes, and the "copy link to this view" box holds that link;
+- a preset click opens its page with the settings in the URL;
+- five concurrent sessions touring every page with different settings finish without errors and
+  never see each other's choices (marked slow).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from browser_helpers import (
+    CHROMIUM,
+    PAGES,
+    ROOT,
+    launch,
+    metrics,
+    normalized,
+    page_errors,
+    streamlit_server,
+    title,
+    wait_for_metrics,
+    wait_until_idle,
+)
+
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed at {CHROMIUM} "
+                       "(apt-get install chromium); the browser tests need it"),
+    pytest.mark.timeout(900),
+]
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+SHOTS = ROOT / "screenshots"
+VIEWPORT = {"width": 1400, "height": 2400}
+
+
+@pytest.fixture(scope="session")
+def server(browser):
+    """The app, warmed up by one visit to Home.
+
+    The warm-up matters: the first script run of a fresh server with a `pages/` folder runs in
+    Streamlit's old folder-based multipage mode (see test_first_visit_to_a_fresh_server_runs_the_router).
+    """
+    SHOTS.mkdir(exist_ok=True)
+    with streamlit_server(log_path=SHOTS / "streamlit.log") as (base, proc):
+        pg = browser.new_page()
+        _visit(pg, base + "/")
+        pg.close()
+        yield base
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Streamlit 1.67 runs the FIRST script run of a fresh server in the old pages/-folder mode when a "
+    "pages/ directory sits next to app.py (PagesManager.uses_pages_directory is True until "
+    "st.navigation has run once): the first visitor after a restart gets the auto-generated nav, no "
+    "sidebar, and a shared link's settings are ignored. Fix: rename pages/ (e.g. to views/)."))
+def test_first_visit_to_a_fresh_server_runs_the_router(browser):
+    with streamlit_server() as (base, proc):
+        pg = browser.new_page(viewport=VIEWPORT)
+        _visit(pg, f"{base}/norms?dataset=moons")
+        sidebar = pg.locator('[data-testid="stSidebar"]').inner_text()
+        pg.close()
+    assert "Experiment" in sidebar and "moons" in sidebar, sidebar[:300]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport=VIEWPORT)
+    pg = context.new_page()
+    yield pg
+    context.close()
+
+
+def _visit(page, url: str, *, timeout: float = 300):
+    page.goto(url)
+    wait_until_idle(page, timeout=timeout)
+
+
+@pytest.mark.parametrize("path,label,heading", PAGES, ids=[p[1] for p in PAGES])
+def test_every_page_renders_without_errors(server, page, path, label, heading):
+    _visit(page, f"{server}/{path}")
+    page.screenshot(path=str(SHOTS / f"page_{path or 'home'}.png"))
+    assert page_errors(page) == []
+    assert heading in normalized(title(page)), title(page)
+    # the nav lists every page and the sidebar holds the experiment and the link box
+    nav = normalized(page.locator('[data-testid="stSidebarNav"]').inner_text())
+    assert all(normalized(lab) in nav for _, lab, _ in PAGES)
+    link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]').inner_text().strip()
+    assert link.startswith(server) and (path == "" or f"/{path}" in link), link
+
+
+def test_shared_link_shows_the_library_numbers(server, page):
+    from gradlab.experiment import Experiment, fit
+    from gradlab.metrics import detection_roc
+    from gradlab.summary import norm_summary
+
+    url = f"{server}/norms?dataset=moons&label_noise=0.1&steps=100"
+    _visit(page, url)
+    page.screenshot(path=str(SHOTS / "shared_link_norms.png"))
+    assert page_errors(page) == []
+    shown = wait_for_metrics(page, ["Training examples N", "Median norm", "Mislabel detection AUC"])
+    f = fit(Experiment(dataset="moons", label_noise=0.1, steps=100))
+    s = norm_summary(f)
+    assert shown["Training examples N"] == f"{len(s.norms):,}"
+    assert shown["Median norm"] == f"{np.median(s.norms):.3g}"
+    assert shown["Mislabel detection AUC"] == f"{detection_roc(s.norms, f.data.flipped).auc:.3f}"
+    # the sidebar shows the moons dataset, and the copy-link box reproduces the view
+    link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]').inner_text().strip()
+    for part in ("/norms?", "dataset=moons", "label_noise=0.1", "steps=100"):
+        assert part in link, link
+    # a second person opening the copied link (a fresh browser context: a new session) sees the same
+    other_context = page.context.browser.new_context(viewport=VIEWPORT)
+    other = other_context.new_page()
+    _visit(other, link)
+    assert wait_for_metrics(other, shown) == shown
+    other_context.close()
+
+
+def test_preset_click_sets_the_url_and_opens_the_page(server, page):
+    _visit(page, f"{server}/")
+    page.get_by_role("button", name="Mislabeled digits stand out").click()
+    page.wait_for_url("**/norms**", timeout=60_000)
+    wait_until_idle(page)
+    page.screenshot(path=str(SHOTS / "preset_mislabeled_digits.png"))
+    assert page_errors(page) == []
+    assert "label_noise=0.1" in page.url
+    assert "Lecture scenario" in page.locator('[data-testid="stSidebar"]').inner_text()
+    assert float(wait_for_metrics(page, ["Mislabel detection AUC"])["Mislabel detection AUC"]) > 0.8
+
+
+# Five sessions, five experiments: each must see its own dataset's N on every page that shows it.
+SESSIONS = [
+    {"dataset": "moons", "seed": "1"},
+    {"dataset": "blobs", "seed": "2"},
+    {"dataset": "circles", "label_noise": "0.1"},
+    {"dataset": "digits", "steps": "100"},
+    {"dataset": "breast_cancer", "model": "linear"},
+]
+
+
+def _expected_n(query: dict[str, str]) -> str:
+    from gradlab.experiment import Experiment, load_data
+
+    return f"{load_data(Experiment.from_query(query)).x_train.shape[0]:,}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("GRADLAB_SKIP_SLOW") == "1", reason="GRADLAB_SKIP_SLOW=1")
+def test_five_concurrent_sessions_tour_every_page_without_leaks(server):
+    """Five browsers at once, each with its own settings in its URL, each visiting every page; then
+    each checks that its sidebar still shows its own dataset and the norms page its own N."""
+    from urllib.parse import urlencode
+
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def tour(i: int, query: dict[str, str]):
+        try:
+            with playwright_api.sync_playwright() as p:
+                b = launch(p)
+                pg = b.new_page(viewport={"width": 1280, "height": 1600})
+                qs = urlencode(query)
+                for path, _, heading in PAGES:
+                    pg.goto(f"{server}/{path}?{qs}")
+                    wait_until_idle(pg, timeout=600)
+                    errs = page_errors(pg)
+                    if errs or heading not in normalized(title(pg)):
+                        with lock:
+                            failures.append(f"session {i} {path or 'home'}: title {title(pg)!r}, errors {errs}")
+                    shown = pg.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.inner_text()
+                    if query["dataset"] not in shown:
+                        with lock:
+                            failures.append(f"session {i} {path or 'home'}: sidebar shows {shown!r}, wanted {query['dataset']}")
+                    if path == "norms":
+                        n = wait_for_metrics(pg, ["Training examples N"]).get("Training examples N")
+                        if n != _expected_n(query):
+                            with lock:
+                                failures.append(f"session {i}: norms page N={n}, wanted {_expected_n(query)}")
+                pg.screenshot(path=str(SHOTS / f"concurrent_{i}.png"))
+                b.close()
+        except Exception as err:  # noqa: BLE001 - reported below
+            with lock:
+                failures.append(f"session {i}: {type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=tour, args=(i, q)) for i, q in enumerate(SESSIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
