@@ -453,7 +453,8 @@ def loop_per_example_grads(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) ->
         except TypeError:  # unhashable static leaves: just don't cache
             pass
     rows = [g(diff, jax.tree.map(lambda a: a[i], xs), jax.tree.map(lambda a: a[i], ys)) for i in range(n)]
-    return jax.tree.map(lambda *r: jnp.stack(r), *rows)
+    # stack on the host: jnp.stack of N operands would compile a new N-way concatenate per N
+    return jax.tree.map(lambda *r: jnp.asarray(np.stack(r)), *rows)
 
 
 def flatten_per_example(grads: PyTree) -> Float[Array, "N P"]:

@@ -1,0 +1,267 @@
+"""Timing harness: Python loop vs `vmap(grad)` vs one batch gradient vs streamed norms.
+
+Seed 003's comparison made honest: every approach is timed on the same model and data, the first
+call (trace + XLA compile + run) is kept apart from the steady-state run time (median of
+repeats), and memory is reported two ways: what the approach must hold by construction
+(N × P × 4 bytes for materialized per-example gradients, chunk × P × 4 streamed) and what XLA's
+buffer assignment actually allocated for the compiled program (temporaries + outputs).
+
+    python -m gradlab.bench            # digits (N=1797), MLP 64-256-256-10, one run
+
+Approaches (keys of `APPROACHES`):
+
+- `loop`: `engine.loop_per_example_grads`, a Python loop of a jitted `jax.grad`, then stacked.
+- `vmap`: `engine.per_example_grads(method="vmap")`, `vmap(grad)`, the N × P result materialized.
+- `rules`: `engine.per_example_grads(method="ghost")`, the same N × P result from per-layer rules.
+- `batch`: `engine.batch_grad`, one gradient of the summed loss (the cost floor).
+- `norms_vmap`: `engine.per_example_norms(method="vmap")`, chunked `vmap(grad)` reduced to norms.
+- `norms`: `engine.per_example_norms()` (method "auto": ‖δᵢ‖·‖aᵢ‖ for Linear layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradlab import engine, losses
+
+APPROACHES = {
+    "loop": "Python loop of jax.grad",
+    "vmap": "vmap(grad): N×P per-example grads",
+    "rules": "per-example grads from layer rules",
+    "batch": "one batch gradient grad(sum)",
+    "norms_vmap": "streamed norms, chunked vmap(grad)",
+    "norms": "streamed norms (engine default)",
+}
+
+#: Materialize N × P (per-example gradients); the others hold at most chunk × P.
+MATERIALIZED = ("loop", "vmap", "rules")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """One approach at one batch size N. Seconds; `compile_s` = first call − steady run."""
+
+    approach: str
+    n: int
+    first_s: float
+    run_s: float
+    repeats: int
+
+    @property
+    def compile_s(self) -> float:
+        return max(self.first_s - self.run_s, 0.0)
+
+
+def _block(tree):
+    return jax.block_until_ready(tree)
+
+
+def runner(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
+           chunk_size: int = engine.DEFAULT_CHUNK) -> Callable[[], Any]:
+    """A zero-argument function that runs `approach` once and waits for the result.
+
+    **Raises** `ValueError` for an unknown approach, or `method="ghost"` on a model without rules.
+    """
+    e = engine
+    table = {
+        "loop": lambda: e.loop_per_example_grads(loss_fn, params, xs, ys),
+        "vmap": lambda: e.per_example_grads(loss_fn, params, xs, ys, method="vmap"),
+        "rules": lambda: e.per_example_grads(loss_fn, params, xs, ys, method="ghost"),
+        "batch": lambda: e.batch_grad(loss_fn, params, xs, ys),
+        "norms_vmap": lambda: e.per_example_norms(loss_fn, params, xs, ys, chunk_size=chunk_size, method="vmap"),
+        "norms": lambda: e.per_example_norms(loss_fn, params, xs, ys, chunk_size=chunk_size),
+    }
+    if approach not in table:
+        raise ValueError(f"unknown approach {approach!r}; choose from {', '.join(APPROACHES)}")
+    fn = table[approach]
+    return lambda: _block(fn())
+
+
+def time_approach(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
+                  repeats: int = 3, chunk_size: int = engine.DEFAULT_CHUNK) -> Timing:
+    """Time `approach` on (xs, ys): the first call, then the median of `repeats` more calls.
+
+    **Arguments** `loss_fn`, `params`, `xs`, `ys` as the engine (N examples, axis 0 first);
+    `repeats` ≥ 1 steady-state runs; `chunk_size` for the streamed approaches.
+
+    **Returns** a `Timing` (seconds). The first call includes tracing and XLA compilation for this
+    shape; the loop compiles its single-example gradient once, at its first N.
+
+    **Raises** `ValueError` for an unknown approach or repeats < 1.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be ≥ 1, got {repeats}")
+    fn = runner(approach, loss_fn, params, xs, ys, chunk_size=chunk_size)
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return Timing(approach, int(jax.tree.leaves(xs)[0].shape[0]), first, statistics.median(runs), repeats)
+
+
+def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int],
+          approaches: Iterable[str] = ("loop", "vmap", "batch", "norms"), *, repeats: int = 3,
+          chunk_size: int = engine.DEFAULT_CHUNK, loop_max: int | None = None,
+          progress: Callable[[float, str], None] | None = None) -> list[Timing]:
+    """Time every approach at every batch size N (the first N examples of xs, ys).
+
+    **Arguments** as `time_approach`, plus `sizes` (each 1 ≤ N ≤ len(xs)), `loop_max` (skip the
+    slow loop above this N; None = never skip), `progress(fraction, text)` called after each cell.
+
+    **Returns** a list of `Timing`, in order of sizes then approaches.
+
+    **Raises** `ValueError` for a size outside [1, len(xs)] or an unknown approach.
+    """
+    n_max = int(jax.tree.leaves(xs)[0].shape[0])
+    approaches = list(approaches)
+    for a in approaches:
+        if a not in APPROACHES:
+            raise ValueError(f"unknown approach {a!r}; choose from {', '.join(APPROACHES)}")
+    sizes = [int(s) for s in sizes]
+    bad = [s for s in sizes if not 1 <= s <= n_max]
+    if bad:
+        raise ValueError(f"batch sizes must be between 1 and {n_max} (the examples available), got {bad}")
+    cells = [(n, a) for n in sizes for a in approaches if not (a == "loop" and loop_max and n > loop_max)]
+    out = []
+    for i, (n, a) in enumerate(cells):
+        sub = jax.tree.map(lambda v: v[:n], (xs, ys))
+        if progress:
+            progress(i / len(cells), f"{APPROACHES[a]} at N = {n}")
+        out.append(time_approach(a, loss_fn, params, *sub, repeats=1 if a == "loop" else repeats,
+                                 chunk_size=chunk_size))
+    if progress:
+        progress(1.0, "done")
+    return out
+
+
+def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int = engine.DEFAULT_CHUNK,
+                 bytes_per_float: int = 4) -> int:
+    """What `approach` must hold by construction, in bytes.
+
+    Materialized per-example gradients (loop, vmap, rules): N × P × 4. Chunked vmap norms:
+    min(chunk, N) × P × 4 (one chunk of per-example gradients; XLA may fuse even that away).
+    Batch gradient and rule-based norms: P × 4 (one gradient / no per-example gradient at all).
+    """
+    if approach in MATERIALIZED:
+        return n * num_params * bytes_per_float
+    if approach == "norms_vmap":
+        return min(chunk_size, n) * num_params * bytes_per_float
+    return num_params * bytes_per_float
+
+
+def xla_memory(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
+               chunk_size: int = engine.DEFAULT_CHUNK) -> dict[str, int] | None:
+    """Bytes XLA's buffer assignment allocates for the compiled program: temporaries and outputs.
+
+    The peak extra memory of one call is about `temp + output` (arguments already exist). The
+    loop is not one program: None. Compiles the program once more (ahead of time).
+    """
+    params = engine.as_params(params)
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    chunk = engine._chunk(n, chunk_size)
+    path = engine.resolve_method("auto", loss_fn, params)
+    fns = {
+        "vmap": (engine._per_example_grads, (None,)),
+        "rules": (engine._ghost_grads, (None,)),
+        "batch": (engine._batch_grad, (False,)),
+        "norms_vmap": (engine._sq_norms, (chunk,)),
+        "norms": (engine._ghost_sq_norms if path == "ghost" else engine._sq_norms, (chunk,)),
+    }
+    if approach not in fns:
+        return None
+    fn, extra = fns[approach]
+    analysis = fn.lower(loss_fn, params, xs, ys, *extra).compile().compiled.memory_analysis()
+    return {"temp": int(analysis.temp_size_in_bytes), "output": int(analysis.output_size_in_bytes)}
+
+
+# ---------------------------------------------------------------- the standard workload
+
+
+def digits_mlp(seed: int = 0, width: int = 256, depth: int = 2):
+    """The benchmark workload: all 1797 digits (standardized 8×8 → 64 features), MLP 64-256-256-10.
+
+    **Returns** `(loss_fn, model, xs (1797, 64) float32, ys (1797,) int32)`.
+    """
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x - x.mean(0)) / np.maximum(x.std(0), 1e-8)
+    model = eqx.nn.MLP(64, 10, width, depth, activation=jax.nn.relu, key=jax.random.key(seed))
+    return losses.cross_entropy, model, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32)
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if b < 1000 or unit == "GB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1000
+    return f"{b:.1f} GB"
+
+
+def run_benchmark(*, repeats: int = 5, sizes: Sequence[int] = (16, 64, 256, 1024),
+                  chunk_size: int = engine.DEFAULT_CHUNK, seed: int = 0) -> str:
+    """Run the full benchmark on `digits_mlp()` and return the printed report.
+
+    Headline at N = 1797: every approach's steady time, ratio to one batch gradient, first-call
+    (compile) time, and memory (by construction and XLA's allocation); then the scaling sweep.
+    """
+    loss_fn, model, xs, ys = digits_mlp(seed)
+    n = int(xs.shape[0])
+    p = engine.num_params(model)
+    lines = [
+        f"gradlab.bench: digits N={n}, MLP 64-256-256-10 (P={p:,}), chunk={chunk_size}, "
+        f"{jax.devices()[0].platform.upper()} x{len(jax.devices())}, jax {jax.__version__}; "
+        f"median of {repeats} runs after a first (compiling) call",
+        f"{'approach':38s} {'run ms':>9s} {'/ batch':>8s} {'first call ms':>14s} "
+        f"{'needs (N×P×4 or chunk×P×4)':>27s} {'XLA temp+out':>13s}",
+    ]
+    timings = {a: time_approach(a, loss_fn, model, xs, ys, repeats=1 if a == "loop" else repeats,
+                                chunk_size=chunk_size) for a in APPROACHES}
+    base = timings["batch"].run_s
+    for a, t in timings.items():
+        mem = xla_memory(a, loss_fn, model, xs, ys, chunk_size=chunk_size)
+        xla = "-" if mem is None else _fmt_bytes(mem["temp"] + mem["output"])
+        lines.append(f"{APPROACHES[a]:38s} {t.run_s * 1e3:9.1f} {t.run_s / base:7.2f}x {t.first_s * 1e3:14.0f} "
+                     f"{_fmt_bytes(memory_bytes(a, n, p, chunk_size)):>27s} {xla:>13s}")
+    lines.append(
+        f"streamed norms / batch gradient: {timings['norms'].run_s / base:.2f}x (target ≤ 2x); "
+        f"chunked vmap norms / batch gradient: {timings['norms_vmap'].run_s / base:.2f}x; "
+        f"vmap / loop speed-up: {timings['loop'].run_s / timings['vmap'].run_s:.0f}x"
+    )
+    lines.append("")
+    lines.append("Scaling sweep (ms; compile = first call − run):")
+    sweep_approaches = ["loop", "vmap", "batch", "norms"]
+    rows = sweep(loss_fn, model, xs, ys, sizes, sweep_approaches, repeats=max(1, repeats // 2),
+                 chunk_size=chunk_size)
+    lines.append(f"{'N':>6s} " + " ".join(f"{a + ' run':>12s} {a + ' compile':>14s}" for a in sweep_approaches))
+    for size in sizes:
+        cells = {t.approach: t for t in rows if t.n == size}
+        lines.append(f"{size:6d} " + " ".join(
+            f"{cells[a].run_s * 1e3:12.2f} {cells[a].compile_s * 1e3:14.0f}" for a in sweep_approaches))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="gradlab benchmark: loop vs vmap(grad) vs batch gradient vs streamed norms")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chunk", type=int, default=engine.DEFAULT_CHUNK)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024])
+    args = ap.parse_args(argv)
+    print(run_benchmark(repeats=args.repeats, sizes=args.sizes, chunk_size=args.chunk))
+
+
+if __name__ == "__main__":
+    main()
