@@ -64,10 +64,13 @@ if points:
         st.session_state["_infl_last_pick"] = picked
 
 # ------------------------------------------------------------------ controls
+SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn", "influence": "influence function"}
 c1, c2, c3, c4 = st.columns([2, 2, 1, 1])
 with c1:
-    method = st.selectbox("Scoring method", list(inf.METHODS), format_func=inf.METHODS.get, key="infl_method",
-                          bind="query-params", index=3)
+    # options are the short names themselves: a bound selectbox writes the shown text into the URL
+    picked_method = st.selectbox("Scoring method", list(SHORT.values()), key="infl_method", bind="query-params",
+                                 index=3, help="\n".join(f"- **{SHORT[m_]}**: {label}" for m_, label in inf.METHODS.items()))
+    method = {v: k for k, v in SHORT.items()}[picked_method]
 with c2:
     damping = st.select_slider(
         "Damping λ (influence function, retraining)", options=[1e-4, 1e-3, 1e-2, 1e-1, 1.0], value=1e-2,
@@ -143,15 +146,12 @@ def tag(i):
 
 
 if data.image_shape is not None:
-    a, b = st.columns(2)
-    with a:
-        st.markdown(f"**Top {kk} proponents** (helped)")
-        st.plotly_chart(plots.image_grid(data.x_train[props], [f"{tag(i)}<br>{s[i]:.2g}" for i in props], cols=4,
-                                         image_shape=data.image_shape), width="stretch")
-    with b:
-        st.markdown(f"**Top {kk} opponents** (hurt)")
-        st.plotly_chart(plots.image_grid(data.x_train[opps], [f"{tag(i)}<br>{s[i]:.2g}" for i in opps], cols=4,
-                                         image_shape=data.image_shape), width="stretch")
+    st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
+    st.plotly_chart(plots.image_grid(data.x_train[props], [f"{tag(i)}<br>{s[i]:.2g}" for i in props],
+                                     image_shape=data.image_shape), width="stretch")
+    st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
+    st.plotly_chart(plots.image_grid(data.x_train[opps], [f"{tag(i)}<br>{s[i]:.2g}" for i in opps],
+                                     image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
     st.plotly_chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index],
                                                score_label="score", axis_names=data.feature_names,
@@ -166,7 +166,7 @@ elif data.n_features == 1:
 table = pd.DataFrame({"example": np.arange(len(s)),
                       "label": [name(v) for v in data.y_train],
                       "flipped label": flipped,
-                      **{inf.METHODS[m_]: v for m_, v in scores.items()}})
+                      **{SHORT[m_]: v for m_, v in scores.items()}})
 st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 
 # ------------------------------------------------------------------ agreement between methods
@@ -203,7 +203,10 @@ if selfs is not None:
     )
     c1, c2 = st.columns([2, 1])
     with c1:
-        self_method = st.selectbox("Rank by", list(selfs), format_func=SELF.get, key="infl_self", bind="query-params")
+        SELF_SHORT = {"grad_norm": "gradient norm", "tracin": "TracIn", "influence": "influence function"}
+        picked_self = st.selectbox("Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self", bind="query-params",
+                                   help="\n".join(f"- **{SELF_SHORT[m_]}**: {SELF[m_]}" for m_ in selfs))
+        self_method = {v: k for k, v in SELF_SHORT.items()}[picked_self]
     with c2:
         top_pct = st.slider("Top x% to inspect", 1, 50, 10, key="infl_top_pct", bind="query-params")
     if self_note:
@@ -213,14 +216,14 @@ if selfs is not None:
     noisy = bool(flipped.any())
     if noisy:
         dets = {m_: detection_roc(selfs[m_], flipped) for m_ in selfs}
-        cols = st.columns(2 * len(selfs))
+        row1, row2 = st.columns(len(selfs)), st.columns(len(selfs))
         for j, m_ in enumerate(selfs):
-            cols[2 * j].metric(f"AUC · {m_.replace('_', ' ')}", f"{dets[m_].auc:.3f}",
-                               help=f"ROC AUC of {SELF[m_]} as a detector of the flipped labels.")
-            cols[2 * j + 1].metric(f"Flipped in top {top_pct}% · {m_.replace('_', ' ')}",
-                                   f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
-                                   help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}% "
-                                        "by this score.")
+            row1[j].metric(f"AUC · {m_.replace('_', ' ')}", f"{dets[m_].auc:.3f}",
+                           help=f"ROC AUC of {SELF[m_]} as a detector of the flipped labels.")
+            row2[j].metric(f"Flipped in top {top_pct}% · {m_.replace('_', ' ')}",
+                           f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
+                           help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}% "
+                                "by this score.")
         st.plotly_chart(plots.roc_figure({SELF[m_]: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
                                          "Self-influence as a detector of flipped labels"), width="stretch")
     else:

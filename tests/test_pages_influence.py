@@ -27,12 +27,16 @@ def test_influence_page_linear_digits_with_noise_and_retraining():
 
     # pick another test point, switch method and solver
     at.number_input(key="infl_test").set_value(5)
-    at.selectbox(key="infl_method").set_value("tracin")
+    at.selectbox(key="infl_method").set_value("TracIn")
     at.selectbox(key="infl_solver").set_value("cg")
+    at.selectbox(key="infl_self").set_value("TracIn")
+    at.slider(key="infl_top_pct").set_value(20)
     at.run()
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     assert at.metric[0].label == "Label"
+    assert _metric(at, "Flipped in top 20% · tracin")
+    assert any("TracIn" in h.value for h in at.subheader)
 
     # the retraining check: scatter + Pearson / Spearman
     at.number_input(key="infl_retrain_k").set_value(3)
@@ -60,8 +64,16 @@ def test_influence_page_lissa_divergence_shows_a_message():
 def test_influence_page_2d_mlp_click_and_auto_cg_note():
     at = open_page("influence", **dict(FAST, dataset="moons", width=256))
     assert_clean(at)
-    # the MLP has more parameters than the exact-Hessian limit: a note says CG ran instead
-    assert any("conjugate gradient" in i.value for i in at.info) or any("Hessian" in e.value for e in at.error)
+    # an MLP barely trained: its Hessian is indefinite, CG stops with a message to raise the damping,
+    # and the page falls back to the gradient dot product
+    assert any("not positive definite" in e.value and "Raise the damping" in e.value for e in at.error)
+    assert any("showing the gradient dot product" in w.value for w in at.warning)
+    # with more damping CG runs; the MLP has more parameters than the exact-Hessian limit: a note says so
+    at.select_slider(key="infl_damping").set_value(1.0)
+    at.run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any("conjugate gradient" in i.value and "1,282" in i.value for i in at.info)
     # a click on a test point in the chart selects it
     at.session_state["infl_pick"] = {"selection": {"points": [{"point_index": 7, "customdata": 7}]}}
     at.run()
