@@ -1,0 +1,299 @@
+"""`vmap(grad(f)).sum()` equals `grad(sum(vmap(f)))`: checked per parameter leaf, in float32 and float64.
+
+Seed 002: the gradient of the summed loss can be computed two ways,
+
+- way (a): per-example gradients `vmap(grad(f), in_axes=(None, 0, 0))(θ, xs, ys)`, then `.sum(0)`;
+- way (b): one gradient of the summed loss `grad(lambda θ: vmap(f, in_axes=(None, 0, 0))(θ, xs, ys).sum())(θ)`.
+
+By linearity of differentiation they are the same number; in float32 they differ by rounding
+(the sums run in another order). The float64 reference is computed inside `jax.enable_x64(True)`,
+a **thread-local** context in JAX 0.10 (checked in the tests): other threads, e.g. the other
+sessions of a hosted Streamlit app, keep float32, and jit caches are keyed on the setting.
+
+The module also runs the seeds' pitfalls live (`PITFALLS`): the code shown is the code executed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradlab import engine
+
+#: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by chunk.
+MAX_MATERIALIZED = 20_000_000
+
+
+def scalar_loss(w, x, y):
+    """The seeds' scalar example `(w·x)²` (seed 002; seed 000 uses `(w·x − y)²` with y = 0)."""
+    return (w * x - y) ** 2
+
+
+def scalar_example() -> tuple[Callable, float, Any, Any]:
+    """The seeds' worked example: `(loss, w=1.0, xs=[1., 2.], ys=[0., 0.])`; grads `[2., 8.]`, sum 10."""
+    return scalar_loss, 1.0, jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0])
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafDiff:
+    """Way (a) vs way (b) for one parameter leaf.
+
+    `abs32`/`abs64`: max |a − b| in float32 / float64; `rel32`/`rel64`: divided by max |b|;
+    `err_a32`, `err_b32`: max |way − float64 reference| of each float32 way; `scale`: max |b64|.
+    """
+
+    name: str
+    shape: tuple
+    abs32: float
+    rel32: float
+    abs64: float
+    rel64: float
+    err_a32: float
+    err_b32: float
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Result of `compare`: one `LeafDiff` per leaf, N, P, the reduction, and both ways' values (float64 arrays)."""
+
+    leaves: list[LeafDiff]
+    n: int
+    num_params: int
+    reduction: str
+    way_a: dict[str, np.ndarray]
+    way_b: dict[str, np.ndarray]
+
+    @property
+    def max_abs32(self) -> float:
+        return max(l.abs32 for l in self.leaves)
+
+    @property
+    def max_rel32(self) -> float:
+        return max(l.rel32 for l in self.leaves)
+
+    @property
+    def max_rel64(self) -> float:
+        return max(l.rel64 for l in self.leaves)
+
+
+def _to(dtype, tree):
+    """Cast floating leaves (and Python floats) of a pytree to `dtype`; leave ints and statics."""
+
+    def cast(v):
+        if isinstance(v, float) and not isinstance(v, bool):
+            return jnp.asarray(v, dtype)
+        if eqx.is_inexact_array(v) or (isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)):
+            return jnp.asarray(v, dtype)
+        return v
+
+    return jax.tree.map(cast, tree)
+
+
+def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = "sum") -> Any:
+    """Way (a): `vmap(grad(loss_fn))` per example, then summed (or averaged) over the example axis.
+
+    For large N × P the per-example gradients are built and summed chunk by chunk (never more than
+    `MAX_MATERIALIZED` floats at once). **Returns** a pytree like the differentiable params.
+    """
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    p = max(engine.num_params(params), 1)
+    chunk = max(1, min(n, MAX_MATERIALIZED // p))
+    total = None
+    for start in range(0, n, chunk):
+        sub = jax.tree.map(lambda v: v[start : start + chunk], (xs, ys))
+        g = engine.per_example_grads(loss_fn, params, *sub, method="vmap")
+        part = jax.tree.map(lambda a: a.sum(0), g)
+        total = part if total is None else jax.tree.map(jnp.add, total, part)
+    return jax.tree.map(lambda a: a / n, total) if reduction == "mean" else total
+
+
+def way_b(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = "sum") -> Any:
+    """Way (b): `grad(lambda θ: vmap(loss_fn)(θ, xs, ys).sum())(θ)` (or `.mean()`)."""
+    return engine.batch_grad(loss_fn, params, xs, ys, reduction=reduction)
+
+
+def _leaf_dict(params, tree) -> dict[str, np.ndarray]:
+    names = engine.leaf_names(params)
+    return {k: np.asarray(v, np.float64) for k, v in zip(names, jax.tree.leaves(tree))}
+
+
+def compare(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = "sum") -> Comparison:
+    """Way (a) vs way (b) per parameter leaf, in float32 and in float64 (the reference).
+
+    **Arguments**
+    - `loss_fn(params, x, y) -> scalar`, the loss of one example (engine contract).
+    - `params`: any pytree (Python floats, arrays, Equinox module).
+    - `xs`, `ys`: the batch, example axis first (N examples).
+    - `reduction`: `"sum"` (seed 002) or `"mean"`.
+
+    **Returns** a `Comparison`: per leaf the max absolute and relative difference between the two
+    ways in float32 and in float64, and each float32 way's error against the float64 reference.
+    Relative = divided by the leaf's largest |gradient| (float64).
+
+    **Raises** `ValueError` for a bad reduction or batch (engine messages).
+    """
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    p32, x32, y32 = _to(jnp.float32, (params, xs, ys))
+    a32 = _leaf_dict(params, way_a(loss_fn, p32, x32, y32, reduction=reduction))
+    b32 = _leaf_dict(params, way_b(loss_fn, p32, x32, y32, reduction=reduction))
+    with jax.enable_x64(True):  # thread-local: other sessions keep float32
+        p64, x64, y64 = _to(jnp.float64, (params, xs, ys))
+        a64 = _leaf_dict(params, way_a(loss_fn, p64, x64, y64, reduction=reduction))
+        b64 = _leaf_dict(params, way_b(loss_fn, p64, x64, y64, reduction=reduction))
+    leaves = []
+    for name in a32:
+        scale = float(np.max(np.abs(b64[name]))) if b64[name].size else 0.0
+        denom = scale if scale > 0 else 1.0
+        abs32 = float(np.max(np.abs(a32[name] - b32[name])))
+        abs64 = float(np.max(np.abs(a64[name] - b64[name])))
+        leaves.append(LeafDiff(
+            name=name, shape=tuple(np.shape(a32[name])), abs32=abs32, rel32=abs32 / denom,
+            abs64=abs64, rel64=abs64 / denom,
+            err_a32=float(np.max(np.abs(a32[name] - b64[name]))),
+            err_b32=float(np.max(np.abs(b32[name] - b64[name]))), scale=scale,
+        ))
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    return Comparison(leaves, n, engine.num_params(params), reduction, a32, b32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """Mean vs sum: max |difference| (over all parameters) between pairs of ways.
+
+    `mean_vs_mean`: mean of per-example grads vs grad of the mean loss (equal up to rounding);
+    `sum_vs_mean`: sum of per-example grads vs grad of the mean loss (the trap: off by N);
+    `ratio`: ‖Σ gᵢ‖ / ‖∇ mean loss‖, which is N.
+    """
+
+    n: int
+    mean_vs_mean: float
+    sum_vs_sum: float
+    sum_vs_mean: float
+    ratio: float
+    scale: float
+
+
+def mean_vs_sum(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> Scaling:
+    """The mean of per-example gradients equals the gradient of the mean loss; mixing sum and mean is off by N.
+
+    **Arguments** as `compare`. **Returns** a `Scaling` (float32 computations).
+    """
+    flat = lambda t: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(t)])
+    a_sum = flat(way_a(loss_fn, params, xs, ys, reduction="sum"))
+    a_mean = flat(way_a(loss_fn, params, xs, ys, reduction="mean"))
+    b_sum = flat(way_b(loss_fn, params, xs, ys, reduction="sum"))
+    b_mean = flat(way_b(loss_fn, params, xs, ys, reduction="mean"))
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    norm_b_mean = float(np.linalg.norm(b_mean))
+    return Scaling(
+        n=n,
+        mean_vs_mean=float(np.max(np.abs(a_mean - b_mean))),
+        sum_vs_sum=float(np.max(np.abs(a_sum - b_sum))),
+        sum_vs_mean=float(np.max(np.abs(a_sum - b_mean))),
+        ratio=float(np.linalg.norm(a_sum)) / norm_b_mean if norm_b_mean > 0 else float("nan"),
+        scale=float(np.max(np.abs(b_mean))),
+    )
+
+
+# ---------------------------------------------------------------- the seeds' pitfalls, live
+
+
+@dataclasses.dataclass(frozen=True)
+class Pitfall:
+    """A pitfall of the seeds: its title, the code, what running it printed, and whether it raised."""
+
+    title: str
+    explanation: str
+    code: str
+    output: str
+    raised: bool
+
+
+PITFALLS = [
+    (
+        "vmap without in_axes",
+        "`vmap` maps over axis 0 of EVERY argument by default. The scalar weight `w` has no axis 0, "
+        "so JAX refuses. `in_axes=(None, 0)` says: broadcast `w`, map over the examples.",
+        """
+per_example_loss = lambda w, x: (w * x) ** 2
+w, x_batch = 1.0, jnp.array([1.0, 2.0])
+result = jax.vmap(jax.grad(per_example_loss))(w, x_batch)   # no in_axes
+""",
+    ),
+    (
+        "vmap with in_axes=(None, 0): one gradient per example",
+        "The fix: per-example gradients, shape `(N,)`: `[2., 8.]` as in the seeds.",
+        """
+per_example_loss = lambda w, x: (w * x) ** 2
+w, x_batch = 1.0, jnp.array([1.0, 2.0])
+result = jax.vmap(jax.grad(per_example_loss), in_axes=(None, 0))(w, x_batch)
+""",
+    ),
+    (
+        "grad of the summed loss: one number, not N",
+        "Differentiating the summed (vectorized) loss gives the batch gradient, a scalar here: the "
+        "per-example information is gone. Calling `.sum()` on it again changes nothing.",
+        """
+per_example_loss = lambda w, x: (w * x) ** 2
+w, x_batch = 1.0, jnp.array([1.0, 2.0])
+result = jax.grad(lambda w: jax.vmap(per_example_loss, in_axes=(None, 0))(w, x_batch).sum())(w)
+""",
+    ),
+    (
+        "grad of a non-scalar: the per-example losses are not a loss",
+        "`jax.grad` needs a scalar output. Handing it the vector of per-example losses fails: "
+        "sum them (way b) or vmap the gradient (way a).",
+        """
+per_example_loss = lambda w, x: (w * x) ** 2
+w, x_batch = 1.0, jnp.array([1.0, 2.0])
+result = jax.grad(lambda w: jax.vmap(per_example_loss, in_axes=(None, 0))(w, x_batch))(w)
+""",
+    ),
+]
+
+
+def _short_error(err: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(err), err)).strip()
+    # JAX appends a long note about filtered frames; keep the message itself
+    return text.split("\n--------------------")[0].strip()
+
+
+def run_pitfall(title: str, explanation: str, code: str) -> Pitfall:
+    """Execute one pitfall's code (namespace: jax, jnp) and capture `result` or the exception's message."""
+    ns: dict[str, Any] = {"jax": jax, "jnp": jnp}
+    try:
+        exec(code, ns)  # noqa: S102 - fixed, module-level snippets
+        result = ns["result"]
+        out = f"{result!r}   # shape {tuple(np.shape(result))}"
+        return Pitfall(title, explanation, code.strip(), out, False)
+    except Exception as err:  # noqa: BLE001 - showing the real error is the point
+        return Pitfall(title, explanation, code.strip(), _short_error(err), True)
+
+
+def run_pitfalls() -> list[Pitfall]:
+    """Run the seeds' pitfalls (`PITFALLS`) live. **Returns** one `Pitfall` each, with real output."""
+    return [run_pitfall(*p) for p in PITFALLS]
+
+
+def shapes(loss_fn: Callable, params: Any, xs: Any, ys: Any, n_show: int = 4) -> list[dict]:
+    """Per leaf: the per-example gradient shape `(N, ...)` vs the summed gradient's `(...)`.
+
+    Computed on the first `n_show` examples (shapes only; cheap). **Returns** rows
+    `{"leaf", "per-example (N, ...)", "summed (...)"}` with N the full batch size.
+    """
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    sub = jax.tree.map(lambda v: v[:n_show], (xs, ys))
+    per = jax.eval_shape(lambda: engine.per_example_grads(loss_fn, params, *sub, method="vmap"))
+    names = engine.leaf_names(params)
+    return [
+        {"leaf": name, "per-example (N, ...)": str((n,) + tuple(s.shape[1:])), "summed (...)": str(tuple(s.shape[1:]))}
+        for name, s in zip(names, jax.tree.leaves(per))
+    ]
