@@ -206,3 +206,73 @@ def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, 
     title = title or f"Predicted vs actual leave-one-out change (Pearson {pearson:.3f}, Spearman {spearman:.3f})"
     return _layout(fig, title, "predicted change in test loss (influence function)",
                    "actual change in test loss (retrained without the example)", height=460)
+
+
+# ---------------------------------------------------------------- equivalence and performance
+
+FLOAT32_COLOR = "#1f77b4"
+FLOAT64_COLOR = "#ff7f0e"
+APPROACH_COLORS = {"loop": "#7f7f7f", "vmap": "#1f77b4", "rules": "#17becf", "batch": "#2ca02c",
+                   "norms_vmap": "#9467bd", "norms": "#d62728"}
+
+
+def equivalence_bars(names: list[str], rel32, rel64, *, floor: float = 1e-18) -> go.Figure:
+    """Per parameter leaf: max relative |way (a) − way (b)| in float32 and float64 (log scale).
+
+    Exact zeros are drawn at `floor` (a log axis has no zero) and labelled "0".
+    """
+    fig = go.Figure()
+    for label, vals, color in (("float32", rel32, FLOAT32_COLOR), ("float64", rel64, FLOAT64_COLOR)):
+        vals = np.asarray(vals, np.float64)
+        fig.add_bar(x=names, y=np.maximum(vals, floor), name=label, marker_color=color,
+                    text=["0" if v == 0 else f"{v:.1e}" for v in vals], textposition="outside")
+    fig.add_hline(y=np.finfo(np.float32).eps, line_dash="dot", annotation_text="float32 ε ≈ 1.2e-7")
+    fig.add_hline(y=np.finfo(np.float64).eps, line_dash="dot", annotation_text="float64 ε ≈ 2.2e-16")
+    fig.update_yaxes(type="log")
+    fig.update_layout(barmode="group")
+    return _layout(fig, "vmap(grad(f)).sum() vs grad(sum(vmap(f))): max relative difference per leaf",
+                   "parameter leaf", "max |a − b| / max |b| (log)")
+
+
+def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
+    """Log-log run time vs batch size N, one line per approach. `rows`: dicts with approach, n, run_s."""
+    fig = go.Figure()
+    for a, label in labels.items():
+        pts = sorted((r["n"], r["run_s"]) for r in rows if r["approach"] == a)
+        if pts:
+            n, t = zip(*pts)
+            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines+markers", name=label,
+                            line_color=APPROACH_COLORS.get(a))
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return _layout(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)")
+
+
+def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
+    """Log-log speed-up over the Python loop (loop time / approach time) vs N."""
+    loop = {r["n"]: r["run_s"] for r in rows if r["approach"] == "loop"}
+    fig = go.Figure()
+    for a, label in labels.items():
+        if a == "loop":
+            continue
+        pts = sorted((r["n"], loop[r["n"]] / r["run_s"]) for r in rows if r["approach"] == a and r["n"] in loop)
+        if pts:
+            n, s = zip(*pts)
+            fig.add_scatter(x=n, y=s, mode="lines+markers", name=label, line_color=APPROACH_COLORS.get(a))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="as fast as the loop")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return _layout(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)")
+
+
+def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
+    """Memory per approach: what it must hold by construction (and XLA's allocation), log MB."""
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=np.asarray(needed_bytes, np.float64) / 1e6, name="by construction (N×P×4 or chunk×P×4)",
+                marker_color=FLOAT32_COLOR, text=[f"{b / 1e6:.3g} MB" for b in needed_bytes], textposition="outside")
+    if xla_bytes is not None:
+        fig.add_bar(x=labels, y=np.asarray(xla_bytes, np.float64) / 1e6, name="XLA temporaries + outputs",
+                    marker_color=FLOAT64_COLOR, text=[f"{b / 1e6:.3g} MB" for b in xla_bytes], textposition="outside")
+    fig.update_yaxes(type="log")
+    fig.update_layout(barmode="group")
+    return _layout(fig, "Memory each approach needs", "approach", "MB (log)")

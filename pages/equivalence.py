@@ -1,6 +1,138 @@
-"""Placeholder: this page is being built."""
+"""Equivalence: vmap(grad(f)).sum() against grad(sum(vmap(f))), per parameter leaf, float32 vs float64,
+mean vs sum, and the seeds' pitfalls run live."""
 
+import numpy as np
+import pandas as pd
 import streamlit as st
 
-st.title("equivalence")
-st.info("This page is being built.")
+from gradlab import equivalence, plots, ui
+
+st.title("🟰 Equivalence")
+st.markdown(
+    "Two ways to get the gradient of a batch's total loss: **(a)** per-example gradients "
+    "`vmap(grad(f))` summed over the examples, or **(b)** one gradient of the summed loss "
+    "`grad(lambda θ: vmap(f)(θ, xs, ys).sum())`. Differentiation is linear, so they are the same vector. "
+    "On a computer they agree up to **rounding**: float32 sums in another order differ in the last digits, "
+    "while the float64 reference agrees to about 1e-16. Below, per parameter leaf, for the current experiment "
+    "or the seeds' scalar example, then the mean-vs-sum trap and the seeds' pitfalls, executed live."
+)
+
+EXAMPLES = {"experiment": "Current experiment (sidebar)", "scalar": "The seeds' scalar example (w·x)², w = 1, x = [1, 2]"}
+c1, c2 = st.columns([3, 2])
+with c1:
+    example = st.radio("Example", list(EXAMPLES), format_func=EXAMPLES.get, horizontal=True,
+                       key="eq_example", bind="query-params")
+with c2:
+    reduction = st.radio("Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction", bind="query-params",
+                         help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
+
+exp = ui.experiment()
+
+
+@ui.cached
+def comparison(exp, example, reduction, _fitted=None):
+    if example == "scalar":
+        loss, w, xs, ys = equivalence.scalar_example()
+        return equivalence.compare(loss, w, xs, ys, reduction=reduction), equivalence.mean_vs_sum(loss, w, xs, ys), None
+    f = _fitted
+    xs, ys = f.data.x_train, f.data.y_train
+    return (equivalence.compare(f.loss_fn, f.model, xs, ys, reduction=reduction),
+            equivalence.mean_vs_sum(f.loss_fn, f.model, xs, ys),
+            equivalence.shapes(f.loss_fn, f.model, xs, ys))
+
+
+@ui.cached
+def pitfalls():
+    return equivalence.run_pitfalls()
+
+
+fitted = ui.fitted(exp) if example == "experiment" else None
+result = None
+with ui.guard("The two ways could not be compared"):
+    with st.spinner("Computing both ways in float32 and float64…"):
+        cmp, scaling, shape_rows = comparison(exp if example == "experiment" else None, example, reduction, fitted)
+    result = cmp
+
+if result is not None:
+    m = st.columns(4)
+    m[0].metric("Examples N · parameters P", f"{cmp.n:,} · {cmp.num_params:,}")
+    m[1].metric("Max relative |a − b|, float32", f"{cmp.max_rel32:.1e}",
+                help="Largest over leaves of max|a − b| / max|b|: float32 rounding, about N·ε₃₂ at worst.")
+    m[2].metric("Max relative |a − b|, float64", f"{cmp.max_rel64:.1e}", help="The same in float64: ~1e-16.")
+    m[3].metric("float32 ε", f"{np.finfo(np.float32).eps:.1e}", help="Spacing of float32 numbers near 1.")
+    if example == "scalar":
+        a, b = cmp.way_a["params"], cmp.way_b["params"]
+        st.markdown(f"Way (a) = **{float(a):g}**, way (b) = **{float(b):g}** "
+                    f"(the seeds: per-example gradients `[2., 8.]`, summed 10).")
+
+    names = [l.name for l in cmp.leaves]
+    st.plotly_chart(plots.equivalence_bars(names, [l.rel32 for l in cmp.leaves], [l.rel64 for l in cmp.leaves]),
+                    width="stretch")
+    table = pd.DataFrame({
+        "leaf": names,
+        "shape": [str(l.shape) for l in cmp.leaves],
+        "max |∇| (float64)": [l.scale for l in cmp.leaves],
+        "max |a − b| float32": [l.abs32 for l in cmp.leaves],
+        "relative float32": [l.rel32 for l in cmp.leaves],
+        "max |a − b| float64": [l.abs64 for l in cmp.leaves],
+        "relative float64": [l.rel64 for l in cmp.leaves],
+        "max |a₃₂ − ref₆₄|": [l.err_a32 for l in cmp.leaves],
+        "max |b₃₂ − ref₆₄|": [l.err_b32 for l in cmp.leaves],
+    })
+    st.dataframe(table, hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.2e") for c in table.columns[2:]})
+    st.caption(
+        "Both float32 ways are about equally far from the float64 reference (last two columns): neither is "
+        "'the right one'. They add the same N numbers in a different order, and float32 keeps ~7 digits. "
+        "The float64 reference runs inside `jax.enable_x64(True)`, which is thread-local: other sessions "
+        "of this app keep float32."
+    )
+
+    st.subheader("Mean vs sum: the scaling trap")
+    s = scaling
+    mm = st.columns(3)
+    mm[0].metric("mean of gᵢ vs ∇ mean loss", f"{s.mean_vs_mean:.1e}", help="Max absolute difference: rounding only.")
+    mm[1].metric("sum of gᵢ vs ∇ mean loss", f"{s.sum_vs_mean:.3g}", help="Mixing sum and mean: wrong by a factor N.")
+    mm[2].metric("‖Σ gᵢ‖ / ‖∇ mean loss‖", f"{s.ratio:,.1f}", help=f"Equals N = {s.n:,}.")
+    st.markdown(
+        f"The mean of the per-example gradients **is** the gradient of the mean loss. Compare a per-example "
+        f"*sum* with a *mean* loss (a common slip when checking DP-SGD code or porting a training loop) and "
+        f"they differ by exactly N = {s.n:,}: every learning rate and clipping norm C is then off by that factor."
+    )
+
+    if shape_rows:
+        st.subheader("Shapes: (N, ...) per example vs (...) summed")
+        st.dataframe(pd.DataFrame(shape_rows), hide_index=True, width="stretch")
+
+st.subheader("The seeds' pitfalls, run live")
+with ui.guard("The pitfalls could not be run"):
+    for p in pitfalls():
+        st.markdown(f"**{p.title}.** {p.explanation}")
+        st.code(p.code, language="python")
+        if p.raised:
+            st.error(p.output, icon="🚫")
+        else:
+            st.code(p.output, language="text")
+
+ui.code_panel(
+    """
+import jax, jax.numpy as jnp
+
+def per_example_loss(params, x, y):          # ONE example
+    ...
+
+# way (a): per-example gradients, then sum over the example axis
+per_grads = jax.vmap(jax.grad(per_example_loss), in_axes=(None, 0, 0))(params, xs, ys)
+way_a = jax.tree.map(lambda g: g.sum(0), per_grads)          # .mean(0) for the mean
+
+# way (b): vectorized forward, sum, ONE gradient
+way_b = jax.grad(lambda p: jax.vmap(per_example_loss, in_axes=(None, 0, 0))(p, xs, ys).sum())(params)
+
+diff = jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)), way_a, way_b)
+
+# float64 reference without touching other threads: enable_x64 is a thread-local context
+with jax.enable_x64(True):
+    params64 = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), params)
+    ...  # the same two ways on float64 copies of params, xs, ys
+"""
+)
