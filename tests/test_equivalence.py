@@ -1,0 +1,115 @@
+"""gradlab.equivalence against independent oracles: the seeds' numbers, NumPy float64 algebra."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradlab import equivalence, losses, models
+
+
+def test_scalar_example_is_the_seeds():
+    loss, w, xs, ys = equivalence.scalar_example()
+    cmp = equivalence.compare(loss, w, xs, ys)
+    assert float(cmp.way_a["params"]) == 10.0 and float(cmp.way_b["params"]) == 10.0
+    assert cmp.max_abs32 == 0.0 and cmp.n == 2 and cmp.num_params == 1
+    mean = equivalence.compare(loss, w, xs, ys, reduction="mean")
+    assert float(mean.way_a["params"]) == 5.0 == float(mean.way_b["params"])
+
+
+def _linear_problem(n=300, d=5):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, d)).astype(np.float32) * 10
+    y = rng.standard_normal(n).astype(np.float32)
+    model = models.Linear(d, "scalar", key=jax.random.key(0))
+    return model, x, y
+
+
+def test_float64_reference_matches_numpy_algebra():
+    """Linear regression: Σᵢ 2(w·xᵢ + b − yᵢ) xᵢ in NumPy float64 is the independent reference."""
+    model, x, y = _linear_problem()
+    w = np.asarray(model.layer.weight, np.float64)[0]
+    b = float(model.layer.bias[0])
+    r = x.astype(np.float64) @ w + b - y
+    ref_w, ref_b = 2 * r @ x.astype(np.float64), 2 * r.sum()
+    cmp = equivalence.compare(losses.mse, model, jnp.asarray(x), jnp.asarray(y))
+    by = {l.name: l for l in cmp.leaves}
+    wl, bl = by[".layer.weight"], by[".layer.bias"]
+    # the float64 ways agree with each other to ~1e-16 relative ...
+    assert wl.rel64 < 1e-13 and bl.rel64 < 1e-13
+    # ... and the error of each float32 way measured against them is its error against NumPy
+    np.testing.assert_allclose(wl.err_b32, np.max(np.abs(cmp.way_b[".layer.weight"][0] - ref_w)), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(bl.err_a32, abs(float(cmp.way_a[".layer.bias"][0]) - ref_b), rtol=1e-6, atol=1e-9)
+    # float32 rounding is visible but small
+    assert 0 < wl.rel32 + bl.rel32 < 1e-4
+    assert wl.rel32 > wl.rel64
+
+
+def test_mlp_ways_agree_and_mean_vs_sum_is_off_by_n():
+    model = models.MLP(4, 3, 8, 1, "tanh", key=jax.random.key(1))
+    xs = jax.random.normal(jax.random.key(2), (50, 4))
+    ys = jnp.arange(50) % 3
+    cmp = equivalence.compare(losses.cross_entropy, model, xs, ys)
+    assert [l.name for l in cmp.leaves][0] == ".mlp.layers[0].weight"
+    assert cmp.max_rel32 < 1e-5 and cmp.max_rel64 < 1e-13
+    s = equivalence.mean_vs_sum(losses.cross_entropy, model, xs, ys)
+    assert s.n == 50
+    assert s.ratio == pytest.approx(50, rel=1e-5)
+    assert s.mean_vs_mean < 1e-6 * max(s.scale, 1)
+    assert s.sum_vs_mean > 10 * s.scale  # the trap is not rounding
+
+
+def test_way_a_in_chunks_equals_one_vmap(monkeypatch):
+    model, x, y = _linear_problem(n=37)
+    whole = equivalence.way_a(losses.mse, model, jnp.asarray(x), jnp.asarray(y))
+    monkeypatch.setattr(equivalence, "MAX_MATERIALIZED", 6 * 10)  # P = 6: chunks of 10 examples
+    chunked = equivalence.way_a(losses.mse, model, jnp.asarray(x), jnp.asarray(y))
+    np.testing.assert_allclose(chunked.layer.weight, whole.layer.weight, rtol=1e-5)
+
+
+def test_float64_does_not_leak_to_other_threads():
+    """enable_x64 is thread-local: while one thread computes the float64 reference, others stay float32."""
+    model, x, y = _linear_problem(n=2000, d=50)
+    seen, done = set(), threading.Event()
+
+    def work():
+        try:
+            equivalence.compare(losses.mse, model, jnp.asarray(x), jnp.asarray(y))
+        finally:
+            done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    while not done.is_set():
+        seen.add(jnp.zeros(1, float).dtype)
+        seen.add(jnp.asarray(1.0).dtype)
+    t.join()
+    assert seen == {jnp.dtype("float32")}
+    assert not jax.config.jax_enable_x64
+
+
+def test_pitfalls_run_live_with_real_output():
+    out = {p.title: p for p in equivalence.run_pitfalls()}
+    no_axes = out["vmap without in_axes"]
+    assert no_axes.raised and "ValueError" in no_axes.output and "axis 0" in no_axes.output
+    fixed = out["vmap with in_axes=(None, 0): one gradient per example"]
+    assert not fixed.raised and "[2., 8.]" in fixed.output and "shape (2,)" in fixed.output
+    summed = out["grad of the summed loss: one number, not N"]
+    assert not summed.raised and "10." in summed.output and "shape ()" in summed.output
+    assert out["grad of a non-scalar: the per-example losses are not a loss"].raised
+    # the code shown is the code executed
+    assert "in_axes=" not in no_axes.code and "in_axes=(None, 0)" in fixed.code
+
+
+def test_shapes_rows():
+    model = models.MLP(4, 3, 8, 1, "relu", key=jax.random.key(1))
+    rows = equivalence.shapes(losses.cross_entropy, model, jnp.ones((20, 4)), jnp.zeros(20, int))
+    assert rows[0] == {"leaf": ".mlp.layers[0].weight", "per-example (N, ...)": "(20, 8, 4)", "summed (...)": "(8, 4)"}
+
+
+def test_bad_reduction():
+    loss, w, xs, ys = equivalence.scalar_example()
+    with pytest.raises(ValueError, match="reduction"):
+        equivalence.compare(loss, w, xs, ys, reduction="median")
