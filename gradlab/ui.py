@@ -12,6 +12,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import os
 import threading
 from collections import OrderedDict
 
@@ -144,6 +145,7 @@ def fitted(exp: Experiment) -> Fitted:
 
     with guard("Training failed", stop=True):
         result = fit(exp, progress=progress)
+    release_memory()
     bar.empty()
     with _FIT_LOCK:
         store[exp] = result
@@ -159,7 +161,6 @@ def cached(fn=None, *, max_entries: int = 16):
     """
     if fn is None:
         return functools.partial(cached, max_entries=max_entries)
-    shared = st.cache_data(max_entries=max_entries, show_spinner=False)(fn)
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -167,7 +168,18 @@ def cached(fn=None, *, max_entries: int = 16):
         # Results derived from an uploaded CSV never enter the cross-session cache.
         if any(_from_upload(v) for v in (*args, *kwargs.values())):
             return _session_cached(fn, signature, max_entries, args, kwargs)
-        return shared(*args, **kwargs)
+        misses = _MISSES[0]
+        result = shared(*args, **kwargs)
+        if _MISSES[0] != misses:  # computed now, not from the cache: hand XLA's scratch memory back
+            release_memory()
+        return result
+
+    def counted(*args, **kwargs):
+        _MISSES[0] += 1
+        return fn(*args, **kwargs)
+
+    functools.update_wrapper(counted, fn)
+    shared = st.cache_data(max_entries=max_entries, show_spinner=False)(counted)
 
     wrapper.clear = shared.clear
     return wrapper
@@ -511,3 +523,72 @@ def preset_banner(exp: Experiment) -> None:
         st.info(f"**Lecture scenario: {name}.** {BY_NAME[name].look_at}", icon="🎓")
     elif name is not None:
         del st.session_state[_PRESET_ACTIVE]
+
+
+# ---------------------------------------------------------------- memory on a small server
+
+_MISSES = [0]  # cache misses of `cached` functions (a computation ran), process-wide
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas (like `MALLOC_ARENA_MAX=2`): Streamlit runs each session's script in
+    its own thread, and every thread arena keeps the memory its frees leave behind."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-8, int(arenas))  # M_ARENA_MAX
+
+
+#: Above this resident size (MB) the compiled-function caches are dropped after a computation.
+#: Compiled XLA executables are what fills a long-running server (~280 MB for one tour of all
+#: pages); dropping them costs a recompile later, never a wrong result. Set
+#: GRADLAB_MEMORY_BUDGET_MB=0 to disable (e.g. on a laptop with plenty of memory).
+MEMORY_BUDGET_MB = float(os.environ.get("GRADLAB_MEMORY_BUDGET_MB", "480"))
+
+
+def rss_mb() -> float:
+    """This process's resident set size in MB (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _trim() -> None:
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def release_memory() -> None:
+    """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
+    leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB`, drop JAX's compiled
+    functions (`jax.clear_caches()`), which other sessions simply recompile when they need them."""
+    _trim()
+    if MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB:
+        import gc
+
+        import jax
+
+        before = rss_mb()
+        jax.clear_caches()
+        gc.collect()
+        _trim()
+        log.info("memory budget %.0f MB: dropped compiled functions, RSS %.0f -> %.0f MB",
+                 MEMORY_BUDGET_MB, before, rss_mb())
+
+
+limit_malloc_arenas()

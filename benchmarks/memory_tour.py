@@ -1,0 +1,140 @@
+"""Peak memory of the server across a tour of every page at default settings.
+
+Starts `streamlit run app.py` headless, visits every page in Debian's chromium (Playwright) one
+after the other with the default experiment, and samples the resident set size (RSS) of the
+server process and all its children every 0.1 s from /proc (psutil when installed). Prints the
+RSS after each page and the peak. The target is the smallest Streamlit Community Cloud instance:
+690 MB.
+
+    python benchmarks/memory_tour.py [--rounds 2] [--query "dataset=moons"] [--sessions 1]
+
+`--rounds 2` tours twice (the second round shows what stays cached); `--sessions N` tours with N
+browser sessions at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from browser_helpers import PAGES, launch, page_errors, streamlit_server, wait_until_idle  # noqa: E402
+
+TARGET_MB = 690
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            kids = (task / "children").read_text().split()
+            out += [int(k) for k in kids]
+    except OSError:
+        pass
+    return out
+
+
+def tree_rss_mb(pid: int) -> float:
+    """RSS of `pid` and all its descendants in MB (1 MB = 2**20 bytes)."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+        total = 0
+        for q in procs:
+            try:
+                total += q.memory_info().rss
+            except psutil.Error:
+                pass
+        return total / 2**20
+    except ImportError:
+        pass
+    total, todo = 0, [pid]
+    while todo:
+        q = todo.pop()
+        try:
+            for line in Path(f"/proc/{q}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+        todo += _children(q)
+    return total / 2**20
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pid: int, interval: float = 0.1):
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak = 0.0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, tree_rss_mb(self.pid))
+            time.sleep(self.interval)
+
+
+def tour(base: str, query: str, rounds: int, label: str, sampler: Sampler, errors: list[str]):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        for r in range(rounds):
+            for path, name, _ in PAGES:
+                t0 = time.time()
+                page.goto(f"{base}/{path}" + (f"?{query}" if query else ""))
+                wait_until_idle(page, timeout=600)
+                errs = page_errors(page)
+                if errs:
+                    errors.append(f"{label} {name}: {errs[0][:300]}")
+                print(f"{label} round {r + 1} {name:<15} {time.time() - t0:6.1f} s   server RSS now "
+                      f"{tree_rss_mb(sampler.pid):6.0f} MB   peak so far {sampler.peak:6.0f} MB", flush=True)
+        browser.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--sessions", type=int, default=1)
+    ap.add_argument("--query", default="", help="query string for every page, e.g. 'dataset=moons'")
+    ap.add_argument("--log", default="/tmp/gradlab_memory_tour.log")
+    args = ap.parse_args()
+
+    with streamlit_server(log_path=Path(args.log)) as (base, proc):
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        idle = tree_rss_mb(proc.pid)
+        print(f"server pid {proc.pid}: RSS at start {idle:.0f} MB", flush=True)
+        errors: list[str] = []
+        t0 = time.time()
+        threads = [threading.Thread(target=tour, args=(base, args.query, args.rounds, f"[session {i}]", sampler, errors))
+                   for i in range(args.sessions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        time.sleep(1.0)
+        sampler.stop.set()
+        sampler.join()
+        final = tree_rss_mb(proc.pid)
+    print(f"\npages: {', '.join(n for _, n, _ in PAGES)}; rounds {args.rounds}; sessions {args.sessions}; "
+          f"query {args.query or '(defaults)'}; {time.time() - t0:.0f} s")
+    print(f"RSS at start {idle:.0f} MB, at end {final:.0f} MB")
+    print(f"PEAK RSS (server + children): {sampler.peak:.0f} MB  (target < {TARGET_MB} MB: "
+          f"{'OK' if sampler.peak < TARGET_MB else 'OVER'})")
+    for e in errors:
+        print("ERROR", e)
+    return 0 if sampler.peak < TARGET_MB and not errors else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
