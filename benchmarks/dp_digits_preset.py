@@ -44,13 +44,16 @@ def run(model="mlp", width=32, activation="tanh", batch=256, steps=400, eps=3.0,
     return acc
 
 
-PRESET = dict(model="mlp", width=32, activation="tanh", batch=256, steps=400, eps=3.0, clip=1.0, opt="adam", lr=0.01)
+PRESET = dict(model="linear", width=1, activation="relu", batch=512, steps=200, eps=3.0, clip=0.5, opt="adam", lr=0.02)
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--alt", action="store_true", help="the B=256 variant of the preset")
     a = ap.parse_args()
+    if a.alt:
+        PRESET.update(batch=256)
     d = data_mod.load_dataset("digits")
     if a.sweep:
         for model, width, act in [("linear", 0, "relu"), ("mlp", 32, "tanh"), ("mlp", 64, "tanh")]:

@@ -208,6 +208,129 @@ def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, 
                    "actual change in test loss (retrained without the example)", height=460)
 
 
+# ---------------------------------------------------------------- DP clipping and DP-SGD
+
+PRIVATE_COLOR = "#9467bd"
+NONPRIVATE_COLOR = "#7f7f7f"
+
+
+def clipping_histograms(norms: np.ndarray, clipped_norms: np.ndarray, clip_norm: float, *, log: bool = False,
+                        bins: int = 60) -> go.Figure:
+    """Overlaid histograms of per-example gradient norms before and after clipping at C (C marked)."""
+    f = _log10 if log else np.asarray
+    v, w = f(norms), f(clipped_norms)
+    edges = np.linspace(float(min(v.min(), w.min())), float(max(v.max(), w.max())) + 1e-9, bins + 1)
+    size = float(edges[1] - edges[0])
+    fig = go.Figure()
+    fig.add_histogram(x=v, name="before clipping ‖gᵢ‖", xbins=dict(start=edges[0], end=edges[-1], size=size),
+                      marker_color="#1f77b4", opacity=0.55)
+    fig.add_histogram(x=w, name="after clipping min(‖gᵢ‖, C)", xbins=dict(start=edges[0], end=edges[-1], size=size),
+                      marker_color=PRIVATE_COLOR, opacity=0.55)
+    fig.add_vline(x=float(f(np.array([clip_norm]))[0]), line=dict(color=FLIPPED_COLOR, width=2, dash="dash"),
+                  annotation_text="C", annotation_position="top")
+    fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.22))
+    return _layout(fig, "Per-example gradient norms before and after clipping at C",
+                   f"log₁₀ {NORM_LABEL}" if log else NORM_LABEL, "number of training examples", height=420)
+
+
+def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.ndarray, clip_norm: float, *,
+                        cosine_layer: np.ndarray | None = None, norm_ratio_layer: np.ndarray | None = None,
+                        fraction_clipped: np.ndarray | None = None) -> go.Figure:
+    """Bias of clipping as C varies: cos∠(Ḡ_C, G) and ‖Ḡ_C‖/‖G‖ (flat solid, per-layer dashed), C marked."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=grid, y=cosine, mode="lines", name="cosine (flat clipping)", line=dict(color="#1f77b4")))
+    fig.add_trace(go.Scatter(x=grid, y=norm_ratio, mode="lines", name="norm ratio (flat)", line=dict(color="#ff7f0e")))
+    if cosine_layer is not None:
+        fig.add_trace(go.Scatter(x=grid, y=cosine_layer, mode="lines", name="cosine (per-layer, C/√L each)",
+                                 line=dict(color="#1f77b4", dash="dash")))
+    if norm_ratio_layer is not None:
+        fig.add_trace(go.Scatter(x=grid, y=norm_ratio_layer, mode="lines", name="norm ratio (per-layer)",
+                                 line=dict(color="#ff7f0e", dash="dash")))
+    if fraction_clipped is not None:
+        fig.add_trace(go.Scatter(x=grid, y=fraction_clipped, mode="lines", name="fraction clipped (flat)",
+                                 line=dict(color="gray", dash="dot")))
+    fig.add_vline(x=float(clip_norm), line=dict(color=FLIPPED_COLOR, width=2), annotation_text="current C",
+                  annotation_position="top left")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(range=[-0.05, 1.08])
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, "The bias clipping introduces: clipped mean gradient Ḡ_C vs true mean G",
+                   "clipping norm C (log scale)", "cos∠(Ḡ_C, G)  ·  ‖Ḡ_C‖/‖G‖  ·  fraction clipped", height=460)
+
+
+def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.ndarray, norm_ratio: np.ndarray,
+                       clip_norm: float) -> go.Figure:
+    """Per class at C: fraction of examples clipped and the bias of the class's clipped mean gradient."""
+    names = [str(c) for c in class_names]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("fraction of the class clipped",
+                                                        "bias of the class's clipped mean gradient"))
+    fig.add_trace(go.Bar(x=names, y=fraction_clipped, name="fraction clipped", marker_color=PRIVATE_COLOR), 1, 1)
+    fig.add_trace(go.Bar(x=names, y=cosine, name="cos∠(Ḡ_C,k, G_k)", marker_color="#1f77b4"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=norm_ratio, name="‖Ḡ_C,k‖/‖G_k‖", marker_color="#ff7f0e"), 1, 2)
+    fig.update_xaxes(title_text="class", type="category")
+    fig.update_yaxes(title_text="fraction clipped", range=[0, 1], row=1, col=1)
+    fig.update_yaxes(title_text="cosine · norm ratio", range=[0, 1.05], row=1, col=2)
+    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, f"Per class at C = {clip_norm:.3g}: who gets clipped, whose gradient is distorted",
+                   "class", "", height=420)
+
+
+def signal_noise_curve(grid: np.ndarray, clipped_mean_norm: np.ndarray, noise_norm: np.ndarray, clip_norm: float,
+                       *, noise_std: np.ndarray | None = None) -> go.Figure:
+    """Signal ‖Ḡ_C‖ against the noise norm σC√P/B as C varies (log-log), current C marked."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=grid, y=clipped_mean_norm, mode="lines", name="signal ‖Ḡ_C‖ (clipped mean gradient)",
+                             line=dict(color="#1f77b4")))
+    fig.add_trace(go.Scatter(x=grid, y=noise_norm, mode="lines", name="noise norm σ·C·√P / B",
+                             line=dict(color=FLIPPED_COLOR)))
+    if noise_std is not None:
+        fig.add_trace(go.Scatter(x=grid, y=noise_std, mode="lines", name="noise std per coordinate σ·C / B",
+                                 line=dict(color=FLIPPED_COLOR, dash="dot")))
+    fig.add_vline(x=float(clip_norm), line=dict(color="black", width=1.5), annotation_text="current C",
+                  annotation_position="top left")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, "Signal vs noise in one DP-SGD step", "clipping norm C (log scale)",
+                   "norm of the averaged update (log scale)", height=440)
+
+
+def dp_accuracy_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str = "Test accuracy during training") -> go.Figure:
+    """Test accuracy vs training step, one line per run `{name: (steps, accuracy)}` (private first)."""
+    fig = go.Figure()
+    colors = [PRIVATE_COLOR, NONPRIVATE_COLOR, "#2ca02c", "#ff7f0e"]
+    for (name, (steps, acc)), color in zip(curves.items(), colors):
+        fig.add_trace(go.Scatter(x=steps, y=np.asarray(acc) * 100, mode="lines+markers", name=name, line=dict(color=color)))
+    fig.update_yaxes(range=[0, 100])
+    fig.update_layout(legend=dict(orientation="h", y=-0.22))
+    return _layout(fig, title, "training step", "test accuracy (%)", height=400)
+
+
+def epsilon_curve(steps: np.ndarray, epsilons: np.ndarray, *, delta: float, accountant: str,
+                  target: float | None = None) -> go.Figure:
+    """ε spent vs training step (at fixed δ), the target ε as a horizontal line."""
+    fig = go.Figure(go.Scatter(x=steps, y=epsilons, mode="lines+markers", name=f"ε ({accountant})",
+                               line=dict(color=PRIVATE_COLOR)))
+    if target is not None and np.isfinite(target):
+        fig.add_hline(y=float(target), line=dict(color=FLIPPED_COLOR, dash="dash"), annotation_text=f"target ε = {target:g}")
+    fig.update_layout(showlegend=False)
+    return _layout(fig, f"Privacy spent: ε after each step at δ = {delta:g} ({accountant})", "training step",
+                   "ε (privacy loss bound)", height=400)
+
+
+def per_class_accuracy(class_names, private: np.ndarray, nonprivate: np.ndarray) -> go.Figure:
+    """Per-class test accuracy of the private and the non-private model, side by side."""
+    names = [str(c) for c in class_names]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=names, y=np.asarray(private) * 100, name="DP-SGD", marker_color=PRIVATE_COLOR))
+    fig.add_trace(go.Bar(x=names, y=np.asarray(nonprivate) * 100, name="non-private", marker_color=NONPRIVATE_COLOR))
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(range=[0, 100])
+    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.22))
+    return _layout(fig, "Per-class test accuracy: private vs non-private (who pays for privacy)", "class",
+                   "test accuracy (%)", height=400)
+
+
 # ---------------------------------------------------------------- equivalence and performance
 
 FLOAT32_COLOR = "#1f77b4"

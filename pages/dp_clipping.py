@@ -1,6 +1,280 @@
-"""Placeholder: this page is being built."""
+"""DP clipping: what per-example clipping does to the real per-example gradients of the current
+model (norms, bias, per class, noise), and DP-SGD training with ε from Google's dp-accounting."""
 
+import math
+
+import numpy as np
+import pandas as pd
 import streamlit as st
 
-st.title("dp_clipping")
-st.info("This page is being built.")
+from gradlab import clipping, engine, plots, privacy, ui
+from gradlab.experiment import init_model
+from gradlab.train import OPTIMIZERS, train_dp_sgd
+
+st.title("DP clipping")
+st.markdown(
+    "**DP-SGD** (Abadi et al. 2016) makes training differentially private in three moves: clip every "
+    "per-example gradient gᵢ to norm at most **C**, add Gaussian noise of std **σ·C** to their sum, and "
+    "count the privacy spent with an accountant. The top half shows what clipping does to *this* model's "
+    "real per-example gradients at a checkpoint: how many are clipped, how far the clipped mean gradient Ḡ_C "
+    "drifts from the true mean G (the **bias**), which classes pay most (Bagdasaryan et al. 2019), and how "
+    "the noise compares with the signal. The bottom half trains a private and a non-private model side by "
+    "side, with ε from Google's `dp-accounting`."
+)
+
+exp = ui.experiment()
+fitted = ui.fitted(exp)
+data = fitted.data
+classify = data.task == "classification"
+n_train = len(data.y_train)
+
+
+@ui.cached
+def norms_at(exp, checkpoint, _fitted):
+    model = _fitted.run.checkpoints[checkpoint]
+    return np.asarray(engine.per_example_norms(_fitted.loss_fn, model, _fitted.data.x_train, _fitted.data.y_train))
+
+
+@ui.cached(max_entries=32)
+def analysis_at(exp, checkpoint, clip_norm, _fitted):
+    d = _fitted.data
+    labels = d.y_train if d.task == "classification" else None
+    return clipping.clipping_analysis(_fitted.loss_fn, _fitted.run.checkpoints[checkpoint], d.x_train, d.y_train,
+                                      clip_norm, labels=labels, n_classes=d.n_classes if labels is not None else None)
+
+
+# ------------------------------------------------------------------ clipping at a checkpoint
+st.header("Clipping at a checkpoint")
+c1, c2, c3, c4 = st.columns([3, 1.3, 1.3, 1.3])
+with c1:
+    ckpt = ui.checkpoint_picker(fitted, key="dp_clip_checkpoint")
+norms = norms_at(exp, ckpt, fitted)
+median = float(np.median(norms))
+with c2:
+    c_in = st.number_input(
+        "Clipping norm C", value=None, format="%.4g", placeholder=f"median = {median:.3g}", key="dp_clip_c",
+        bind="query-params", help="Empty: the median per-example gradient norm at this checkpoint (Abadi et al. 2016's advice).")
+with c3:
+    sigma_a = st.number_input("Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
+                              bind="query-params", help="The noise added to the clipped sum has std σ·C.")
+with c4:
+    batch_a = st.number_input("Batch size B", value=int(min(256, n_train)), step=32, key="dp_clip_batch",
+                              bind="query-params", help="The noise on the averaged gradient has std σ·C/B per coordinate.")
+log = st.toggle("Log-scale norms", value=False, key="dp_clip_log", bind="query-params")
+clip_norm = median if c_in is None else float(c_in)
+
+with ui.guard("The clipping analysis could not be computed"):
+    privacy.check_clip_norm(clip_norm)
+    with st.spinner("Streaming per-example gradients for every C on the grid…"):
+        a = analysis_at(exp, ckpt, clip_norm, fitted)
+    i = a.index
+    m = st.columns(5)
+    m[0].metric("Clipping norm C", f"{clip_norm:.3g}", help="Median per-example norm" if c_in is None else "Set by hand")
+    m[1].metric("Fraction clipped", f"{a.fraction_clipped[i]:.1%}", help="Share of examples with ‖gᵢ‖ > C.")
+    m[2].metric("cos∠(Ḡ_C, G)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
+    m[3].metric("‖Ḡ_C‖ / ‖G‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
+    m[4].metric("Per-layer: cos, fraction", f"{a.cosine_layer[i]:.3f}, {a.fraction_clipped_layer[i]:.0%}",
+                help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
+    with right:
+        st.plotly_chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
+                                                  norm_ratio_layer=a.norm_ratio_layer, fraction_clipped=a.fraction_clipped),
+                        width="stretch")
+    st.caption(
+        "Flat clipping (solid) scales the whole gradient of an example; per-layer clipping (dashed) clips each of the "
+        f"{len(a.layer_norms)} parameter leaves to C/√{len(a.layer_norms)} separately: same total sensitivity C, "
+        "same noise, but a different bias."
+    )
+
+    if classify:
+        st.subheader("Per class: clipping hits rare and hard classes hardest")
+        st.plotly_chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
+                                                 a.class_norm_ratio, clip_norm), width="stretch")
+        worst = int(np.nanargmin(a.class_norm_ratio))
+        st.markdown(f"Class **{data.class_names[worst]}** loses most: its clipped mean gradient keeps "
+                    f"{a.class_norm_ratio[worst]:.0%} of its norm ({a.class_fraction_clipped[worst]:.0%} of its examples clipped).")
+
+    st.subheader("Noise against signal")
+    with ui.guard("The signal-to-noise comparison could not be computed"):
+        snr = clipping.signal_to_noise(a, sigma_a, batch_a)
+        grid_noise = privacy.check_noise_multiplier(sigma_a) * a.grid / batch_a
+        s = st.columns(4)
+        s[0].metric("Noise std per coordinate σC/B", f"{snr.noise_std:.3g}")
+        s[1].metric("Noise norm σC√P/B", f"{snr.noise_norm:.3g}", help=f"P = {a.num_params:,} parameters.")
+        s[2].metric("Signal ‖Ḡ_C‖", f"{snr.signal_norm:.3g}")
+        s[3].metric("Signal / noise", f"{snr.ratio:.2f}" if np.isfinite(snr.ratio) else "∞",
+                    help="Below 1 a single step is mostly noise; only averaging over many steps recovers the signal.")
+        st.plotly_chart(plots.signal_noise_curve(a.grid, a.norm_ratio * a.mean_norm, grid_noise * math.sqrt(a.num_params),
+                                                 clip_norm, noise_std=grid_noise), width="stretch")
+        st.caption("Raising C lets more signal through, but the noise grows in proportion to C: the best C balances "
+                   "the clipping bias against the noise.")
+
+# ------------------------------------------------------------------ DP-SGD
+st.header("DP-SGD: a private and a non-private model side by side")
+st.markdown(
+    f"Batches are drawn by **Poisson sampling**: each of the N = {n_train:,} training examples joins a batch "
+    "independently with probability q, so the batch size varies around qN. This is the sampling the accountant "
+    "assumes (shuffled fixed-size batches would need another analysis). The non-private run uses the same model, "
+    "optimizer and sampled batches, without clipping or noise. Features were standardized with the training "
+    "set's mean and std, which this demo does not count against the privacy budget."
+)
+
+PRESET = dict(dataset="digits", model="linear", dp_sgd_q=round(512 / 1437, 4), dp_sgd_steps=200, dp_sgd_c=0.5,
+              dp_sgd_opt="adam", dp_sgd_lr=0.02, dp_sgd_mode="target ε", dp_sgd_eps=3.0, dp_sgd_delta=1e-5,
+              dp_sgd_accountant="rdp", dp_sgd_seed=0)
+LRS = [0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.3, 1.0, 3.0]
+
+
+def _preset():
+    st.session_state.update(PRESET)
+    st.session_state["_dp_sgd_go"] = True
+
+
+st.button("Preset: ≥ 90% test accuracy on digits at ε ≤ 3 (δ = 1e-5)", on_click=_preset, key="dp_sgd_preset",
+          help="Softmax regression, expected batch 512 (q = 512/N), 200 steps of Adam (lr 0.02), C = 0.5, σ calibrated "
+               "so the whole run spends ε = 3 (RDP accountant). Switches the sidebar to digits + linear.")
+d1, d2, d3, d4 = st.columns(4)
+with d1:
+    q = st.number_input("Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
+                        key="dp_sgd_q", bind="query-params", help="Probability that an example joins a batch: q ∈ (0, 1].")
+    steps = st.number_input("Training steps T", value=200, min_value=1, max_value=5000, step=50, key="dp_sgd_steps",
+                            bind="query-params")
+with d2:
+    c_dp = st.number_input("Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c", bind="query-params")
+    optimizer = st.selectbox("Optimizer (optax)", list(OPTIMIZERS), format_func=OPTIMIZERS.get, key="dp_sgd_opt",
+                             bind="query-params")
+with d3:
+    mode = st.radio("Noise", ["target ε", "σ"], horizontal=True, key="dp_sgd_mode", bind="query-params",
+                    help="Calibrate σ so the whole run spends the target ε, or set σ by hand.")
+    if mode == "target ε":
+        eps_target = st.number_input("Target ε", value=3.0, step=0.5, key="dp_sgd_eps", bind="query-params")
+        sigma_in = None
+    else:
+        sigma_in = st.number_input("Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma", bind="query-params")
+        eps_target = None
+    lr = st.select_slider("Learning rate", options=LRS, value=0.02, key="dp_sgd_lr", bind="query-params")
+with d4:
+    delta = st.number_input("δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta", bind="query-params",
+                            help=f"Default below 1/N = {1 / n_train:.1e}.")
+    accountant = st.radio("Accountant", list(privacy.ACCOUNTANTS), horizontal=True, key="dp_sgd_accountant",
+                          format_func=str.upper, bind="query-params", help="RDP (moments accountant) or PLD (tighter).")
+    seed = st.number_input("Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed", bind="query-params")
+
+
+@st.cache_resource
+def _runs() -> dict:
+    """Finished DP-SGD comparisons, shared by sessions (keyed on every setting)."""
+    return {}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def calibrated_sigma(eps, q, steps, delta, accountant):
+    return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta,
+                                                accountant=accountant)
+
+
+settings_ok = False
+with ui.guard("These DP-SGD settings cannot work"):
+    if not classify:
+        raise ValueError("DP-SGD on this page reports test accuracy: choose a classification dataset in the sidebar")
+    q = privacy.check_sample_rate(q)
+    c_dp = privacy.check_clip_norm(c_dp)
+    delta = privacy.check_delta(delta)
+    if delta >= 1 / n_train:
+        st.warning(f"δ = {delta:g} is not below 1/N = {1 / n_train:.1e}: a mechanism that publishes one random "
+                   "example outright would meet it. Choose a smaller δ.")
+    if sigma_in is not None:
+        sigma = privacy.check_noise_multiplier(sigma_in)
+    else:
+        with st.spinner("Calibrating σ with dp-accounting…"):
+            sigma = calibrated_sigma(float(eps_target), q, int(steps), delta, accountant)
+    settings_ok = True
+
+if settings_ok:
+    every = max(1, math.ceil(int(steps) / 10))  # about 10 checkpoints: the accuracy and ε curves
+    key = (exp.dataset, exp.model, exp.width, exp.depth, exp.activation, exp.seed, q, int(steps), c_dp, float(sigma),
+           optimizer, float(lr), delta, accountant, int(seed), every)
+    st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
+               f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
+    go = st.button("Train private and non-private models", type="primary", key="dp_sgd_train")
+    go = go or st.session_state.pop("_dp_sgd_go", False)
+    store = _runs()
+    if go and key not in store:
+        bar = st.progress(0.0, text="DP-SGD…")
+        with ui.guard("DP-SGD training failed"):
+            model0 = init_model(exp, data)
+            common = dict(sample_rate=q, optimizer=optimizer, lr=float(lr), steps=int(steps), seed=int(seed),
+                          checkpoint_every=every, delta=delta, accountant=accountant)
+            private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
+                                   clip_norm=c_dp, progress=lambda s, t: bar.progress(0.5 * s / t, text=f"DP-SGD: step {s} of {t}"),
+                                   **common)
+            public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
+                                  clip_norm=math.inf, progress=lambda s, t: bar.progress(0.5 + 0.5 * s / t, text=f"Non-private: step {s} of {t}"),
+                                  **common)
+            evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
+                     for name, r in (("private", private), ("public", public))}
+            store[key] = dict(private=private, public=public, evals=evals)
+        bar.empty()
+    if key in store:
+        res = store[key]
+        private, evals = res["private"], res["evals"]
+        acc_p = np.array([e[0] for e in evals["private"]])
+        acc_n = np.array([e[0] for e in evals["public"]])
+        m = st.columns(5)
+        m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts vs non-private")
+        m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
+        m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.3g}", help=privacy.ACCOUNTANTS[accountant])
+        m[3].metric("Noise multiplier σ", f"{sigma:.3f}")
+        m[4].metric("Mean batch size", f"{private.batch_sizes.mean():.0f}",
+                    help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "
+                         "of per-example gradients were clipped on average.")
+        left, right = st.columns(2)
+        with left:
+            st.plotly_chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
+                                                      "non-private": (res["public"].steps, acc_n)}), width="stretch")
+        with right:
+            st.plotly_chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
+                                                accountant=accountant.upper(), target=eps_target), width="stretch")
+        st.plotly_chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
+                        width="stretch")
+        table = pd.DataFrame({"step": private.steps, "ε": private.epsilons, "test accuracy (DP-SGD)": acc_p,
+                              "test accuracy (non-private)": acc_n})
+        with st.expander("Numbers per checkpoint"):
+            st.dataframe(table, hide_index=True, width="stretch")
+    else:
+        st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
+
+ui.code_panel(
+    """
+import jax, jax.numpy as jnp, optax, dp_accounting
+
+def loss(model, x, y):                                   # the loss of ONE example
+    logits = model(x)
+    return jax.nn.logsumexp(logits) - logits[y]
+
+def dp_sgd_step(params, opt_state, key, xs, ys, q, C, sigma, buffer):
+    k_sample, k_noise = jax.random.split(key)
+    chosen = jax.random.uniform(k_sample, (N,)) < q      # Poisson sampling: each example with probability q
+    idx = jnp.nonzero(chosen, size=buffer)[0]            # fixed-size padded buffer: one compiled shape
+    mask = jnp.arange(buffer) < chosen.sum()
+    g = jax.vmap(jax.grad(loss), (None, 0, 0))(params, xs[idx], ys[idx])          # per-example gradients
+    g = jax.tree.map(lambda a: a * mask.reshape((-1,) + (1,) * (a.ndim - 1)), g)
+    leaves, tree = jax.tree.flatten(g)
+    summed, _ = optax.per_example_global_norm_clip(leaves, C)  # Σ gᵢ·min(1, C/‖gᵢ‖)
+    keys = jax.random.split(k_noise, len(summed))
+    noisy = [(s + sigma * C * jax.random.normal(k, s.shape)) / (q * N) for s, k in zip(summed, keys)]
+    updates, opt_state = optimizer.update(jax.tree.unflatten(tree, noisy), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+# privacy spent after T steps (Google's dp-accounting; RdpAccountant or pld.PLDAccountant)
+acc = dp_accounting.rdp.RdpAccountant()
+acc.compose(dp_accounting.SelfComposedDpEvent(
+    dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), T))
+epsilon = acc.get_epsilon(delta)
+
+# the top of the page: bias of clipping at C, streamed over chunks of examples (never N x P)
+#   Ḡ_C = (1/N) Σᵢ gᵢ·min(1, C/‖gᵢ‖),  G = (1/N) Σᵢ gᵢ,  cos = ⟨Ḡ_C, G⟩ / (‖Ḡ_C‖‖G‖)
+"""
+)

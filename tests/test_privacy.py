@@ -185,6 +185,15 @@ def test_noise_multiplier_inverse_matches_opacus_and_accountant():
     assert privacy.dp_sgd_epsilon(sample_rate=0.04, noise_multiplier=sigma - 0.01, steps=2250, delta=1e-5) > 8
 
 
+def test_pld_calibration_is_tight_and_below_rdp():
+    kw = dict(target_epsilon=3.0, sample_rate=0.178, steps=20, delta=1e-5)
+    s_pld = privacy.noise_multiplier_for_epsilon(**kw, accountant="pld")
+    s_rdp = privacy.noise_multiplier_for_epsilon(**kw, accountant="rdp")
+    assert s_pld < s_rdp  # the tighter accountant needs less noise for the same budget
+    eps = lambda s: privacy.dp_sgd_epsilon(sample_rate=0.178, noise_multiplier=s, steps=20, delta=1e-5, accountant="pld")  # noqa: E731
+    assert eps(s_pld) <= 3.0 < eps(s_pld - 0.003)
+
+
 def test_epsilon_curve_is_incremental_composition():
     steps = [0, 10, 50, 200]
     curve = privacy.dp_sgd_epsilons(sample_rate=0.1, noise_multiplier=1.2, steps=steps, delta=1e-5)
@@ -192,6 +201,11 @@ def test_epsilon_curve_is_incremental_composition():
     np.testing.assert_allclose(curve, direct, rtol=1e-9)
     assert curve[0] == 0 and np.all(np.diff(curve) > 0)
     assert privacy.dp_sgd_epsilon(sample_rate=0.1, noise_multiplier=0.0, steps=5, delta=1e-5) == math.inf
+    pld = privacy.dp_sgd_epsilons(sample_rate=0.1, noise_multiplier=1.2, steps=steps, delta=1e-5, accountant="pld")
+    fine = [privacy.dp_sgd_epsilon(sample_rate=0.1, noise_multiplier=1.2, steps=t, delta=1e-5, accountant="pld") for t in steps]
+    assert pld[-1] == fine[-1]  # the last point is the default PLD accountant's ε
+    np.testing.assert_allclose(pld, fine, rtol=1e-3)  # earlier points: coarse (pessimistic) discretization
+    assert np.all(pld[1:] >= np.array(fine[1:]) - 1e-9)
 
 
 @pytest.mark.parametrize(
