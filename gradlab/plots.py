@@ -229,7 +229,7 @@ def clipping_histograms(norms: np.ndarray, clipped_norms: np.ndarray, clip_norm:
     fig.add_vline(x=float(f(np.array([clip_norm]))[0]), line=dict(color=FLIPPED_COLOR, width=2, dash="dash"),
                   annotation_text="C", annotation_position="top")
     fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.22))
-    return _layout(fig, "Per-example gradient norms before and after clipping at C",
+    return _layout(fig, "Per-example norms before and after clipping at C",
                    f"log₁₀ {NORM_LABEL}" if log else NORM_LABEL, "number of training examples", height=420)
 
 
@@ -254,7 +254,7 @@ def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.nda
     fig.update_xaxes(type="log")
     fig.update_yaxes(range=[-0.05, 1.08])
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return _layout(fig, "The bias clipping introduces: clipped mean gradient Ḡ_C vs true mean G",
+    return _layout(fig, "Clipping bias: clipped mean Ḡ_C vs true mean G",
                    "clipping norm C (log scale)", "cos∠(Ḡ_C, G)  ·  ‖Ḡ_C‖/‖G‖  ·  fraction clipped", height=460)
 
 

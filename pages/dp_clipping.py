@@ -60,7 +60,8 @@ with c3:
 with c4:
     batch_a = st.number_input("Batch size B", value=int(min(256, n_train)), step=32, key="dp_clip_batch",
                               bind="query-params", help="The noise on the averaged gradient has std σ·C/B per coordinate.")
-log = st.toggle("Log-scale norms", value=False, key="dp_clip_log", bind="query-params")
+log = st.toggle("Log-scale norms", value=True, key="dp_clip_log", bind="query-params",
+                help="Per-example norms of a trained model are heavy-tailed: log₁₀ shows both the bulk and the tail.")
 clip_norm = median if c_in is None else float(c_in)
 
 with ui.guard("The clipping analysis could not be computed"):
@@ -225,7 +226,7 @@ if settings_ok:
         m = st.columns(5)
         m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts vs non-private")
         m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
-        m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.3g}", help=privacy.ACCOUNTANTS[accountant])
+        m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.2f}", help=privacy.ACCOUNTANTS[accountant])
         m[3].metric("Noise multiplier σ", f"{sigma:.3f}")
         m[4].metric("Mean batch size", f"{private.batch_sizes.mean():.0f}",
                     help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "

@@ -26,7 +26,7 @@ def test_dp_page_clipping_controls():
     assert_clean(at)
     assert metric(at, "Fraction clipped") == "0.0%" and metric(at, "‖Ḡ_C‖ / ‖G‖") == "1.000"
     at.number_input(key="dp_clip_sigma").set_value(2.0).run()
-    at.toggle(key="dp_clip_log").set_value(True).run()
+    at.toggle(key="dp_clip_log").set_value(False).run()
     at.select_slider(key="dp_clip_checkpoint").set_value(25).run()
     assert_clean(at)
     assert not at.error
