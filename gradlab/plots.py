@@ -349,9 +349,11 @@ def equivalence_bars(names: list[str], rel32, rel64, *, floor: float = 1e-18) ->
         vals = np.asarray(vals, np.float64)
         fig.add_bar(x=names, y=np.maximum(vals, floor), name=label, marker_color=color,
                     text=["0" if v == 0 else f"{v:.1e}" for v in vals], textposition="outside")
-    fig.add_hline(y=np.finfo(np.float32).eps, line_dash="dot", annotation_text="float32 ε ≈ 1.2e-7")
-    fig.add_hline(y=np.finfo(np.float64).eps, line_dash="dot", annotation_text="float64 ε ≈ 2.2e-16")
-    fig.update_yaxes(type="log")
+    for label, eps, color in (("float32 ε ≈ 1.2e-7", np.finfo(np.float32).eps, FLOAT32_COLOR),
+                              ("float64 ε ≈ 2.2e-16", np.finfo(np.float64).eps, FLOAT64_COLOR)):
+        fig.add_scatter(x=[names[0], names[-1]] if names else [], y=[eps, eps], mode="lines", name=label,
+                        line=dict(dash="dot", color=color))
+    fig.update_yaxes(type="log", exponentformat="e", dtick=3)
     fig.update_layout(barmode="group")
     return _layout(fig, "vmap(grad(f)).sum() vs grad(sum(vmap(f))): max relative difference per leaf",
                    "parameter leaf", "max |a − b| / max |b| (log)")
@@ -368,7 +370,8 @@ def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
                             line_color=APPROACH_COLORS.get(a))
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
-    return _layout(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)")
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)", height=460)
 
 
 def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
@@ -382,10 +385,11 @@ def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
         if pts:
             n, s = zip(*pts)
             fig.add_scatter(x=n, y=s, mode="lines+markers", name=label, line_color=APPROACH_COLORS.get(a))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="as fast as the loop")
+    fig.add_hline(y=1.0, line_dash="dot")
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
-    return _layout(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)")
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)", height=460)
 
 
 def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:

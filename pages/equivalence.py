@@ -7,7 +7,7 @@ import streamlit as st
 
 from gradlab import equivalence, plots, ui
 
-st.title("🟰 Equivalence")
+st.title("Equivalence")
 st.markdown(
     "Two ways to get the gradient of a batch's total loss: **(a)** per-example gradients "
     "`vmap(grad(f))` summed over the examples, or **(b)** one gradient of the summed loss "
@@ -55,10 +55,10 @@ with ui.guard("The two ways could not be compared"):
 
 if result is not None:
     m = st.columns(4)
-    m[0].metric("Examples N · parameters P", f"{cmp.n:,} · {cmp.num_params:,}")
-    m[1].metric("Max relative |a − b|, float32", f"{cmp.max_rel32:.1e}",
+    m[0].metric("N examples", f"{cmp.n:,}", help=f"P = {cmp.num_params:,} parameters")
+    m[1].metric("float32: max rel. |a − b|", f"{cmp.max_rel32:.1e}",
                 help="Largest over leaves of max|a − b| / max|b|: float32 rounding, about N·ε₃₂ at worst.")
-    m[2].metric("Max relative |a − b|, float64", f"{cmp.max_rel64:.1e}", help="The same in float64: ~1e-16.")
+    m[2].metric("float64: max rel. |a − b|", f"{cmp.max_rel64:.1e}", help="The same in float64: ~1e-16.")
     m[3].metric("float32 ε", f"{np.finfo(np.float32).eps:.1e}", help="Spacing of float32 numbers near 1.")
     if example == "scalar":
         a, b = cmp.way_a["params"], cmp.way_b["params"]
@@ -91,9 +91,9 @@ if result is not None:
     st.subheader("Mean vs sum: the scaling trap")
     s = scaling
     mm = st.columns(3)
-    mm[0].metric("mean of gᵢ vs ∇ mean loss", f"{s.mean_vs_mean:.1e}", help="Max absolute difference: rounding only.")
-    mm[1].metric("sum of gᵢ vs ∇ mean loss", f"{s.sum_vs_mean:.3g}", help="Mixing sum and mean: wrong by a factor N.")
-    mm[2].metric("‖Σ gᵢ‖ / ‖∇ mean loss‖", f"{s.ratio:,.1f}", help=f"Equals N = {s.n:,}.")
+    mm[0].metric("mean gᵢ vs ∇ mean ℓ", f"{s.mean_vs_mean:.1e}", help="Max absolute difference: rounding only.")
+    mm[1].metric("Σ gᵢ vs ∇ mean ℓ", f"{s.sum_vs_mean:.3g}", help="Mixing sum and mean: wrong by a factor N.")
+    mm[2].metric("‖Σ gᵢ‖ / ‖∇ mean ℓ‖", f"{s.ratio:,.1f}", help=f"Equals N = {s.n:,}.")
     st.markdown(
         f"The mean of the per-example gradients **is** the gradient of the mean loss. Compare a per-example "
         f"*sum* with a *mean* loss (a common slip when checking DP-SGD code or porting a training loop) and "
@@ -110,7 +110,7 @@ with ui.guard("The pitfalls could not be run"):
         st.markdown(f"**{p.title}.** {p.explanation}")
         st.code(p.code, language="python")
         if p.raised:
-            st.error(p.output, icon="🚫")
+            st.error(p.output, icon=":material/block:")
         else:
             st.code(p.output, language="text")
 

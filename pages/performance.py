@@ -6,7 +6,7 @@ import streamlit as st
 from gradlab import bench, engine, plots, ui
 from gradlab.experiment import init_model, load_data
 
-st.title("⏱️ Performance")
+st.title("Performance")
 st.markdown(
     "Seed 003 times per-example gradients with a Python loop against `vmap(grad)`. Here the same race runs "
     "live on this machine, with two more contenders: **one batch gradient** (the cost floor: what training "
@@ -85,16 +85,16 @@ at_loop = {r["approach"]: r for r in rows if r["n"] == n_loop}
 
 m = st.columns(4)
 if "loop" in at_loop and "vmap" in at_loop:
-    m[0].metric(f"vmap(grad) speed-up over the loop (N={n_loop})",
+    m[0].metric("vmap speed-up over loop", help=f"Loop time / vmap(grad) time at N = {n_loop}.", value=
                 f"{at_loop['loop']['run_s'] / at_loop['vmap']['run_s']:.0f}×")
 if "vmap" in at_top and "batch" in at_top:
-    m[1].metric(f"vmap(grad) / batch gradient (N={n_top})", f"{at_top['vmap']['run_s'] / at_top['batch']['run_s']:.1f}×",
-                help="What materializing N×P per-example gradients costs on top of one gradient.")
+    m[1].metric("vmap / batch gradient", f"{at_top['vmap']['run_s'] / at_top['batch']['run_s']:.1f}×",
+                help=f"At N = {n_top}: what materializing N×P per-example gradients costs on top of one gradient.")
 if "norms" in at_top and "batch" in at_top:
-    m[2].metric(f"streamed norms / batch gradient (N={n_top})", f"{at_top['norms']['run_s'] / at_top['batch']['run_s']:.2f}×")
+    m[2].metric("streamed norms / batch gradient", f"{at_top['norms']['run_s'] / at_top['batch']['run_s']:.2f}×", help=f"At N = {n_top}.")
 if "vmap" in at_top:
-    m[3].metric(f"vmap(grad) compile at N={n_top}", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
-                help="First call minus steady run: tracing + XLA compilation, paid once per shape.")
+    m[3].metric("vmap compile time", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
+                help=f"At N = {n_top}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
 
 left, right = st.columns(2)
 with left:

@@ -10,8 +10,8 @@ def _texts(at):
 def test_equivalence_page_experiment_scalar_and_mean():
     at = open_page("equivalence", **FAST)
     assert_clean(at)
-    # the only errors are the two pitfalls that raise (shown on purpose, with the 🚫 icon)
-    assert [e.icon for e in at.error] == ["🚫", "🚫"], [e.value for e in at.error]
+    # the only errors are the two pitfalls that raise (shown on purpose, with the block icon)
+    assert [e.icon for e in at.error] == [":material/block:", ":material/block:"], [e.value for e in at.error]
     labels = [m.label for m in at.metric]
     assert any("float32" in l for l in labels) and any("float64" in l for l in labels)
     # the pitfalls ran live: the real JAX error is on the page, and the seeds' [2., 8.]
