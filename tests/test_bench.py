@@ -58,3 +58,14 @@ def test_digits_workload_shape():
     loss, model, xs, ys = bench.digits_mlp()
     assert xs.shape == (1797, 64) and ys.shape == (1797,)
     assert engine.num_params(model) == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+
+
+def test_torch_peers_agree_with_the_engine():
+    """benchmarks/torch_cnn: same weights, same gradients as torch.func and Opacus (when installed)."""
+    pytest.importorskip("torch")
+    from benchmarks import torch_cnn
+
+    res = torch_cnn.run(batch=2, rounds=1, with_loop=False)
+    assert res["reference"] == "torch.func vmap(grad)"
+    assert set(res["agreement"]) >= {"gradlab per_example_grads (layer rules)", "gradlab vmap(grad)"}
+    assert all(v < 1e-4 for v in res["agreement"].values()), res["agreement"]
