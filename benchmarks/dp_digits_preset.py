@@ -51,7 +51,9 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--alt", action="store_true", help="the B=256 variant of the preset")
+    ap.add_argument("--eps", type=float, default=3.0, help="target ε (the goal is ≤ 3)")
     a = ap.parse_args()
+    PRESET.update(eps=a.eps)
     if a.alt:
         PRESET.update(batch=256)
     d = data_mod.load_dataset("digits")

@@ -26,6 +26,10 @@ from gradlab.engine import _grad_one, _split, as_params
 from gradlab.privacy import check_batch_size, check_clip_norm, check_noise_multiplier, noise_std_of_mean
 
 DEFAULT_GRID = 40
+#: bytes allowed for one chunk of flattened per-example gradients, and for the (G, P) accumulators.
+CHUNK_BYTES = 64 * 2**20
+GRID_BYTES = 128 * 2**20
+MAX_FLOPS = 2e10
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -163,9 +167,10 @@ def clipping_analysis(
     - `loss_fn`, `params`, `xs (N, …)`, `ys (N, …)`: as `gradlab.engine.per_example_grads`.
     - `clip_norm`: C > 0.
     - `labels (N,)` int class ids and `n_classes` K for the per-class breakdown (None: skip it).
-    - `grid`: clipping norms for the bias curve (default: `default_grid(norms)`, 40 values); C is
-      inserted into it.
-    - `chunk_size`: examples per vmap chunk (memory ≈ (chunk + 2G + 2K) × P floats).
+    - `grid`: clipping norms for the bias curve (default: `default_grid(norms)`, 40 values, fewer
+      for models so large that 2 × 40 × P floats would pass `GRID_BYTES`); C is inserted into it.
+    - `chunk_size`: examples per vmap chunk (memory ≈ (chunk + 2G + 2K) × P floats), lowered so a
+      chunk of flattened gradients stays under `CHUNK_BYTES`.
 
     **Returns** a `ClippingAnalysis` (NumPy arrays, float64 for the bias curves).
 
@@ -177,18 +182,22 @@ def clipping_analysis(
     c = check_clip_norm(clip_norm)
     params = as_params(params)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
-    layer = engine.per_example_layer_norms(loss_fn, params, xs, ys, chunk_size=chunk_size)
+    p = engine.num_params(params)
+    chunk = int(max(1, min(chunk_size, CHUNK_BYTES // (4 * p))))  # bound memory for big models
+    layer = engine.per_example_layer_norms(loss_fn, params, xs, ys, chunk_size=chunk)
     layer = {k: np.asarray(v, np.float64) for k, v in layer.items()}
     lsq = np.stack([np.square(v) for v in layer.values()], 1)  # (N, L)
     norms = np.sqrt(lsq.sum(1))
     n, n_leaves = lsq.shape
-    base = default_grid(norms) if grid is None else np.asarray(grid, np.float64)
+    # fewer grid points for big models: memory 2·G·P floats, work ~4·N·G·P flops
+    size = int(max(8, min(DEFAULT_GRID, GRID_BYTES // (8 * p), MAX_FLOPS // (4 * n * p))))
+    base = default_grid(norms, size) if grid is None else np.asarray(grid, np.float64)
     full = np.unique(np.append(base[np.isfinite(base) & (base > 0)], c if np.isfinite(c) else base.max()))
     index = int(np.searchsorted(full, c if np.isfinite(c) else base.max()))
     k = int(n_classes) if labels is not None else 1
     lab = jnp.asarray(labels if labels is not None else np.zeros(n), jnp.int32)
     total, flat_g, layer_g, cls, cls_c = _clip_pass(
-        loss_fn, params, xs, ys, lab, jnp.asarray(full, jnp.float32), jnp.float32(c), k, int(max(1, chunk_size))
+        loss_fn, params, xs, ys, lab, jnp.asarray(full, jnp.float32), jnp.float32(c), k, chunk
     )
     total = np.asarray(total, np.float64)
     cos, ratio = _cos_ratio(np.asarray(flat_g), total[None])

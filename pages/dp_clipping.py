@@ -2,6 +2,7 @@
 model (norms, bias, per class, noise), and DP-SGD training with ε from Google's dp-accounting."""
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 import pandas as pd
@@ -164,10 +165,13 @@ with d4:
     seed = st.number_input("Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed", bind="query-params")
 
 
+RUNS_KEPT = 4
+
+
 @st.cache_resource
-def _runs() -> dict:
-    """Finished DP-SGD comparisons, shared by sessions (keyed on every setting)."""
-    return {}
+def _runs() -> OrderedDict:
+    """The last RUNS_KEPT finished DP-SGD comparisons, shared by sessions (keyed on every setting)."""
+    return OrderedDict()
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -217,6 +221,8 @@ if settings_ok:
             evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
                      for name, r in (("private", private), ("public", public))}
             store[key] = dict(private=private, public=public, evals=evals)
+            while len(store) > RUNS_KEPT:
+                store.popitem(last=False)
         bar.empty()
     if key in store:
         res = store[key]
