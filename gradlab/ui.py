@@ -592,3 +592,51 @@ def release_memory() -> None:
 
 
 limit_malloc_arenas()
+
+
+def download_gradients(name: str, f: Fitted, checkpoint: int = -1, *, budget_bytes: int | None = None) -> None:
+    """An NPZ download of the full per-example gradient matrix (N, P) at a checkpoint, when it fits.
+
+    The matrix is built only when the button is clicked (`engine.per_example_grads`, flattened in
+    `leaf_names` order), and only if N × P × 4 bytes is within `budget_bytes` (default
+    `EXPORT_BUDGET_BYTES`); otherwise the reason is shown instead (norms and dot products never
+    need the matrix: the pages stream them).
+    """
+    from gradlab import engine
+
+    model = f.run.checkpoints[checkpoint]
+    n, p = f.data.x_train.shape[0], engine.num_params(model)
+    size = n * p * 4
+    budget = EXPORT_BUDGET_BYTES if budget_bytes is None else budget_bytes
+    if size > budget:
+        st.caption(f"⬇️ Per-example gradients: N × P = {n:,} × {p:,} floats = {size / 2**20:,.0f} MB is over the "
+                   f"{budget // 2**20} MB export limit, so the matrix is not built; use a smaller model.")
+        return
+
+    def build() -> bytes:
+        data = gradients_npz(f, checkpoint)
+        release_memory()
+        return data
+
+    st.download_button(f"⬇️ Per-example gradients, {n:,} × {p:,} (NPZ, {size / 2**20:,.1f} MB)", build,
+                       file_name=f"{name}.npz", mime="application/octet-stream", key=f"download_{name}_grads",
+                       on_click="ignore")
+
+
+def gradients_npz(f: Fitted, checkpoint: int = -1) -> bytes:
+    """NPZ bytes: `grads (N, P) float32` (per-example gradients, leaves flattened in `leaf_names`
+    order), `labels (N,)`, `leaf_names (L,)`, `leaf_sizes (L,)`."""
+    import io
+
+    import jax
+    import numpy as np
+
+    from gradlab import engine
+
+    model = f.run.checkpoints[checkpoint]
+    g = engine.per_example_grads(f.loss_fn, model, f.data.x_train, f.data.y_train, chunk_size=256)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, grads=np.asarray(engine.flatten_per_example(g)), labels=f.data.y_train,
+                        leaf_names=np.array(engine.leaf_names(model)),
+                        leaf_sizes=np.array([int(np.prod(a.shape[1:])) for a in jax.tree.leaves(g)]))
+    return buf.getvalue()

@@ -97,7 +97,7 @@ with left:
     test_index = int(min(max(int(test_index), 0), n_test - 1))
     name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
     if data.image_shape is not None:
-        st.plotly_chart(plots.image_grid(data.x_test[[test_index]], [f"test #{test_index}"], cols=1,
+        ui.chart(plots.image_grid(data.x_test[[test_index]], [f"test #{test_index}"], cols=1,
                                          image_shape=data.image_shape), width="stretch")
     m = st.columns(3)
     m[0].metric("Label", name(data.y_test[test_index]))
@@ -109,7 +109,7 @@ with right:
         xy, axes = data.x_test, data.feature_names
     else:
         xy, axes = np.stack([np.arange(n_test), test_loss], 1), ("test point index", "test loss at the last checkpoint")
-    st.plotly_chart(plots.point_picker(xy, correct, test_index, axis_names=axes), width="stretch",
+    ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes), width="stretch",
                     on_select="rerun", selection_mode="points", key=PICK)
 
 with st.spinner("Scoring every training example…"):
@@ -147,18 +147,18 @@ def tag(i):
 
 if data.image_shape is not None:
     st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
-    st.plotly_chart(plots.image_grid(data.x_train[props], [f"{tag(i)}<br>{s[i]:.2g}" for i in props],
+    ui.chart(plots.image_grid(data.x_train[props], [f"{tag(i)}<br>{s[i]:.2g}" for i in props],
                                      image_shape=data.image_shape), width="stretch")
     st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
-    st.plotly_chart(plots.image_grid(data.x_train[opps], [f"{tag(i)}<br>{s[i]:.2g}" for i in opps],
+    ui.chart(plots.image_grid(data.x_train[opps], [f"{tag(i)}<br>{s[i]:.2g}" for i in opps],
                                      image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
-    st.plotly_chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index],
+    ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index],
                                                score_label="score", axis_names=data.feature_names,
                                                title=f"Training set coloured by {inf.METHODS[method].lower()} "
                                                      "(blue helps, red hurts)"), width="stretch")
 elif data.n_features == 1:
-    st.plotly_chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score",
+    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score",
                                      highlight=np.concatenate([props, opps]),
                                      axis_names=(data.feature_names[0], "target (standardized)"),
                                      title="Training set coloured by score (top proponents and opponents circled)"),
@@ -168,6 +168,7 @@ table = pd.DataFrame({"example": np.arange(len(s)),
                       "flipped label": flipped,
                       **{SHORT[m_]: v for m_, v in scores.items()}})
 st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
+ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
 # ------------------------------------------------------------------ agreement between methods
 st.subheader("Do the methods agree?")
@@ -176,7 +177,7 @@ rho = inf.method_agreement(scores)
 a, b = st.columns([3, 2])
 with a:
     short = [m_.replace("_", " ") for m_ in scores]
-    st.plotly_chart(plots.agreement_heatmap(rho, short, title="Spearman rank correlation over all training examples"),
+    ui.chart(plots.agreement_heatmap(rho, short, title="Spearman rank correlation over all training examples"),
                     width="stretch")
 with b:
     st.markdown("Rank correlations (`scipy.stats.spearmanr`) between the methods' scores for this test point. "
@@ -224,22 +225,25 @@ if selfs is not None:
                            f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
                            help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}% "
                                 "by this score.")
-        st.plotly_chart(plots.roc_figure({SELF[m_]: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
+        ui.chart(plots.roc_figure({SELF[m_]: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
                                          "Self-influence as a detector of flipped labels"), width="stretch")
     else:
         st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
     shown = top[:24]
     if data.image_shape is not None:
-        st.plotly_chart(plots.image_grid(data.x_train[shown], [f"{tag(i)}<br>{v[i]:.2g}" for i in shown],
+        ui.chart(plots.image_grid(data.x_train[shown], [f"{tag(i)}<br>{v[i]:.2g}" for i in shown],
                                          image_shape=data.image_shape), width="stretch")
     elif data.n_features == 2:
-        st.plotly_chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top,
+        ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top,
                                          axis_names=data.feature_names,
                                          title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
                         width="stretch")
     st.dataframe(pd.DataFrame({"example": top, "label": [name(data.y_train[i]) for i in top],
                                "flipped label": flipped[top], **{SELF[m_]: selfs[m_][top] for m_ in selfs}}),
                  hide_index=True, width="stretch", height=240)
+    ui.download(f"gradlab_self_influence_{exp.dataset}",
+                {"example": np.arange(len(flipped)), "flipped label": flipped, **{SELF[m_]: v for m_, v in selfs.items()}},
+                label="Self-influence of every training example")
 
 # ------------------------------------------------------------------ check against retraining
 st.subheader("Check against retraining")
@@ -282,7 +286,7 @@ else:
                     help="How well the chosen method's scores (at the trained model) rank the actual changes.")
     else:
         m[3].metric("Full-objective gradient norm", f"{chk.base.grad_norm:.1e}", help="How well θ̂ was converged.")
-    st.plotly_chart(plots.loo_scatter(chk.predicted, chk.actual, chk.indices, pearson=chk.pearson,
+    ui.chart(plots.loo_scatter(chk.predicted, chk.actual, chk.indices, pearson=chk.pearson,
                                       spearman=chk.spearman, n_top=len(chk.indices) // 2), width="stretch")
 
 ui.code_panel(

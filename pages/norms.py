@@ -55,12 +55,12 @@ elif data.task == "classification":
 
 left, right = st.columns(2)
 with left:
-    st.plotly_chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
+    ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
 with right:
-    st.plotly_chart(plots.layer_share(s.layer_norms), width="stretch")
+    ui.chart(plots.layer_share(s.layer_norms), width="stretch")
 
 if data.task == "classification":
-    st.plotly_chart(plots.norm_histogram_by_class(s.norms, data.y_train, data.class_names, log=log), width="stretch")
+    ui.chart(plots.norm_histogram_by_class(s.norms, data.y_train, data.class_names, log=log), width="stretch")
 
 st.subheader(f"The {k} examples with the largest gradient norm")
 top = np.argsort(-s.norms)[:k]
@@ -76,13 +76,13 @@ def label(i):
 
 if data.image_shape is not None:
     titles = [f"{label(i)}<br>‖g‖={s.norms[i]:.2g}" for i in top]
-    st.plotly_chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
+    ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
-    st.plotly_chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top,
+    ui.chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top,
                                      axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
                     width="stretch")
 elif data.n_features == 1:
-    st.plotly_chart(plots.scatter_1d(data.x_train, data.y_train, s.norms, color_label="‖g‖", highlight=top,
+    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s.norms, color_label="‖g‖", highlight=top,
                                      axis_names=(data.feature_names[0], "target (standardized)"),
                                      title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
 
@@ -103,15 +103,15 @@ if det is not None:
         f"{int(flipped.sum())} training labels were flipped to a wrong class. Rank the examples by gradient norm "
         "and read off how many flipped labels sit at the top: the ROC curve (the per-example loss for comparison)."
     )
-    st.plotly_chart(plots.roc_figure({"gradient norm": (det.fpr, det.tpr, det.auc),
+    ui.chart(plots.roc_figure({"gradient norm": (det.fpr, det.tpr, det.auc),
                                       "per-example loss": (loss_det.fpr, loss_det.tpr, loss_det.auc)},
                                      "Gradient norm as a mislabel detector"), width="stretch")
 
 with st.expander("Training curve"):
-    st.plotly_chart(plots.training_curve(fitted.run.losses, fitted.run.steps, s.step), width="stretch")
+    ui.chart(plots.training_curve(fitted.run.losses, fitted.run.steps, s.step), width="stretch")
 
-st.download_button("Download per-example norms (CSV)", table.to_csv(index=False).encode(),
-                   file_name=f"gradlab_norms_step{s.step}.csv", mime="text/csv")
+ui.download(f"gradlab_norms_{exp.dataset}_step{s.step}", table, label="Per-example norms and losses")
+ui.download_gradients(f"gradlab_grads_{exp.dataset}_step{s.step}", fitted, ckpt)
 
 ui.code_panel(
     """
