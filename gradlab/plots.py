@@ -252,7 +252,11 @@ def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.nda
     fig.add_vline(x=float(clip_norm), line=dict(color=FLIPPED_COLOR, width=2), annotation_text="current C",
                   annotation_position="top left")
     fig.update_xaxes(type="log")
-    fig.update_yaxes(range=[-0.05, 1.08])
+    shown = np.concatenate([np.asarray(v, np.float64) for v in (cosine, norm_ratio, cosine_layer, norm_ratio_layer)
+                            if v is not None])
+    shown = shown[np.isfinite(shown)]
+    top = max(1.08, float(shown.max()) * 1.05) if shown.size else 1.08  # the norm ratio can exceed 1
+    fig.update_yaxes(range=[min(-0.05, float(shown.min()) - 0.05) if shown.size else -0.05, top])
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
     return _layout(fig, "Clipping bias: clipped mean Ḡ_C vs true mean G",
                    "clipping norm C (log scale)", "cos∠(Ḡ_C, G)  ·  ‖Ḡ_C‖/‖G‖  ·  fraction clipped", height=460)
