@@ -79,9 +79,9 @@ with ui.guard("The clipping analysis could not be computed"):
                 help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
+        ui.chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
     with right:
-        st.plotly_chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
+        ui.chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
                                                   norm_ratio_layer=a.norm_ratio_layer, fraction_clipped=a.fraction_clipped),
                         width="stretch")
     st.caption(
@@ -92,7 +92,7 @@ with ui.guard("The clipping analysis could not be computed"):
 
     if classify:
         st.subheader("Per class: clipping hits rare and hard classes hardest")
-        st.plotly_chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
+        ui.chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
                                                  a.class_norm_ratio, clip_norm), width="stretch")
         worst = int(np.nanargmin(a.class_norm_ratio))
         st.markdown(f"Class **{data.class_names[worst]}** loses most: its clipped mean gradient keeps "
@@ -108,7 +108,7 @@ with ui.guard("The clipping analysis could not be computed"):
         s[2].metric("Signal ‖Ḡ_C‖", f"{snr.signal_norm:.3g}")
         s[3].metric("Signal / noise", f"{snr.ratio:.2f}" if np.isfinite(snr.ratio) else "∞",
                     help="Below 1 a single step is mostly noise; only averaging over many steps recovers the signal.")
-        st.plotly_chart(plots.signal_noise_curve(a.grid, a.norm_ratio * a.mean_norm, grid_noise * math.sqrt(a.num_params),
+        ui.chart(plots.signal_noise_curve(a.grid, a.norm_ratio * a.mean_norm, grid_noise * math.sqrt(a.num_params),
                                                  clip_norm, noise_std=grid_noise), width="stretch")
         st.caption("Raising C lets more signal through, but the noise grows in proportion to C: the best C balances "
                    "the clipping bias against the noise.")
@@ -239,12 +239,12 @@ if settings_ok:
                          "of per-example gradients were clipped on average.")
         left, right = st.columns(2)
         with left:
-            st.plotly_chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
+            ui.chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
                                                       "non-private": (res["public"].steps, acc_n)}), width="stretch")
         with right:
-            st.plotly_chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
+            ui.chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
                                                 accountant=accountant.upper(), target=eps_target), width="stretch")
-        st.plotly_chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
+        ui.chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
                         width="stretch")
         table = pd.DataFrame({"step": private.steps, "ε": private.epsilons, "test accuracy (DP-SGD)": acc_p,
                               "test accuracy (non-private)": acc_n})

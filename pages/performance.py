@@ -98,10 +98,10 @@ if "vmap" in at_top:
 
 left, right = st.columns(2)
 with left:
-    st.plotly_chart(plots.timing_vs_n(rows, labels), width="stretch")
+    ui.chart(plots.timing_vs_n(rows, labels), width="stretch")
 with right:
     if any(r["approach"] == "loop" for r in rows):
-        st.plotly_chart(plots.speedup_vs_loop(rows, labels), width="stretch")
+        ui.chart(plots.speedup_vs_loop(rows, labels), width="stretch")
     else:
         st.info("Add the Python loop to see speed-ups over it.")
 
@@ -115,7 +115,7 @@ st.dataframe(table.rename(columns={"n": "N"}), hide_index=True, width="stretch",
 st.subheader(f"Memory at N = {n_top:,}")
 mem_labels = [bench.APPROACHES[a] for a in approaches]
 needed = [bench.memory_bytes(a, n_top, P) for a in approaches]
-st.plotly_chart(plots.memory_bars(mem_labels, needed), width="stretch")
+ui.chart(plots.memory_bars(mem_labels, needed), width="stretch")
 st.markdown(
     f"Materialized per-example gradients hold **N × P × 4 bytes** = {n_top:,} × {P:,} × 4 = "
     f"**{n_top * P * 4 / 1e6:,.1f} MB** (all 1797 digits with the benchmark MLP: 611 MB). Streaming over chunks of "
