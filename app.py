@@ -1,4 +1,4 @@
-"""gradlab: the router. Page config, the shared experiment sidebar, navigation over pages/."""
+"""gradlab: the router. Page config, the shared experiment sidebar, navigation over views/."""
 
 import streamlit as st
 
@@ -7,12 +7,12 @@ from gradlab import ui
 st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
 
 PAGES = [
-    st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
-    st.Page("pages/norms.py", title="Gradient norms", icon=":material/bar_chart:"),
-    st.Page("pages/equivalence.py", title="Equivalence", icon=":material/drag_handle:"),
-    st.Page("pages/performance.py", title="Performance", icon=":material/timer:"),
-    st.Page("pages/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
-    st.Page("pages/influence.py", title="Influence", icon=":material/explore:"),
+    st.Page("views/home.py", title="Home", icon=":material/home:", default=True),
+    st.Page("views/norms.py", title="Gradient norms", icon=":material/bar_chart:"),
+    st.Page("views/equivalence.py", title="Equivalence", icon=":material/drag_handle:"),
+    st.Page("views/performance.py", title="Performance", icon=":material/timer:"),
+    st.Page("views/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
+    st.Page("views/influence.py", title="Influence", icon=":material/explore:"),
 ]
 
 page = st.navigation(PAGES)

@@ -26,7 +26,7 @@ class Preset:
     """One lecture scenario.
 
     - `name`: the button label; `look_at`: one or two sentences on what the view shows.
-    - `page`: the page file it opens, e.g. `"pages/norms.py"`.
+    - `page`: the page file it opens, e.g. `"views/norms.py"`.
     - `experiment`: `{Experiment field: value}` overrides of the defaults.
     - `widgets`: `{page widget key: value}` for the page's own controls.
     """
@@ -79,14 +79,14 @@ PRESETS: tuple[Preset, ...] = (
         "10% of the digit labels were flipped. Look at the red bars in the right tail of the norm "
         "histogram, the detection AUC, and the top-k grid: most of the largest per-example gradients "
         "belong to flipped labels.",
-        "pages/norms.py",
+        "views/norms.py",
         {"dataset": "digits", "label_noise": 0.1},
     ),
     Preset(
         "Outliers pull hardest in regression",
         "A line fit with 5% of the targets shifted far off the line. The circled points with the largest "
         "per-example gradient norm are exactly those outliers: squared loss lets them dominate.",
-        "pages/norms.py",
+        "views/norms.py",
         {"dataset": "line_outliers", "model": "linear", "lr": 0.1, "steps": 200},
     ),
     Preset(
@@ -94,33 +94,33 @@ PRESETS: tuple[Preset, ...] = (
         "Breast cancer has a minority class. With a small clipping norm C almost every example is clipped, "
         "and the clipped mean gradient no longer points where the true one does: compare the fraction "
         "clipped and the bias per class.",
-        "pages/dp_clipping.py",
+        "views/dp_clipping.py",
         {"dataset": "breast_cancer", "model": "linear", "steps": 200},
     ),
     Preset(
         "The seeds' scalar example",
         "The tutorial's own example, w, b = 1.0, 0.0 with a squared loss: the per-example gradients from "
         "vmap(grad) summed are the gradient of the summed loss, exactly in float64 and to rounding in float32.",
-        "pages/equivalence.py",
+        "views/equivalence.py",
     ),
     Preset(
         "Per-example gradients cost about one gradient",
         "A Python loop of jax.grad against one vmap(grad) call and one batch gradient, timed live: the loop "
         "grows with the batch, vmap(grad) stays close to the batch gradient.",
-        "pages/performance.py",
+        "views/performance.py",
     ),
     Preset(
         "Who influenced this prediction?",
         "Two moons with 10% flipped labels. Pick a test point: its proponents (training examples whose "
         "gradient agrees with its own) and opponents, and the most self-influential, often mislabeled, examples.",
-        "pages/influence.py",
+        "views/influence.py",
         {"dataset": "moons", "label_noise": 0.1, "steps": 300},
     ),
     Preset(
         "A learning rate of 100 diverges",
         "Training with lr = 100: the loss blows up. The app says so instead of crashing; lower the "
         "learning rate in the sidebar to recover.",
-        "pages/norms.py",
+        "views/norms.py",
         {"dataset": "moons", "lr": 100.0, "optimizer": "sgd"},
     ),
 )

@@ -17,7 +17,7 @@ FAST = dict(steps=50, checkpoint_every=25)
 
 
 def open_page(page: str, timeout: float = 300, **sidebar):
-    """Run app.py, switch to `pages/<page>.py`, apply sidebar values (by widget key), run again.
+    """Run app.py, switch to `views/<page>.py`, apply sidebar values (by widget key), run again.
 
     AppTest drops the entry point's sidebar elements after `switch_page`, so sidebar controls are
     set through `session_state` (the widget keys), which is what a user's change does.
@@ -26,7 +26,7 @@ def open_page(page: str, timeout: float = 300, **sidebar):
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
     at.run()
-    at.switch_page(f"pages/{page}.py")
+    at.switch_page(f"views/{page}.py")
     for key, value in sidebar.items():
         at.session_state[key] = value
     at.run()

@@ -44,25 +44,16 @@ VIEWPORT = {"width": 1400, "height": 2400}
 
 @pytest.fixture(scope="session")
 def server(browser):
-    """The app, warmed up by one visit to Home.
-
-    The warm-up matters: the first script run of a fresh server with a `pages/` folder runs in
-    Streamlit's old folder-based multipage mode (see test_first_visit_to_a_fresh_server_runs_the_router).
-    """
+    """The app, served headless for the whole session."""
     SHOTS.mkdir(exist_ok=True)
     with streamlit_server(log_path=SHOTS / "streamlit.log") as (base, proc):
-        pg = browser.new_page()
-        _visit(pg, base + "/")
-        pg.close()
         yield base
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Streamlit 1.67 runs the FIRST script run of a fresh server in the old pages/-folder mode when a "
-    "pages/ directory sits next to app.py (PagesManager.uses_pages_directory is True until "
-    "st.navigation has run once): the first visitor after a restart gets the auto-generated nav, no "
-    "sidebar, and a shared link's settings are ignored. Fix: rename pages/ (e.g. to views/)."))
 def test_first_visit_to_a_fresh_server_runs_the_router(browser):
+    """A shared link is often the first visit after a restart. Streamlit runs the first script run
+    of a fresh server in its old folder-based multipage mode when a `pages/` folder sits next to the
+    entry point (no router, no sidebar, the link's settings ignored): hence `views/`."""
     with streamlit_server() as (base, proc):
         pg = browser.new_page(viewport=VIEWPORT)
         _visit(pg, f"{base}/norms?dataset=moons")

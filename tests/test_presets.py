@@ -47,9 +47,9 @@ def test_preset_values_are_ones_the_controls_accept(preset: Preset):
 
 def test_bad_presets_are_refused():
     with pytest.raises(ValueError, match="unknown experiment fields"):
-        Preset("x", "y", "pages/norms.py", {"learning_rate": 0.1})
+        Preset("x", "y", "views/norms.py", {"learning_rate": 0.1})
     with pytest.raises(ValueError, match="collide"):
-        Preset("x", "y", "pages/norms.py", widgets={"seed": 3})
+        Preset("x", "y", "views/norms.py", widgets={"seed": 3})
 
 
 def _click(at, name):

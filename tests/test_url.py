@@ -12,14 +12,14 @@ from gradlab.experiment import Experiment, fit
 
 
 def _open(page: str, query: dict[str, str]):
-    """A fresh session opened on `pages/<page>.py` with `query` as the URL's query string."""
+    """A fresh session opened on `views/<page>.py` with `query` as the URL's query string."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     for k, v in query.items():
         at.query_params[k] = v
     at.run()
-    at.switch_page(f"pages/{page}.py")
+    at.switch_page(f"views/{page}.py")
     at.run()
     return at
 

@@ -33,11 +33,11 @@ The sidebar sets the experiment shared by every page; the URL keeps it, so a lin
     )
 with right:
     st.subheader("Pages")
-    st.page_link("pages/norms.py", label="**Gradient norms**: who pulls hardest; mislabels", icon=":material/bar_chart:")
-    st.page_link("pages/equivalence.py", label="**Equivalence**: sum of per-example = batch gradient", icon=":material/drag_handle:")
-    st.page_link("pages/performance.py", label="**Performance**: loop vs `vmap(grad)` vs batch", icon=":material/timer:")
-    st.page_link("pages/dp_clipping.py", label="**DP clipping**: clipping bias, DP-SGD, real ε", icon=":material/lock:")
-    st.page_link("pages/influence.py", label="**Influence**: who helped this prediction?", icon=":material/explore:")
+    st.page_link("views/norms.py", label="**Gradient norms**: who pulls hardest; mislabels", icon=":material/bar_chart:")
+    st.page_link("views/equivalence.py", label="**Equivalence**: sum of per-example = batch gradient", icon=":material/drag_handle:")
+    st.page_link("views/performance.py", label="**Performance**: loop vs `vmap(grad)` vs batch", icon=":material/timer:")
+    st.page_link("views/dp_clipping.py", label="**DP clipping**: clipping bias, DP-SGD, real ε", icon=":material/lock:")
+    st.page_link("views/influence.py", label="**Influence**: who helped this prediction?", icon=":material/explore:")
 
 st.subheader("Lecture scenarios")
 st.caption("One click sets the experiment and the page's controls and opens the page; the link in the sidebar shares it.")
