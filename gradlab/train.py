@@ -7,6 +7,7 @@ TracIn's sum over checkpoints. The objective is `mean_i loss_i + l2/2 ‖θ‖²
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -45,15 +46,33 @@ class TrainResult:
         return self.checkpoints[-1]
 
 
+@functools.cache
+def _optimizer(name: str) -> optax.GradientTransformation:
+    """One optax object per name, its learning rate a state entry (`inject_hyperparams`): the
+    jitted training steps take `update` as a static argument, so they compile once per name and
+    shapes, not once per run or learning rate."""
+    if name == "adam":
+        return optax.inject_hyperparams(optax.adam)(learning_rate=1.0)
+    if name == "sgd":
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=1.0, momentum=0.9)
+    raise TrainingError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
 def make_optimizer(name: str, lr: float) -> optax.GradientTransformation:
-    """optax optimizer by name: `"adam"` or `"sgd"` (momentum 0.9). **Raises** ValueError."""
+    """optax optimizer by name: `"adam"` or `"sgd"` (momentum 0.9) with learning rate `lr`.
+
+    **Raises** `TrainingError` for an unknown name or a learning rate that is not a positive number.
+    """
     if not (np.isfinite(lr) and lr > 0):
         raise TrainingError(f"the learning rate must be a positive number, got {lr:g}")
-    if name == "adam":
-        return optax.adam(lr)
-    if name == "sgd":
-        return optax.sgd(lr, momentum=0.9)
-    raise TrainingError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    base = _optimizer(name)
+
+    def init(params):
+        state = base.init(params)
+        state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+        return state
+
+    return optax.GradientTransformation(init, base.update)
 
 
 def objective(loss_fn, params, xs, ys, l2: float):
@@ -64,7 +83,7 @@ def objective(loss_fn, params, xs, ys, l2: float):
 
 
 @eqx.filter_jit
-def _segment(loss_fn, params, opt_state, optimizer, xs, ys, keys, batch_size, l2):
+def _segment(loss_fn, params, opt_state, update, xs, ys, keys, batch_size, l2):
     """Run len(keys) minibatch steps with lax.scan; returns (params, opt_state, losses)."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
@@ -73,7 +92,7 @@ def _segment(loss_fn, params, opt_state, optimizer, xs, ys, keys, batch_size, l2
         d, s = carry
         idx = jax.random.choice(key, n, (batch_size,), replace=False)
         value, g = jax.value_and_grad(lambda d: objective(loss_fn, eqx.combine(d, static), xs[idx], ys[idx], l2))(d)
-        updates, s = optimizer.update(g, s, d)
+        updates, s = update(g, s, d)
         return (optax.apply_updates(d, updates), s), value
 
     (diff, opt_state), losses = jax.lax.scan(step, (diff, opt_state), keys)
@@ -125,7 +144,7 @@ def train(
     checkpoints, at, losses, done = [params], [0], [], 0
     while done < steps:
         k = min(checkpoint_every, steps - done)
-        params, opt_state, seg = _segment(loss_fn, params, opt_state, opt, xs, ys, keys[done : done + k], batch_size, float(l2))
+        params, opt_state, seg = _segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], batch_size, jnp.float32(l2))
         seg = np.asarray(seg)
         if not np.all(np.isfinite(seg)):
             bad = done + int(np.argmin(np.isfinite(seg))) + 1
@@ -221,7 +240,7 @@ def dp_sgd_batches(n: int, sample_rate: float, steps: int, seed: int = 0) -> lis
 
 
 @eqx.filter_jit
-def _dp_segment(loss_fn, params, opt_state, optimizer, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size):
+def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size):
     """len(keys) DP-SGD steps with lax.scan: Poisson batch → vmap(grad) → clip → sum → noise → /qN → optax."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
@@ -240,7 +259,7 @@ def _dp_segment(loss_fn, params, opt_state, optimizer, xs, ys, keys, q, clip_nor
         summed, n_clipped = privacy.clip_and_sum(g, clip_norm)
         noise = privacy.gaussian_noise(key[1], summed, clip_norm, sigma)
         grad = jax.tree.map(lambda a, z, p: (a + z) / (q * n) + l2 * p, summed, noise, d)
-        updates, s = optimizer.update(grad, s, d)
+        updates, s = update(grad, s, d)
         b = jnp.maximum(count, 1)
         return (optax.apply_updates(d, updates), s), (jnp.sum(losses * m) / b, count, n_clipped / b)
 
@@ -315,7 +334,7 @@ def train_dp_sgd(
     checkpoints, at, losses, counts, clipped, done = [params], [0], [], [], [], 0
     while done < steps:
         k = min(checkpoint_every, steps - done)
-        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt, xs, ys, keys[done : done + k], *scalars, m)
+        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], *scalars, m)
         seg = np.asarray(seg)
         params_ok = all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array)))
         if not (np.all(np.isfinite(seg)) and params_ok):
