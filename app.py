@@ -16,6 +16,6 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
-st.session_state["_experiment"] = ui.experiment_sidebar()
+ui.experiment_sidebar()
 page.run()
 ui.share_link()

@@ -55,31 +55,26 @@ def experiment_sidebar() -> Experiment:
             upload_controls()
         model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model),
                         help=" · ".join(f"**{k}**: {v}" for k, v in MODELS.items()))
-        width, depth, activation = d.width, d.depth, d.activation
         if model == "mlp":
-            width = _widget(st.select_slider, "Hidden width", "width", options=[8, 16, 32, 64, 128, 256, 512], value=d.width)
-            depth = _widget(st.slider, "Hidden layers", "depth", min_value=1, max_value=4, value=d.depth)
+            _widget(st.select_slider, "Hidden width", "width", options=[8, 16, 32, 64, 128, 256, 512], value=d.width)
+            _widget(st.slider, "Hidden layers", "depth", min_value=1, max_value=4, value=d.depth)
         if model in ("mlp", "cnn"):
-            activation = _widget(st.selectbox, "Activation", "activation", options=list(ACTIVATIONS), index=0)
-        steps = _widget(st.select_slider, "Training steps", "steps", options=STEPS, value=d.steps)
-        lr = _widget(st.select_slider, "Learning rate", "lr", options=LEARNING_RATES, value=d.lr, format_func=lambda v: f"{v:g}")
-        label_noise = _widget(
+            _widget(st.selectbox, "Activation", "activation", options=list(ACTIVATIONS), index=0)
+        _widget(st.select_slider, "Training steps", "steps", options=STEPS, value=d.steps)
+        _widget(st.select_slider, "Learning rate", "lr", options=LEARNING_RATES, value=d.lr, format_func=lambda v: f"{v:g}")
+        _widget(
             st.slider, "Label noise (fraction of training labels flipped)", "label_noise",
             min_value=0.0, max_value=1.0, value=d.label_noise, step=0.05,
             help="Flipped examples are remembered, so the pages can show how well a score finds them.",
         )
-        seed = _widget(st.number_input, "Seed", "seed", min_value=0, max_value=10_000, value=d.seed, step=1)
+        _widget(st.number_input, "Seed", "seed", min_value=0, max_value=10_000, value=d.seed, step=1)
         with st.expander("Advanced"):
-            optimizer = _widget(st.selectbox, "Optimizer (optax)", "optimizer", options=list(OPTIMIZERS),
+            _widget(st.selectbox, "Optimizer (optax)", "optimizer", options=list(OPTIMIZERS),
                                 help=" · ".join(f"**{k}**: {v}" for k, v in OPTIMIZERS.items()))
-            batch_size = _widget(st.select_slider, "Batch size", "batch_size", options=[16, 32, 64, 128, 256, 512, 2048], value=d.batch_size)
-            l2 = _widget(st.select_slider, "L2 penalty λ", "l2", options=[0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=d.l2, format_func=lambda v: f"{v:g}")
-            checkpoint_every = _widget(st.select_slider, "Checkpoint every k steps", "checkpoint_every", options=[10, 25, 50, 100, 250, 500], value=d.checkpoint_every)
-    exp = Experiment(
-        dataset=dataset, model=model, width=int(width), depth=int(depth), activation=activation,
-        optimizer=optimizer, lr=float(lr), steps=int(steps), batch_size=int(batch_size), l2=float(l2),
-        label_noise=float(label_noise), seed=int(seed), checkpoint_every=int(checkpoint_every),
-    )
+            _widget(st.select_slider, "Batch size", "batch_size", options=[16, 32, 64, 128, 256, 512, 2048], value=d.batch_size)
+            _widget(st.select_slider, "L2 penalty λ", "l2", options=[0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=d.l2, format_func=lambda v: f"{v:g}")
+            _widget(st.select_slider, "Checkpoint every k steps", "checkpoint_every", options=[10, 25, 50, 100, 250, 500], value=d.checkpoint_every)
+    exp = experiment_from_state(st.session_state)
     with banner:
         preset_banner(exp)
     return exp
@@ -88,8 +83,7 @@ def experiment_sidebar() -> Experiment:
 def experiment() -> Experiment:
     """The experiment the sidebar set on this run (app.py renders the sidebar before the page).
 
-    Read from the sidebar's widget keys in session state, so it is also right when only the page
-    script reruns (AppTest reruns the page, not the entry point, after the first run).
+    Read from the sidebar's widget keys in session state: one definition for the sidebar and the pages.
     """
     return experiment_from_state(st.session_state)
 

@@ -19,8 +19,8 @@ FAST = dict(steps=50, checkpoint_every=25)
 def open_page(page: str, timeout: float = 300, **sidebar):
     """Run app.py, switch to `views/<page>.py`, apply sidebar values (by widget key), run again.
 
-    AppTest drops the entry point's sidebar elements after `switch_page`, so sidebar controls are
-    set through `session_state` (the widget keys), which is what a user's change does.
+    Sidebar controls are set through `session_state` (their widget keys are the Experiment's field
+    names), which is what a user's change does.
     """
     from streamlit.testing.v1 import AppTest
 

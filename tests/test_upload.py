@@ -158,16 +158,11 @@ def test_uploader_label_and_task_controls():
 
 def _norms_page_with_upload(raw: bytes | None):
     """A session on the Gradient norms page with dataset=upload and (optionally) its own upload."""
-    import hashlib
-
     from conftest import open_page
 
     at = open_page("norms", dataset="upload", model="linear", steps=50, checkpoint_every=25, timeout=300)
     if raw is not None:
-        token = hashlib.sha256(raw).hexdigest()[:16]
-        at.session_state["_upload"] = {"bytes": raw, "file": "mine.csv", "label": "label",
-                                      "task": "classification", "token": token}
-        at.run()
+        at.file_uploader(key="upload_file").set_value(("mine.csv", raw, "text/csv")).run()
     return at
 
 
