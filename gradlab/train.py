@@ -99,6 +99,18 @@ def _segment(loss_fn, params, opt_state, update, xs, ys, keys, batch_size, l2):
     return eqx.combine(diff, static), opt_state, losses
 
 
+def _check_run(xs, steps: int, checkpoint_every: int, l2: float) -> int:
+    """N, the number of training examples. **Raises** `TrainingError` for a run that cannot start."""
+    n = int(xs.shape[0])
+    if n == 0:
+        raise TrainingError("no training examples: pick a larger dataset or a smaller test fraction")
+    if steps < 0 or checkpoint_every < 1:
+        raise TrainingError(f"steps must be ≥ 0 and checkpoint_every ≥ 1, got {steps} and {checkpoint_every}")
+    if l2 < 0:
+        raise TrainingError(f"the L2 penalty must be ≥ 0, got {l2:g}")
+    return n
+
+
 def train(
     model,
     loss_fn: Callable,
@@ -128,13 +140,7 @@ def train(
     **Raises** `TrainingError` if the loss becomes NaN/inf (with the step and what to change) or a
     setting is impossible (no examples, lr ≤ 0).
     """
-    n = int(xs.shape[0])
-    if n == 0:
-        raise TrainingError("no training examples: pick a larger dataset or a smaller test fraction")
-    if steps < 0 or checkpoint_every < 1:
-        raise TrainingError(f"steps must be ≥ 0 and checkpoint_every ≥ 1, got {steps} and {checkpoint_every}")
-    if l2 < 0:
-        raise TrainingError(f"the L2 penalty must be ≥ 0, got {l2:g}")
+    n = _check_run(xs, steps, checkpoint_every, l2)
     opt = make_optimizer(optimizer, lr)
     params = as_params(model)
     opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
@@ -317,13 +323,7 @@ def train_dp_sgd(
         privacy._check_accountant(accountant)
     except ValueError as err:
         raise TrainingError(str(err)) from None
-    n = int(xs.shape[0])
-    if n == 0:
-        raise TrainingError("no training examples: pick a larger dataset or a smaller test fraction")
-    if steps < 0 or checkpoint_every < 1:
-        raise TrainingError(f"steps must be ≥ 0 and checkpoint_every ≥ 1, got {steps} and {checkpoint_every}")
-    if l2 < 0:
-        raise TrainingError(f"the L2 penalty must be ≥ 0, got {l2:g}")
+    n = _check_run(xs, steps, checkpoint_every, l2)
     opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else make_optimizer(optimizer, lr)
     params = as_params(model)
     opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
