@@ -16,7 +16,7 @@ the loss of a *single* example, differentiated with `grad`, vectorized over the 
 (`params` is shared: `in_axes=None`; inputs and labels are mapped over their first axis: `0`).
 """
     )
-    st.code("per_example_grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xs, ys)", language="python")
+    st.code("per_example_grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xs, ys)", language="python", wrap_lines=True)
     st.markdown(
         """
 It costs about as much as one batch gradient, not N of them. **Why people need it:**

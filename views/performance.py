@@ -73,6 +73,7 @@ if key not in store or rerun:
         store[key] = [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s)
                       for t in timings]
     bar.empty()
+    ui.release_memory()  # the sweep compiles one program per size and approach
 rows = store.get(key)
 if not rows:
     st.stop()
