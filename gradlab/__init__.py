@@ -1,5 +1,6 @@
 """gradlab: per-example gradients in JAX, made visible. The library holds no Streamlit."""
 
+from gradlab import engine, influence, privacy  # noqa: F401  (gradlab.privacy.dp_sgd_epsilon etc.)
 from gradlab.engine import (
     batch_grad,
     clipped_grad_sum,
