@@ -106,7 +106,7 @@ def _clip_pass(loss_fn, params, xs, ys, labels, grid, clip_norm, n_classes, chun
         return flat, jnp.stack([jnp.sum(jnp.square(a)) for a in leaves])
 
     def step(acc, batch):
-        x, y, lab, m = batch
+        (x, y, lab), m = batch
         flat, lsq = jax.vmap(one)(x, y)  # (c, P), (c, L)
         flat = flat * m[:, None]
         norm = jnp.sqrt(lsq.sum(1))
@@ -126,19 +126,12 @@ def _clip_pass(loss_fn, params, xs, ys, labels, grid, clip_norm, n_classes, chun
             layer_g + layer,
             cls + onehot.T @ flat,
             cls_c + (onehot * s_c[:, None]).T @ flat,
-        ), None
+        )
 
-    n = xs.shape[0]
-    chunk = min(chunk, n)
-    pad = (-n) % chunk
-    mask = (jnp.arange(n + pad) < n).astype(jnp.float32)
-    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys, labels))
-    split = lambda a: a.reshape((-1, chunk) + a.shape[1:])
     p = int(bounds[-1])
     k = grid.shape[0]
     zeros = (jnp.zeros(p), jnp.zeros((k, p)), jnp.zeros((k, p)), jnp.zeros((n_classes, p)), jnp.zeros((n_classes, p)))
-    acc, _ = jax.lax.scan(step, zeros, tuple(split(a) for a in padded) + (split(mask),))
-    return acc
+    return engine.scan_chunks(step, zeros, (xs, ys, labels), min(chunk, xs.shape[0]))
 
 
 def _cos_ratio(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

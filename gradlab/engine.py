@@ -92,6 +92,22 @@ def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
     return jax.vmap(f)(xs) if chunk is None else jax.lax.map(f, xs, batch_size=chunk)
 
 
+def scan_chunks(step: Callable, init: Any, arrays: Any, chunk: int) -> Any:
+    """A streamed reduction: fold `acc = step(acc, (arrays_chunk, mask))` over chunks of `chunk` examples.
+
+    The arrays (example axis first) are zero-padded to a multiple of `chunk`; `mask (chunk,)`
+    float32 is 0 on the padding, so `step` can drop it. Only one chunk's intermediates are alive
+    at a time. **Returns** the final accumulator.
+    """
+    n = jax.tree.leaves(arrays)[0].shape[0]
+    pad = (-n) % chunk
+    mask = (jnp.arange(n + pad) < n).astype(jnp.float32)
+    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), arrays)
+    split = lambda a: a.reshape((-1, chunk) + a.shape[1:])  # noqa: E731
+    acc, _ = jax.lax.scan(lambda acc, b: (step(acc, b), None), init, (jax.tree.map(split, padded), split(mask)))
+    return acc
+
+
 def _check_batch(xs, ys) -> int:
     nx = jax.tree.leaves(xs)[0].shape[0]
     ny = jax.tree.leaves(ys)[0].shape[0]
@@ -350,20 +366,13 @@ def _clipped_sum(loss_fn, params, xs, ys, clip_norm, chunk):
 
     if chunk is None:
         return jax.tree.map(lambda a: a.sum(0), jax.vmap(clipped)((xs, ys)))
-    n = jax.tree.leaves(xs)[0].shape[0]
-    pad = (-n) % chunk
-    mask = jnp.arange(n + pad) < n
-    xs_p, ys_p = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys))
 
     def step(total, batch):
-        x, y, m = batch
+        (x, y), m = batch
         gc = jax.vmap(clipped)((x, y))
-        return jax.tree.map(lambda t, a: t + jnp.tensordot(m, a, axes=1), total, gc), None
+        return jax.tree.map(lambda t, a: t + jnp.tensordot(m, a, axes=1), total, gc)
 
-    split = lambda a: a.reshape((-1, chunk) + a.shape[1:])
-    zeros = jax.tree.map(jnp.zeros_like, diff)
-    total, _ = jax.lax.scan(step, zeros, (split(xs_p), split(ys_p), split(mask.astype(jnp.float32))))
-    return total
+    return scan_chunks(step, jax.tree.map(jnp.zeros_like, diff), (xs, ys), chunk)
 
 
 def clipped_grad_sum(
