@@ -162,18 +162,15 @@ def cached(fn=None, *, max_entries: int = 16):
         # Results derived from an uploaded CSV never enter the cross-session cache.
         if any(_from_upload(v) for v in (*args, *kwargs.values())):
             return _session_cached(fn, signature, max_entries, args, kwargs)
-        misses = _MISSES[0]
-        result = shared(*args, **kwargs)
-        if _MISSES[0] != misses:  # computed now, not from the cache: hand XLA's scratch memory back
-            release_memory()
+        return shared(*args, **kwargs)
+
+    @functools.wraps(fn)
+    def computed(*args, **kwargs):  # runs on a cache miss only
+        result = fn(*args, **kwargs)
+        release_memory()  # hand XLA's scratch memory back after a real computation
         return result
 
-    def counted(*args, **kwargs):
-        _MISSES[0] += 1
-        return fn(*args, **kwargs)
-
-    functools.update_wrapper(counted, fn)
-    shared = st.cache_data(max_entries=max_entries, show_spinner=False)(counted)
+    shared = st.cache_data(max_entries=max_entries, show_spinner=False)(computed)
 
     wrapper.clear = shared.clear
     return wrapper
@@ -520,8 +517,6 @@ def preset_banner(exp: Experiment) -> None:
 
 
 # ---------------------------------------------------------------- memory on a small server
-
-_MISSES = [0]  # cache misses of `cached` functions (a computation ran), process-wide
 
 
 def _libc():
