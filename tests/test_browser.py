@@ -22,7 +22,6 @@ from browser_helpers import (
     PAGES,
     ROOT,
     launch,
-    metrics,
     normalized,
     page_errors,
     streamlit_server,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradlab.data import DataError, load_csv, read_csv
+from gradlab.data import DataError, load_csv
 from gradlab.experiment import Experiment, fit
 
 
