@@ -46,13 +46,15 @@ def as_params(params: PyTree) -> PyTree:
     """Turn Python floats in `params` into float arrays so they are differentiable and traced.
 
     The seeds write `w, b = 1.0, 0.0`; `jax.grad` accepts floats, but `eqx.filter_jit` would
-    treat them as static (recompiling for each value). Everything else is left as is.
+    treat them as static (recompiling for each value). Equinox modules are left as they are: by
+    Equinox's convention a float field (a pooling layer's `-inf` init, say) is not a parameter.
     """
     return jax.tree.map(
         lambda v: jnp.asarray(v, dtype=jnp.result_type(float))
         if isinstance(v, float) and not isinstance(v, bool)
         else v,
         params,
+        is_leaf=lambda v: isinstance(v, eqx.Module),
     )
 
 
@@ -238,12 +240,26 @@ def per_example_norms(
 _GHOST_FAILED: set = set()
 
 
+#: Without a chunk_size, the per-layer-rule path sizes its chunks so that what the rules keep per
+#: chunk (layer inputs or patches, output gradients) stays near this many bytes: small enough to
+#: stay in cache and in the allocator's reused memory (fresh pages cost a fault each).
+GHOST_CHUNK_BYTES = 16 * 2**20
+
+
+def _ghost_chunk(loss_fn, diff, static, xs, ys, n: int) -> int | None:
+    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
+    per_example = ghost.example_bytes(loss_fn, diff, static, jax.tree.map(one, xs), jax.tree.map(one, ys))
+    return _chunk(n, max(1, GHOST_CHUNK_BYTES // max(per_example, 1)))
+
+
 @eqx.filter_jit
 def _ghost_grads(loss_fn, params, xs, ys, chunk):
     TRACES["ghost_grads"] += 1
     diff, static = _split(params)
+    if chunk is None:
+        chunk = _ghost_chunk(loss_fn, diff, static, xs, ys, jax.tree.leaves(xs)[0].shape[0])
     one = lambda xy: ghost.one_example(loss_fn, diff, static, *xy, norms=False)
-    return _map(one, (xs, ys), chunk)
+    return ghost.expand(_map(one, (xs, ys), chunk))
 
 
 @eqx.filter_jit

@@ -9,8 +9,12 @@ product `δ ⊗ a` of the layer's output gradient `δ = ∂ℓ/∂z` and its inp
 "ghost norm" of Opacus' ghost clipping, Li et al. 2022, arXiv:2110.05679). The per-example
 norms then cost one forward and one backward pass to the layer outputs: no P-sized object per
 example is ever built. For a convolution the per-example weight gradient is the correlation of
-the input patches with δ, `δ (C_out × positions) @ patches (positions × C_in·k)`, one batched
-matmul instead of `vmap` over a grouped convolution.
+the input patches with δ, `δ (C_out × positions) @ patchesᵀ (positions × C_in·k)`, one batched
+matmul instead of `vmap` over a grouped convolution. The tapped convolution itself runs as
+`W (C_out × C_in·k) @ patches` ("im2col"), so the patches are built once and serve the forward
+pass, its backward pass and the rule; on a CPU, XLA's matmuls are several times faster than its
+convolutions. For per-example gradients (not norms) a Linear layer's outer products are formed
+after the per-chunk pass, straight into the N × P result (`expand`).
 
 How δ and a are obtained in JAX: every `eqx.nn.Linear` / `eqx.nn.Conv` with a rule is replaced
 by a `_Tap` that records its input `a` and adds a zero **probe** to its output; the gradient of
@@ -124,26 +128,49 @@ class _Tap(eqx.Module):
         if self.slot in record:
             raise GhostUnsupported("a layer is called more than once per example (weight sharing)")
         x = jnp.asarray(x)
-        out = self.layer(x)
+        if isinstance(self.layer, eqx.nn.Conv):
+            saved = _patches(self.layer, x)
+            out = _conv_from_patches(self.layer, saved, x.shape)
+        else:
+            saved, out = x, self.layer(x)
         if self.probe is None:  # the abstract pass: record the output's shape
-            record[self.slot] = out
+            record[self.slot] = (out, saved)
             return out
         if out.shape != self.probe.shape:
             raise GhostUnsupported(
                 f"a layer got input of shape {x.shape}: the rule needs one example at a time"
             )
-        record[self.slot] = x
+        record[self.slot] = saved
         return out + self.probe
 
 
 # ------------------------------------------------------------------ the rules
 
 
+class Outer(eqx.Module):
+    """A Linear layer's per-example weight gradients kept as factors: `δ (N, out)`, `a (N, in)`.
+
+    `expand` turns it into the `(N, *shape)` gradient `δᵢ ⊗ aᵢ`. Forming the outer products after
+    the chunked pass writes them once, straight into the result.
+    """
+
+    d: jax.Array
+    a: jax.Array
+    shape: tuple = eqx.field(static=True)
+
+    def full(self) -> jax.Array:
+        return (self.d[:, :, None] * self.a[:, None, :]).reshape((self.d.shape[0], *self.shape))
+
+
+def expand(grads: PyTree) -> PyTree:
+    """Replace every `Outer` in mapped `one_example(..., norms=False)` output by its `(N, *shape)` gradient."""
+    return jax.tree.map(lambda n: n.full() if isinstance(n, Outer) else n, grads,
+                        is_leaf=lambda n: isinstance(n, Outer))
+
+
 def _linear_grads(layer: eqx.nn.Linear, a, d) -> tuple:
-    """(dW, db) of one example: δ ⊗ a and δ."""
-    a = a.reshape(-1)
-    d = d.reshape(-1)
-    gw = jnp.outer(d, a).reshape(layer.weight.shape)
+    """(dW, db) of one example: the factors of δ ⊗ a (see `Outer`), and δ."""
+    gw = Outer(d.reshape(-1), a.reshape(-1), layer.weight.shape)
     gb = None if layer.bias is None else d.reshape(layer.bias.shape)
     return gw, gb
 
@@ -171,10 +198,22 @@ def _patches(layer: eqx.nn.Conv, a):
     return jnp.stack(cols, axis=1).reshape(c * len(cols), -1)
 
 
-def _conv_grads(layer: eqx.nn.Conv, a, d) -> tuple:
+def _conv_from_patches(layer: eqx.nn.Conv, cols, in_shape):
+    """`layer(a)` as `W (C_out × C_in·k) @ patches`, plus the bias: the same numbers up to rounding."""
+    spatial = [
+        (n + sum(p) - d * (k - 1) - 1) // s + 1
+        for n, p, k, s, d in zip(
+            in_shape[1:], layer.padding, layer.weight.shape[2:], layer.stride, layer.dilation
+        )
+    ]
+    out = (layer.weight.reshape(layer.weight.shape[0], -1) @ cols).reshape((-1, *spatial))
+    return out if layer.bias is None else out + layer.bias
+
+
+def _conv_grads(layer: eqx.nn.Conv, cols, d) -> tuple:
     """(dW, db) of one example: δ (C_out × positions) @ patchesᵀ, and δ summed over positions."""
     d2 = d.reshape(d.shape[0], -1)
-    gw = (d2 @ _patches(layer, a).T).reshape(layer.weight.shape)
+    gw = (d2 @ cols.T).reshape(layer.weight.shape)
     gb = None if layer.bias is None else d2.sum(1).reshape(layer.bias.shape)
     return gw, gb
 
@@ -198,23 +237,12 @@ def _layer_result(layer, a, d, norms: bool):
 # ------------------------------------------------------------------ one example
 
 
-def one_example(loss_fn, diff: PyTree, static: PyTree, x, y, *, norms: bool) -> PyTree:
-    """Per-example gradient (or per-leaf squared norms) of ONE example via the layer rules.
+def _tapped(loss_fn, diff: PyTree, static: PyTree):
+    """The model with its ruled layers replaced by slots, and `run(rdiff, probes, x, y)`.
 
-    Meant to be mapped over examples (`jax.lax.map` / `vmap`): batched, the probes' gradient is
-    one backward pass for the whole chunk.
-
-    **Arguments**
-    - `loss_fn`: `(model, x, y) -> scalar`.
-    - `diff`, `static`: `eqx.partition(params, eqx.is_inexact_array)`.
-    - `x`, `y`: one example.
-    - `norms`: return squared norms per leaf instead of gradients.
-
-    **Returns** a tree shaped like `diff`: gradient leaves (`norms=False`) or scalar squared
-    L2 norms (`norms=True`), exactly as `jax.grad(loss_fn)` (resp. its leafwise `sum(g**2)`).
-
-    **Raises** `GhostUnsupported` (at trace time) when a tapped layer is called more than once,
-    from inside another transform, or with batched input.
+    `run` calls `loss_fn` on the tapped model and returns `(loss, records)`: with `probes=None`
+    (the abstract pass) each record is `(layer output, saved input)`, else the saved input
+    (patches for a convolution) that the layer's rule needs.
     """
     model = eqx.combine(diff, static)
     leaves, treedef = jax.tree_util.tree_flatten(model, is_leaf=_is_layer)
@@ -225,11 +253,9 @@ def one_example(loss_fn, diff: PyTree, static: PyTree, x, y, *, norms: bool) -> 
             layers.append(leaf)
     if not layers:
         raise GhostUnsupported("the model has no layer with a per-layer rule")
-    rest = jax.tree_util.tree_unflatten(treedef, slots)
-    rdiff, rstatic = eqx.partition(rest, eqx.is_inexact_array)
+    rdiff, rstatic = eqx.partition(jax.tree_util.tree_unflatten(treedef, slots), eqx.is_inexact_array)
 
     def run(rdiff, probes, x, y):
-        """loss_fn on the tapped model; returns (loss, what each tap recorded)."""
         taps = lambda n: _Tap(layers[n.k], None if probes is None else probes[n.k], n.k) if _is_slot(n) else n
         m = jax.tree.map(taps, eqx.combine(rdiff, rstatic), is_leaf=_is_slot)
         stack = _RECORDING.__dict__.setdefault("stack", [])
@@ -242,16 +268,52 @@ def one_example(loss_fn, diff: PyTree, static: PyTree, x, y, *, norms: bool) -> 
             raise GhostUnsupported("a layer of the model was not called by the loss")
         return value, [record[k] for k in range(len(layers))]
 
+    return layers, rdiff, rstatic, run
+
+
+def example_bytes(loss_fn, diff: PyTree, static: PyTree, x, y) -> int:
+    """Bytes the rules keep per example: every ruled layer's output gradient and saved input.
+
+    A guide for chunk sizes (the backward pass needs about as much again). `x`, `y`: one
+    example (arrays or `jax.ShapeDtypeStruct`). **Raises** `GhostUnsupported` as `one_example`.
+    """
+    _, rdiff, _, run = _tapped(loss_fn, diff, static)
+    _, records = jax.eval_shape(lambda r, x, y: run(r, None, x, y), rdiff, x, y)
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(records))
+
+
+def one_example(loss_fn, diff: PyTree, static: PyTree, x, y, *, norms: bool) -> PyTree:
+    """Per-example gradient (or per-leaf squared norms) of ONE example via the layer rules.
+
+    Meant to be mapped over examples (`jax.lax.map` / `vmap`): batched, the probes' gradient is
+    one backward pass for the whole chunk.
+
+    **Arguments**
+    - `loss_fn`: `(model, x, y) -> scalar`.
+    - `diff`, `static`: `eqx.partition(params, eqx.is_inexact_array)`.
+    - `x`, `y`: one example.
+    - `norms`: return squared norms per leaf instead of gradients.
+
+    **Returns** a tree shaped like `diff`: scalar squared L2 norms per leaf (`norms=True`,
+    exactly `sum(g**2)` of `jax.grad(loss_fn)`'s leaves), or the gradient leaves, where a Linear
+    layer's weight is an `Outer` (its factors): after mapping, `expand` gives `(N, *shape)` arrays
+    equal to `vmap(jax.grad(loss_fn))` up to float rounding.
+
+    **Raises** `GhostUnsupported` (at trace time) when a tapped layer is called more than once,
+    from inside another transform, or with batched input.
+    """
+    layers, rdiff, rstatic, run = _tapped(loss_fn, diff, static)
     # First an abstract pass for the layers' output shapes (the probes' shapes), then the real one.
-    _, out_structs = jax.eval_shape(lambda r, x, y: run(r, None, x, y), rdiff, x, y)
-    probes = [jnp.zeros(s.shape, s.dtype) for s in out_structs]
+    _, records = jax.eval_shape(lambda r, x, y: run(r, None, x, y), rdiff, x, y)
+    probes = [jnp.zeros(out.shape, out.dtype) for out, _ in records]
     loss = lambda r, p: run(r, p, x, y)
 
-    (g_rest, deltas), acts = jax.grad(loss, argnums=(0, 1), has_aux=True)(rdiff, probes)
-    results = [_layer_result(l, a, d, norms) for l, a, d in zip(layers, acts, deltas)]
+    (g_rest, deltas), saved = jax.grad(loss, argnums=(0, 1), has_aux=True)(rdiff, probes)
+    results = [_layer_result(l, a, d, norms) for l, a, d in zip(layers, saved, deltas)]
     if norms:
         g_rest = jax.tree.map(lambda g: jnp.sum(jnp.square(g)), g_rest)
     full = jax.tree.map(
         lambda n: results[n.k] if _is_slot(n) else n, eqx.combine(g_rest, rstatic), is_leaf=_is_slot
     )
-    return eqx.filter(full, eqx.is_inexact_array)
+    return eqx.filter(full, lambda n: eqx.is_inexact_array(n) or isinstance(n, Outer),
+                      is_leaf=lambda n: isinstance(n, Outer))

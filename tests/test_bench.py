@@ -1,5 +1,6 @@
 """gradlab.bench on tiny problems: timings are well-formed, memory matches the real arrays."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,3 +70,20 @@ def test_torch_peers_agree_with_the_engine():
     assert res["reference"] == "torch.func vmap(grad)"
     assert set(res["agreement"]) >= {"gradlab per_example_grads (layer rules)", "gradlab vmap(grad)"}
     assert all(v < 1e-4 for v in res["agreement"].values()), res["agreement"]
+
+
+def test_maxpool_near_ties_are_found_in_float64():
+    """A window whose two largest inputs differ by 1e-8 relative is a near-tie; one 1e-3 apart is not."""
+    from benchmarks import torch_cnn
+
+    model = torch_cnn.SimpleCNN(key=jax.random.key(0))
+    # conv1, conv2 as identities on channel 0 (centre tap): the pooled input is relu(x) cropped.
+    w1 = jnp.zeros((32, 1, 3, 3)).at[0, 0, 1, 1].set(1.0)
+    w2 = jnp.zeros((64, 32, 3, 3)).at[0, 0, 1, 1].set(1.0)
+    model = eqx.tree_at(lambda m: (m.conv1.weight, m.conv1.bias, m.conv2.weight, m.conv2.bias), model,
+                        (w1, jnp.zeros((32, 1, 1)), w2, jnp.zeros((64, 1, 1))))
+    xs = np.zeros((3, 1, 28, 28))
+    xs[0, 0, 2, 2], xs[0, 0, 2, 3] = 0.5, 0.5 * (1 + 1e-8)   # near-tie
+    xs[1, 0, 2, 2], xs[1, 0, 2, 3] = 0.5, 0.5 * (1 + 1e-3)   # clear winner
+    xs[2, 0, 2, 2], xs[2, 0, 2, 3] = -0.5, -0.5              # tie below zero: relu makes it irrelevant
+    assert torch_cnn.maxpool_near_ties(model, xs) == [0]

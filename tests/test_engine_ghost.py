@@ -88,6 +88,38 @@ def test_conv_rule_with_stride_padding_dilation(conv):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_seed_003_cnn_in_chunks_equals_the_loop(monkeypatch):
+    """Seed 003's SimpleCNN (conv, conv, MaxPool2d, linear, linear): im2col convolutions, chunks
+    with a remainder, and Linear outer products formed after the chunked pass."""
+    from benchmarks.torch_cnn import SimpleCNN
+
+    model = SimpleCNN(key=KEY)
+    xs = jax.random.normal(jax.random.key(2), (5, 1, 28, 28))
+    ys = jnp.array([3, 1, 4, 1, 5])
+    diff, static = eqx.partition(model, eqx.is_inexact_array)
+    per_example = ghost.example_bytes(losses.cross_entropy, diff, static, xs[0], ys[0])
+    monkeypatch.setattr(engine, "GHOST_CHUNK_BYTES", 2 * per_example)  # chunks of 2, remainder 1
+    assert engine.resolve_method("auto", losses.cross_entropy, model) == "ghost"
+    got = engine.per_example_grads(losses.cross_entropy, model, xs, ys)
+    want = _oracle(losses.cross_entropy, model, xs, ys)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_module_float_fields_are_not_parameters():
+    """A pooling layer's float init (-inf) stays a static field, not a differentiable leaf."""
+    model = eqx.nn.Sequential([eqx.nn.Linear(4, 4, key=KEY), eqx.nn.Lambda(lambda x: x[None]),
+                               eqx.nn.MaxPool1d(2, stride=2), eqx.nn.Lambda(jnp.ravel)])
+    assert engine.as_params(model).layers[2].init == -jnp.inf
+    assert isinstance(engine.as_params(model).layers[2].init, float)
+    assert engine.as_params((1.0, 2.0))[0].dtype == jnp.float32
+    xs, ys = jax.random.normal(KEY, (3, 4)), jnp.array([0, 1, 0])
+    for method in ("vmap", "ghost"):
+        g = engine.per_example_grads(losses.cross_entropy, model, xs, ys, method=method)
+        assert g.layers[0].weight.shape == (3, 4, 4)
+
+
 def test_python_float_params_fall_back_to_vmap():
     """The seeds' scalar example has no layers: auto uses vmap, ghost refuses clearly."""
     loss = lambda p, x, y: (p[0] * x + p[1] - y) ** 2
