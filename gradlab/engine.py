@@ -144,10 +144,11 @@ def per_example_grads(
     - `params`: pytree of parameters (floats, arrays, dicts/tuples, Equinox module).
     - `xs`, `ys`: inputs and targets with the example axis first, N examples.
     - `chunk_size`: vmap over chunks of this many examples (scan between chunks) to bound the
-      intermediate activations; the result is still N x P.
+      intermediate activations; the result is still N x P. None: one vmap for `"vmap"`; for the
+      per-layer rules, chunks whose saved activations take about `GHOST_CHUNK_BYTES`.
     - `method`: `"vmap"` is `vmap(grad)`; `"ghost"` builds the weight gradients of
       `eqx.nn.Linear` / `eqx.nn.Conv` layers from per-layer rules (outer product δ ⊗ a; input
-      patches @ δ), one backward pass for the batch (`gradlab.ghost`); `"auto"` (default) uses
+      patches @ δ), one backward pass per chunk (`gradlab.ghost`); `"auto"` (default) uses
       `"ghost"` for an Equinox model with such layers and a loss registered with
       `ghost.register_model_loss` (the library's losses are), else `"vmap"`. Same numbers either way.
 
@@ -243,7 +244,7 @@ _GHOST_FAILED: set = set()
 #: Without a chunk_size, the per-layer-rule path sizes its chunks so that what the rules keep per
 #: chunk (layer inputs or patches, output gradients) stays near this many bytes: small enough to
 #: stay in cache and in the allocator's reused memory (fresh pages cost a fault each).
-GHOST_CHUNK_BYTES = 16 * 2**20
+GHOST_CHUNK_BYTES = 8 * 2**20
 
 
 def _ghost_chunk(loss_fn, diff, static, xs, ys, n: int) -> int | None:

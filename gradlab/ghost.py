@@ -17,9 +17,10 @@ convolutions. For per-example gradients (not norms) a Linear layer's outer produ
 after the per-chunk pass, straight into the N × P result (`expand`).
 
 How δ and a are obtained in JAX: every `eqx.nn.Linear` / `eqx.nn.Conv` with a rule is replaced
-by a `_Tap` that records its input `a` and adds a zero **probe** to its output; the gradient of
-the loss with respect to the probe is δ. Everything else (other leaves, Python-float params,
-layers without a rule) is differentiated the ordinary way, per example.
+by a `_Tap` that records its input `a` (a convolution: its input patches) and adds a zero
+**probe** to its output; the gradient of the loss with respect to the probe is δ. Everything
+else (other leaves, Python-float params, layers without a rule) is differentiated the ordinary
+way, per example.
 
 The rule is only valid when the loss reaches a tapped layer's weights by calling the layer
 once (no weight sharing, no L2 penalty inside `loss_fn`). A layer called twice or from inside
@@ -218,16 +219,17 @@ def _conv_grads(layer: eqx.nn.Conv, cols, d) -> tuple:
     return gw, gb
 
 
-def _conv_sq(layer, a, d) -> tuple:
-    gw, gb = _conv_grads(layer, a, d)
+def _conv_sq(layer, cols, d) -> tuple:
+    gw, gb = _conv_grads(layer, cols, d)
     return jnp.sum(jnp.square(gw)), (None if gb is None else jnp.sum(jnp.square(gb)))
 
 
-def _layer_result(layer, a, d, norms: bool):
+def _layer_result(layer, saved, d, norms: bool):
+    """The layer's gradients (or squared norms) from its saved input (patches for a conv) and δ."""
     if isinstance(layer, eqx.nn.Linear):
-        gw, gb = (_linear_sq if norms else _linear_grads)(layer, a, d)
+        gw, gb = (_linear_sq if norms else _linear_grads)(layer, saved, d)
     else:
-        gw, gb = (_conv_sq if norms else _conv_grads)(layer, a, d)
+        gw, gb = (_conv_sq if norms else _conv_grads)(layer, saved, d)
     out = eqx.tree_at(lambda l: l.weight, layer, gw)
     if gb is not None:
         out = eqx.tree_at(lambda l: l.bias, out, gb)
