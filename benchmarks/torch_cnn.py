@@ -15,7 +15,7 @@ load from other processes hits every contender alike). A peer that is not instal
 Agreement is measured on the examples without a max-pool near-tie. Where a 2×2 pooling window's
 two largest inputs agree to float32 rounding (found in float64), the gradient goes to one input
 or the other depending on each library's rounding. So there two correct implementations may
-disagree (seed 0 has one such example). Those examples are listed and reported apart.
+disagree (seed 0 has two such examples, 4 and 24). They are listed and reported apart.
 
     pip install -r requirements-bench.txt      # CPU torch + opacus
     python -m benchmarks.torch_cnn [--rounds 15] [--batch 64]

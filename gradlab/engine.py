@@ -150,7 +150,9 @@ def per_example_grads(
       `eqx.nn.Linear` / `eqx.nn.Conv` layers from per-layer rules (outer product δ ⊗ a; input
       patches @ δ), one backward pass per chunk (`gradlab.ghost`); `"auto"` (default) uses
       `"ghost"` for an Equinox model with such layers and a loss registered with
-      `ghost.register_model_loss` (the library's losses are), else `"vmap"`. Same numbers either way.
+      `ghost.register_model_loss` (the library's losses are), else `"vmap"`. Same numbers either way,
+      up to float32 rounding (which can also decide which input of a max-pool near-tie gets the
+      gradient).
 
     **Returns** the differentiable part of `params` with every leaf of shape `(N, *leaf.shape)`
     (a Python float becomes shape `(N,)`); non-differentiable leaves are `None`. Units: loss per
