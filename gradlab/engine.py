@@ -1,11 +1,20 @@
-"""The per-example gradient engine: one jitted `vmap(grad)` and its streamed reductions.
+"""The per-example gradient engine: per-layer rules found in the traced loss, exact fallbacks per leaf.
 
 `loss_fn(params, x, y) -> scalar` is the loss of ONE example. `params` is any pytree: Python
 floats, jnp arrays, dicts/tuples, or an Equinox module (non-array fields are static). `xs, ys`
-carry the example axis first. Everything that needs only a reduction of the per-example
-gradients (norms, dot products, clipped sums) streams over chunks of `chunk_size` examples with
-`jax.lax.map(..., batch_size=chunk_size)`, so peak extra memory is about chunk_size x P x 4 bytes,
-never the N x P matrix.
+carry the example axis first.
+
+Two paths compute the same numbers (up to float32 rounding):
+- `"ghost"` (what `method="auto"` takes whenever the traced loss has a layer with a rule): the
+  loss's jaxpr is read (`gradlab.rules`), every weight used once by a dense layer, convolution or
+  embedding gets its per-layer rule, every other leaf is differentiated per example; one
+  backward pass per chunk of examples. Norms need no per-example weight gradient at all.
+- `"vmap"`: the reference `vmap(grad)`.
+Everything that needs only a reduction of the per-example gradients (norms, dot products, clipped
+sums) streams over chunks of examples (`jax.lax.map(..., batch_size=chunk)`), never the N x P
+matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take about
+`CHUNK_BYTES`. The clipped sum is a weighted batch gradient (ghost clipping): norms by the rules,
+then the gradient of Σᵢ cᵢ·ℓᵢ with cᵢ = min(1, C/‖gᵢ‖) held constant.
 
 Every public function is compiled once per (loss_fn, parameter structure, shapes): pass the same
 `loss_fn` object again (not a fresh lambda) and nothing is re-traced. `TRACES` counts traces.
@@ -14,6 +23,7 @@ Every public function is compiled once per (loss_fn, parameter structure, shapes
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any, Callable, Literal
 
 import equinox as eqx
@@ -22,20 +32,21 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from gradlab import ghost, losses
+from gradlab import rules
 
 LossFn = Callable[[Any, Any, Any], Any]
 PyTree = Any
 
+#: A fixed chunk some callers pass explicitly; the engine's own default (None) sizes chunks by bytes.
 DEFAULT_CHUNK = 256
+#: Without a chunk_size, chunks are sized so that one chunk's intermediates (activations, saved
+#: layer inputs, fallback leaves' per-example gradients) take about this many bytes: small enough
+#: to stay in cache and in the allocator's reused memory (fresh pages cost a fault each).
+CHUNK_BYTES = 8 * 2**20
+GHOST_CHUNK_BYTES = CHUNK_BYTES  # the name the first engine used
 
 Method = Literal["auto", "ghost", "vmap"]
 METHODS = ("auto", "ghost", "vmap")
-
-# The library's losses reach the model's weights only by calling the model: the per-layer
-# rules (gradlab.ghost) are exact for them, so method="auto" uses them.
-ghost.register_model_loss(losses.mse)
-ghost.register_model_loss(losses.cross_entropy)
 
 #: How often each jitted body was traced (a trace precedes each compile). Tests and the
 #: benchmark read it to show that a second call with the same shapes does not recompile.
@@ -70,11 +81,6 @@ def _grad_one(loss_fn: LossFn, static: PyTree) -> Callable:
         return loss_fn(eqx.combine(diff, static), x, y)
 
     return jax.grad(loss)
-
-
-def _sq_norms_by_leaf(grads: PyTree) -> PyTree:
-    """Squared L2 norm of each leaf of ONE example's gradient: same tree, scalar leaves."""
-    return jax.tree.map(lambda g: jnp.sum(jnp.square(g)), grads)
 
 
 def _chunk(n: int, chunk_size: int | None) -> int | None:
@@ -120,12 +126,167 @@ def _check_batch(xs, ys) -> int:
     return nx
 
 
+def _check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    return method
+
+
+# ---------------------------------------------------------------- the traced loss and its plan
+
+
+class _Traced:
+    """The single-example loss traced over (all array leaves of params, x, y), and its rule plan."""
+
+    def __init__(self, loss_fn, params, xs, ys):
+        arrays, rest = eqx.partition(params, eqx.is_array)
+        self.leaves, self.treedef = jax.tree.flatten(arrays)
+        self.diff_index = [i for i, a in enumerate(self.leaves) if eqx.is_inexact_array(a)]
+        self.x_def = jax.tree.structure(xs)
+        self.y_def = jax.tree.structure(ys)
+
+        def flat_loss(leaves, x, y):
+            return loss_fn(eqx.combine(jax.tree.unflatten(self.treedef, leaves), rest), x, y)
+
+        one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
+        sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.leaves]
+        self.graph = rules.trace(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))
+        self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
+        self.plan = rules.plan(self.graph, self.diff_refs)
+        self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
+        self.fallback = [i for i in range(len(self.diff_index)) if i not in self.plan.rules]
+
+    def example_bytes(self, with_grads: bool = True) -> int:
+        """Bytes one example keeps alive in a chunk: every intermediate, plus fallback gradients."""
+        fb = sum(self.leaves[self.diff_index[i]].size * 4 for i in self.fallback) if with_grads else 0
+        return rules.saved_bytes(self.plan) + fb
+
+    def one(self, leaves, x, y):
+        """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`."""
+        probes = [jnp.zeros(a.shape, a.dtype) for a in rules.probe_avals(self.plan)]
+        xy = jax.tree.leaves(x) + jax.tree.leaves(y)
+
+        def f(fb_vals, probes):
+            vals = list(leaves)
+            for i, v in zip(self.fallback, fb_vals):
+                vals[self.diff_index[i]] = v
+            return rules.run(self.graph, self.plan, vals + xy, self.diff_refs, probes)
+
+        fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
+        (loss, saved), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
+        return loss, dict(zip(self.fallback, g_fb)), saved, deltas
+
+    def rule(self, i):
+        return self.plan.rules[i]
+
+    def diff_leaf(self, leaves, i):
+        return leaves[self.diff_index[i]]
+
+
+def _traced(loss_fn, params, xs, ys, method) -> _Traced | None:
+    """The plan for the rules path, or None for the vmap path ("auto" with no rule, or untraceable)."""
+    if method == "vmap":
+        return None
+    try:
+        t = _Traced(loss_fn, params, xs, ys)
+    except Exception:  # a loss our tracer cannot follow: the reference path is always exact
+        if method == "ghost":
+            raise
+        return None
+    if not t.plan.rules:
+        if method == "ghost":
+            raise rules.RulesUnsupported(
+                "method='ghost': no parameter leaf is used once as the weight of a dense layer, "
+                "convolution or embedding; use method='vmap'"
+            )
+        return None
+    return t
+
+
+def _bytes_chunk(n: int, chunk: int | None, per_example: int) -> int | None:
+    """An explicit chunk, or one sized so a chunk takes about CHUNK_BYTES."""
+    if chunk is not None:
+        return chunk
+    return _chunk(n, max(1, CHUNK_BYTES // max(per_example, 1)))
+
+
+def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
+    """Per-example bytes of the plain path: the loss's intermediates (x2 for the backward) + P floats."""
+    try:
+        t = _Traced(loss_fn, params, xs, ys)
+        act = rules.saved_bytes(dataclasses.replace(t.plan, rules={}))
+    except Exception:
+        act = 0
+    p = sum(a.size for a in jax.tree.leaves(_split(params)[0]))
+    return 2 * act + 4 * p
+
+
+# ---------------------------------------------------------------- one pass over the examples
+
+
+def _rules_pass(t: _Traced, leaves, xs, ys, chunk, per_example: Callable):
+    """Map `per_example(loss, fallback grads, saved, deltas)` over examples in chunks."""
+    def one(xy):
+        return per_example(*t.one(leaves, *xy))
+
+    return _map(one, (xs, ys), chunk)
+
+
+def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
+    """(losses (N,), [per-leaf squared norms (N,)] in diff-leaf order) by the rules."""
+
+    def per_example(loss, g_fb, saved, deltas):
+        sq = [None] * len(t.diff_index)
+        for i, g in g_fb.items():
+            sq[i] = jnp.sum(jnp.square(g))
+        for j, i in enumerate(t.ruled):
+            sq[i] = rules.weight_sq_norm(t.graph, t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
+        return loss, sq
+
+    return _rules_pass(t, leaves, xs, ys, chunk, per_example)
+
+
+def _diff_tree(params, values: list) -> PyTree:
+    diff, _ = _split(params)
+    return jax.tree.unflatten(jax.tree.structure(diff), values)
+
+
 @eqx.filter_jit
-def _per_example_grads(loss_fn, params, xs, ys, chunk):
+def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     TRACES["per_example_grads"] += 1
+    n = xs.shape[0] if hasattr(xs, "shape") else jax.tree.leaves(xs)[0].shape[0]
+    t = _traced(loss_fn, params, xs, ys, method)
     diff, static = _split(params)
-    g = _grad_one(loss_fn, static)
-    return _map(lambda xy: g(diff, *xy), (xs, ys), chunk)
+    if t is None:
+        g = _grad_one(loss_fn, static)
+        chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
+        return _map(lambda xy: g(diff, *xy), (xs, ys), chunk)
+    leaves = t.leaves
+    # a ruled leaf whose (a, δ) are smaller than its gradient keeps them and expands after the
+    # pass: the N x shape gradient is then written once, straight into the result
+    later = {i for i in t.ruled if rules.factor_bytes(t.plan, i) < t.leaves[t.diff_index[i]].size}
+
+    def per_example(loss, g_fb, saved, deltas):
+        out = {}
+        for j, i in enumerate(t.ruled):
+            if i in later:
+                out[i] = (saved[j], deltas[j])
+            else:
+                out[i] = rules.weight_grad(t.graph, t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
+        return g_fb, out
+
+    chunk = _bytes_chunk(n, chunk, t.example_bytes() + 4 * sum(t.leaves[t.diff_index[i]].size for i in t.ruled))
+    g_fb, out = _rules_pass(t, leaves, xs, ys, chunk, per_example)
+    values = [None] * len(t.diff_index)
+    for i, g in g_fb.items():
+        values[i] = g
+    for i, g in out.items():
+        if i in later:
+            w = t.diff_leaf(leaves, i)
+            values[i] = jax.vmap(lambda a, d: rules.weight_grad(t.graph, t.rule(i), w, a, d))(*g)
+        else:
+            values[i] = g
+    return _diff_tree(params, values)
 
 
 def per_example_grads(
@@ -140,47 +301,63 @@ def per_example_grads(
     """Per-example gradients `vmap(grad(loss_fn), in_axes=(None, 0, 0))(params, xs, ys)`.
 
     **Arguments**
-    - `loss_fn`: `(params, x, y) -> scalar`, the loss of one example.
+    - `loss_fn`: `(params, x, y) -> scalar`, the loss of one example. Any JAX code: a hand-written
+      forward on dict params, an Equinox model, a penalty term, tied weights.
     - `params`: pytree of parameters (floats, arrays, dicts/tuples, Equinox module).
     - `xs`, `ys`: inputs and targets with the example axis first, N examples.
-    - `chunk_size`: vmap over chunks of this many examples (scan between chunks) to bound the
-      intermediate activations; the result is still N x P. None: one vmap for `"vmap"`; for the
-      per-layer rules, chunks whose saved activations take about `GHOST_CHUNK_BYTES`.
-    - `method`: `"vmap"` is `vmap(grad)`; `"ghost"` builds the weight gradients of
-      `eqx.nn.Linear` / `eqx.nn.Conv` layers from per-layer rules (outer product δ ⊗ a; input
-      patches @ δ), one backward pass per chunk (`gradlab.ghost`); `"auto"` (default) uses
-      `"ghost"` for an Equinox model with such layers and a loss registered with
-      `ghost.register_model_loss` (the library's losses are), else `"vmap"`. Same numbers either way,
-      up to float32 rounding (which can also decide which input of a max-pool near-tie gets the
-      gradient).
+    - `chunk_size`: examples per vmapped chunk (a scan runs over chunks) to bound the intermediate
+      activations; the result is still N x P. None: chunks of about `CHUNK_BYTES`.
+    - `method`: `"auto"` (default) reads the traced loss (`gradlab.rules`): each weight used once
+      by a dense layer, convolution or embedding gets its per-layer rule (input ⊗ output gradient;
+      patches for convolutions; rows for embeddings), every other leaf is differentiated per
+      example; one backward pass per chunk. If no leaf has a rule it is `"vmap"`, `vmap(grad)`.
+      `"ghost"` insists on the rules (raises if none applies). Same numbers either way, up to
+      float32 rounding (which can also decide which input of a max-pool near-tie gets the gradient).
 
     **Returns** the differentiable part of `params` with every leaf of shape `(N, *leaf.shape)`
     (a Python float becomes shape `(N,)`); non-differentiable leaves are `None`. Units: loss per
     parameter unit.
 
-    **Raises** `ValueError` if xs and ys disagree on N, N is 0, or chunk_size < 1, or an
-    unknown method; `ghost.GhostUnsupported` (a ValueError) for `method="ghost"` on a model
-    without rules.
+    **Raises** `ValueError` if xs and ys disagree on N, N is 0, chunk_size < 1, or an unknown
+    method; `rules.RulesUnsupported` (a ValueError) for `method="ghost"` when no leaf has a rule.
 
     Source: the JAX per-example gradient idiom (JAX docs, "Automatic vectorization"); seeds 000-002;
     Goodfellow (2015), arXiv:1510.01799, for the per-layer rules.
     """
     n = _check_batch(xs, ys)
-    params = as_params(params)
-    chunk = _chunk(n, chunk_size)
-    return _dispatch(
-        method, loss_fn, params,
-        lambda: _ghost_grads(loss_fn, params, xs, ys, chunk),
-        lambda: _per_example_grads(loss_fn, params, xs, ys, chunk),
-    )
+    _check_method(method)
+    return _per_example_grads(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)
 
 
 @eqx.filter_jit
-def _sq_norms(loss_fn, params, xs, ys, chunk):
+def _sq_norms(loss_fn, params, xs, ys, chunk, method="vmap"):
+    """(losses (N,), per-leaf squared norms: a tree like diff with (N,) leaves)."""
     TRACES["per_example_sq_norms"] += 1
+    return _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
+
+
+def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
+    n = jax.tree.leaves(xs)[0].shape[0]
+    t = _traced(loss_fn, params, xs, ys, method)
     diff, static = _split(params)
-    g = _grad_one(loss_fn, static)
-    return _map(lambda xy: _sq_norms_by_leaf(g(diff, *xy)), (xs, ys), chunk)
+    if t is None:
+        def one(d, x, y):
+            return loss_fn(eqx.combine(d, static), x, y)
+
+        vg = jax.value_and_grad(one)
+        chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
+        losses, sq = _map(lambda xy: (lambda lg: (lg[0], jax.tree.map(lambda g: jnp.sum(jnp.square(g)), lg[1])))(vg(diff, *xy)),
+                          (xs, ys), chunk)
+        return losses, sq
+    chunk = _bytes_chunk(n, chunk, t.example_bytes())
+    losses, sq = _rules_sq_norms(t, t.leaves, xs, ys, chunk)
+    return losses, _diff_tree(params, sq)
+
+
+def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
+    n = _check_batch(xs, ys)
+    _check_method(method)
+    return _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)[1]
 
 
 def per_example_layer_norms(
@@ -189,21 +366,20 @@ def per_example_layer_norms(
     xs: Any,
     ys: Any,
     *,
-    chunk_size: int | None = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     method: Method = "auto",
 ) -> dict[str, Float[Array, "N"]]:
     """L2 norm of each parameter leaf's per-example gradient ("which layers carry the norm").
 
-    Streams over chunks: never holds the N x P matrix (peak extra memory ~ chunk_size x P x 4 B).
+    Streams over chunks: never holds the N x P matrix. On the rules path a dense layer's weight
+    norm is ‖δᵢ‖·‖aᵢ‖ (one input) or the ghost norm over tokens, from one backward pass: no
+    per-example weight gradient is built at all (Goodfellow 2015; Li et al. 2022).
 
-    **Arguments** as `per_example_grads`. With `method="ghost"` (or `"auto"` on the library's
-    models and losses) a Linear layer's weight norm is ‖δᵢ‖·‖aᵢ‖ and its bias norm ‖δᵢ‖, from one
-    backward pass: no per-example weight gradient is built at all (Goodfellow 2015; Opacus'
-    ghost clipping).
+    **Arguments** as `per_example_grads`.
 
     **Returns** `{leaf name: (N,) float32 norms}`, names from the pytree path (e.g.
-    `".layers[0].weight"`, or `"[0]"` for a tuple of floats), in tree order. The global norm is
-    `sqrt(sum of squares)` over leaves.
+    `".layers[0].weight"`, `"['w1']"`, or `"[0]"` for a tuple of floats), in tree order. The
+    global norm is `sqrt(sum of squares)` over leaves.
 
     **Raises** `ValueError` as `per_example_grads`.
     """
@@ -218,15 +394,16 @@ def per_example_norms(
     xs: Any,
     ys: Any,
     *,
-    chunk_size: int | None = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     method: Method = "auto",
 ) -> Float[Array, "N"]:
-    """Global L2 norm ||∇θ loss(θ, x_i, y_i)||₂ of each example's gradient, streamed.
+    """Global L2 norm ‖∇θ loss(θ, x_i, y_i)‖₂ of each example's gradient, streamed.
 
-    Peak extra memory ~ chunk_size x P x 4 bytes: the N x P matrix is never built. With
-    `method="ghost"` (the default `"auto"` picks it for the library's models and losses) Linear
-    layers contribute ‖δᵢ‖²·‖aᵢ‖² + ‖δᵢ‖² and no per-example weight gradient is built: about the
-    cost of one batch gradient (Goodfellow 2015, arXiv:1510.01799).
+    The N x P matrix is never built. On the rules path (`method="auto"` whenever the traced loss
+    has a dense layer, convolution or embedding) ruled weights contribute their rule's norm
+    (‖δᵢ‖²·‖aᵢ‖², the ghost norm over tokens, patches for convolutions) and only the other leaves
+    are differentiated per example: about the cost of one batch gradient (Goodfellow 2015,
+    arXiv:1510.01799; Li et al. 2022, arXiv:2110.05679).
 
     **Arguments** as `per_example_grads`.
 
@@ -238,107 +415,72 @@ def per_example_norms(
     return jnp.sqrt(sum(jax.tree.leaves(sq)))
 
 
-# ---------------------------------------------------------------- the per-layer-rule path
+def resolve_method(method: str, loss_fn: LossFn, params: PyTree, xs: Any = None, ys: Any = None) -> str:
+    """Which path `method` takes for this loss and model: `"ghost"` (per-layer rules) or `"vmap"`.
 
-_GHOST_FAILED: set = set()
-
-
-#: Without a chunk_size, the per-layer-rule path sizes its chunks so that what the rules keep per
-#: chunk (layer inputs or patches, output gradients) stays near this many bytes: small enough to
-#: stay in cache and in the allocator's reused memory (fresh pages cost a fault each).
-GHOST_CHUNK_BYTES = 8 * 2**20
-
-
-def _ghost_chunk(loss_fn, diff, static, xs, ys, n: int) -> int | None:
-    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
-    per_example = ghost.example_bytes(loss_fn, diff, static, jax.tree.map(one, xs), jax.tree.map(one, ys))
-    return _chunk(n, max(1, GHOST_CHUNK_BYTES // max(per_example, 1)))
-
-
-@eqx.filter_jit
-def _ghost_grads(loss_fn, params, xs, ys, chunk):
-    TRACES["ghost_grads"] += 1
-    diff, static = _split(params)
-    if chunk is None:
-        chunk = _ghost_chunk(loss_fn, diff, static, xs, ys, jax.tree.leaves(xs)[0].shape[0])
-    one = lambda xy: ghost.one_example(loss_fn, diff, static, *xy, norms=False)
-    return ghost.expand(_map(one, (xs, ys), chunk))
-
-
-@eqx.filter_jit
-def _ghost_sq_norms(loss_fn, params, xs, ys, chunk):
-    TRACES["ghost_sq_norms"] += 1
-    diff, static = _split(params)
-    one = lambda xy: ghost.one_example(loss_fn, diff, static, *xy, norms=True)
-    return _map(one, (xs, ys), chunk)
-
-
-def _ghost_key(loss_fn, params):
-    try:
-        key = (loss_fn, jax.tree.structure(params))
-        hash(key)
-        return key
-    except TypeError:
-        return None
-
-
-def resolve_method(method: str, loss_fn: LossFn, params: PyTree) -> str:
-    """Which path `method` takes for this loss and model: `"ghost"` or `"vmap"`.
+    With `xs, ys` (example axis first) the loss is traced and `"auto"` gives `"ghost"` only when
+    some leaf has a rule; without them `"auto"` gives `"ghost"` (the engine decides per call).
 
     **Raises** `ValueError` for a method other than "auto", "ghost", "vmap".
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method != "auto":
-        return method
-    if ghost.is_model_loss(loss_fn) and ghost.supports(params):
-        return "vmap" if _ghost_key(loss_fn, params) in _GHOST_FAILED else "ghost"
-    return "vmap"
+    _check_method(method)
+    if method != "auto" or xs is None:
+        return method if method != "auto" else "ghost"
+    return "vmap" if _traced(loss_fn, as_params(params), xs, ys, "auto") is None else "ghost"
 
 
-def _dispatch(method, loss_fn, params, fast, plain):
-    """Run `fast` (per-layer rules) or `plain` (vmap); "auto" falls back when tracing says no."""
-    path = resolve_method(method, loss_fn, params)
-    if path == "vmap":
-        return plain()
-    if method == "ghost" and not ghost.supports(params):
-        raise ghost.GhostUnsupported(
-            "method='ghost' needs an Equinox model with eqx.nn.Linear or eqx.nn.Conv layers"
-        )
-    try:
-        return fast()
-    except ghost.GhostUnsupported:
-        if method == "ghost":
-            raise
-        key = _ghost_key(loss_fn, params)
-        if key is not None:
-            _GHOST_FAILED.add(key)
-        return plain()
+def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
+    """Which path each differentiable leaf takes on the rules path, and why.
 
+    **Arguments** as `per_example_grads` (only the shapes of `xs, ys` matter).
 
-def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
-    """Per-leaf squared per-example norms, streamed over chunks, by the chosen method."""
-    n = _check_batch(xs, ys)
+    **Returns** one dict per leaf, in tree order: `leaf` (name as in `per_example_layer_norms`),
+    `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"` or
+    `"—"`), `why` (how its per-example gradient or norm is computed, or why it has no rule).
+    Every row says `"fallback"` with the reason if the loss cannot be traced.
+    """
     params = as_params(params)
-    chunk = _chunk(n, chunk_size)
-    return _dispatch(
-        method, loss_fn, params,
-        lambda: _ghost_sq_norms(loss_fn, params, xs, ys, chunk),
-        lambda: _sq_norms(loss_fn, params, xs, ys, chunk),
-    )
+    names = leaf_names(params)
+    shapes = [tuple(np.shape(a)) for a in jax.tree.leaves(_split(params)[0])]
+    try:
+        t = _Traced(loss_fn, params, xs, ys)
+    except Exception as err:  # noqa: BLE001 - shown to the user, the engine then uses vmap
+        return [dict(leaf=n, shape=s, path="fallback", kind="—", why=f"the loss could not be traced: {err}")
+                for n, s in zip(names, shapes)]
+    rows = []
+    for i, (n, s) in enumerate(zip(names, shapes)):
+        r = t.plan.rules.get(i)
+        if r is None:
+            rows.append(dict(leaf=n, shape=s, path="fallback", kind="—",
+                             why=t.plan.fallback.get(i, "") + ": differentiated per example (exact)"))
+        else:
+            rows.append(dict(leaf=n, shape=s, path="rule", kind=r.kind, why=r.why))
+    return rows
 
 
 @eqx.filter_jit
-def _dots(loss_fn, params, xs, ys, v, chunk):
+def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
     TRACES["per_example_dots"] += 1
+    n = jax.tree.leaves(xs)[0].shape[0]
     diff, static = _split(params)
-    g = _grad_one(loss_fn, static)
+    vs = jax.tree.leaves(v)
+    t = _traced(loss_fn, params, xs, ys, method)
+    if t is None:
+        g = _grad_one(loss_fn, static)
 
-    def dot(xy):
-        gi = g(diff, *xy)
-        return sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(gi), jax.tree.leaves(v)))
+        def dot(xy):
+            gi = g(diff, *xy)
+            return sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(gi), vs))
 
-    return _map(dot, (xs, ys), chunk)
+        return _map(dot, (xs, ys), _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)))
+
+    def per_example(loss, g_fb, saved, deltas):
+        total = sum((jnp.vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
+        for j, i in enumerate(t.ruled):
+            total = total + rules.weight_dot(t.graph, t.rule(i), vs[i], saved[j], deltas[j])
+        return total
+
+    return _rules_pass(t, t.leaves, xs, ys, _bytes_chunk(n, chunk, t.example_bytes()), per_example)
 
 
 def per_example_dots(
@@ -348,12 +490,14 @@ def per_example_dots(
     ys: Any,
     vector: PyTree,
     *,
-    chunk_size: int | None = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
+    method: Method = "auto",
 ) -> Float[Array, "N"]:
     """Dot product ⟨∇θ loss(θ, x_i, y_i), v⟩ of each example's gradient with a fixed vector v.
 
     The building block of gradient similarity, TracIn and influence functions; streamed, so it
-    never holds N x P.
+    never holds N x P. On the rules path a ruled weight contributes ⟨δᵢ, op(v, aᵢ)⟩ (its layer
+    applied with v as weight: the op is linear in the weight), no per-example gradient built.
 
     **Arguments** as `per_example_grads`, plus `vector`: a pytree shaped like the differentiable
     part of `params` (e.g. a test gradient from `grad`).
@@ -363,35 +507,83 @@ def per_example_dots(
     **Raises** `ValueError` as `per_example_grads`, or if `vector` has another structure.
     """
     n = _check_batch(xs, ys)
+    _check_method(method)
     params = as_params(params)
     diff, _ = _split(params)
     vector = as_params(vector)
     if jax.tree.structure(diff) != jax.tree.structure(vector):
         raise ValueError("vector must have the structure of the differentiable parameters")
-    return _dots(loss_fn, params, xs, ys, vector, _chunk(n, chunk_size))
+    return _dots(loss_fn, params, xs, ys, vector, _chunk(n, chunk_size), method)
+
+
+# ---------------------------------------------------------------- clipped sums (ghost clipping)
+
+
+def weighted_grad(loss_fn: LossFn, params: PyTree, xs, ys, weights) -> PyTree:
+    """Σᵢ wᵢ·∇θ loss(θ, xᵢ, yᵢ) as ONE gradient of Σᵢ wᵢ·ℓᵢ (weights held constant). Traceable."""
+    diff, static = _split(params)
+    w = jax.lax.stop_gradient(weights)
+
+    def total(d):
+        return jnp.sum(w * jax.vmap(lambda x, y: loss_fn(eqx.combine(d, static), x, y))(xs, ys))
+
+    return jax.grad(total)(diff)
+
+
+def clip_factors(norms, clip_norm, weights=None):
+    """cᵢ = wᵢ·min(1, C/‖gᵢ‖): the weight of example i in the clipped sum (C = inf gives wᵢ)."""
+    c = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-30))
+    return c if weights is None else c * weights
+
+
+def clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=None, chunk=None, method="auto"):
+    """The clipped sum inside a trace: `(Σᵢ wᵢ·min(1, C/‖gᵢ‖)·gᵢ, losses (N,), norms (N,))`.
+
+    Ghost clipping (`method` "auto"/"ghost"): norms by the per-layer rules, then one weighted
+    backward pass. `method="vmap"`: per-example gradients chunk by chunk, clipped and summed (the
+    reference). Used by `clipped_grad_sum`, DP-SGD training (`gradlab.train`) and the clipping
+    analysis (`gradlab.clipping`).
+    """
+    if method == "vmap":
+        return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)
+    losses, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
+    norms = jnp.sqrt(sum(jax.tree.leaves(sq)))
+    c = clip_factors(norms, clip_norm, weights)
+    return weighted_grad(loss_fn, params, xs, ys, c), losses, norms
+
+
+def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
+    n = jax.tree.leaves(xs)[0].shape[0]
+    diff, static = _split(params)
+    w = jnp.ones(n) if weights is None else weights
+    vg = jax.value_and_grad(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y))
+
+    def clipped(x, y, wi):
+        loss, gi = vg(diff, x, y)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(gi)))
+        scale = clip_factors(norm, clip_norm, wi)
+        return jax.tree.map(lambda a: a * scale, gi), loss, norm
+
+    chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)) or n
+    pad = (-n) % chunk
+    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys, w))
+    split = jax.tree.map(lambda a: a.reshape((-1, chunk) + a.shape[1:]), padded)
+    mask = (jnp.arange(n + pad) < n).reshape(-1, chunk)
+
+    def step(total, batch):
+        (x, y, wi), m = batch
+        g, losses, norms = jax.vmap(clipped)(x, y, wi * m)
+        return jax.tree.map(lambda t, a: t + a.sum(0), total, g), (losses, norms)
+
+    total, (losses, norms) = jax.lax.scan(step, jax.tree.map(jnp.zeros_like, diff), (split, mask))
+    return total, losses.reshape(-1)[:n], norms.reshape(-1)[:n]
 
 
 @eqx.filter_jit
-def _clipped_sum(loss_fn, params, xs, ys, clip_norm, chunk):
+def _clipped_sum(loss_fn, params, xs, ys, clip_norm, weights, chunk, method):
     TRACES["clipped_grad_sum"] += 1
-    diff, static = _split(params)
-    g = _grad_one(loss_fn, static)
-
-    def clipped(xy):
-        gi = g(diff, *xy)
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(gi)))
-        scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-12))
-        return jax.tree.map(lambda a: a * scale, gi)
-
-    if chunk is None:
-        return jax.tree.map(lambda a: a.sum(0), jax.vmap(clipped)((xs, ys)))
-
-    def step(total, batch):
-        (x, y), m = batch
-        gc = jax.vmap(clipped)((x, y))
-        return jax.tree.map(lambda t, a: t + jnp.tensordot(m, a, axes=1), total, gc)
-
-    return scan_chunks(step, jax.tree.map(jnp.zeros_like, diff), (xs, ys), chunk)
+    total, _, norms = clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights, chunk, method)
+    return total, norms
 
 
 def clipped_grad_sum(
@@ -401,25 +593,40 @@ def clipped_grad_sum(
     ys: Any,
     clip_norm: float,
     *,
-    chunk_size: int | None = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
+    weights: Any = None,
+    method: Method = "auto",
+    return_norms: bool = False,
 ) -> PyTree:
-    """Sum of per-example gradients, each clipped to global L2 norm at most C: Σ_i g_i·min(1, C/‖g_i‖).
+    """Sum of per-example gradients, each clipped to global L2 norm at most C: Σᵢ wᵢ·min(1, C/‖gᵢ‖)·gᵢ.
 
-    The DP-SGD aggregate before noise (Abadi et al. 2016, Algorithm 1). Streamed: accumulates
-    chunk by chunk, never holding N x P. `clip_norm=inf` gives the plain gradient sum.
+    The DP-SGD aggregate before noise (Abadi et al. 2016, Algorithm 1). Ghost clipping (Li et al.
+    2022): the norms ‖gᵢ‖ come from the per-layer rules in one streamed pass, then the sum is ONE
+    backward pass of Σᵢ cᵢ·ℓᵢ with cᵢ = wᵢ·min(1, C/‖gᵢ‖) held constant: no per-example gradient
+    is built. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference).
 
-    **Arguments** as `per_example_grads`, plus `clip_norm` C > 0 (same units as the gradient norm).
+    **Arguments** as `per_example_grads`, plus
+    - `clip_norm`: C > 0 (same units as the gradient norm); `inf` gives the plain gradient sum.
+    - `weights`: optional `(N,)` per-example weights wᵢ, e.g. a 0/1 mask of a Poisson-sampled
+      batch held in a fixed-size buffer.
+    - `return_norms`: also return the `(N,)` unclipped norms ‖gᵢ‖.
 
-    **Returns** a pytree like the differentiable part of `params` (no example axis).
+    **Returns** a pytree like the differentiable part of `params` (no example axis); with
+    `return_norms`, `(sum, norms)`.
 
-    **Raises** `ValueError` if C <= 0 or as `per_example_grads`.
+    **Raises** `ValueError` if C <= 0, `weights` is not `(N,)`, or as `per_example_grads`.
     """
     if not clip_norm > 0:
         raise ValueError(f"clipping norm C must be > 0, got {clip_norm}")
     n = _check_batch(xs, ys)
-    return _clipped_sum(
-        loss_fn, as_params(params), xs, ys, jnp.float32(clip_norm), _chunk(n, chunk_size)
-    )
+    _check_method(method)
+    if weights is not None:
+        weights = jnp.asarray(weights, jnp.float32)
+        if weights.shape != (n,):
+            raise ValueError(f"weights must have shape ({n},), got {weights.shape}")
+    total, norms = _clipped_sum(loss_fn, as_params(params), xs, ys, jnp.float32(clip_norm), weights,
+                                _chunk(n, chunk_size), method)
+    return (total, norms) if return_norms else total
 
 
 @eqx.filter_jit

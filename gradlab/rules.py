@@ -1,0 +1,443 @@
+"""Per-layer rules found in the traced loss: per-example gradients at the cost of one backward pass.
+
+A weight W that enters the loss of one example only through one linear operation
+`z = op(W, a)` (a dense layer `dot_general`, a convolution, an embedding `gather`) has the
+per-example gradient `∂ℓ/∂W = op*(a, δ)`, the VJP of `op` in W given the operation's other
+operand `a` and its output gradient `δ = ∂ℓ/∂z`. So one backward pass to the layer *outputs*
+gives every such leaf's per-example gradient, and its norm needs no gradient at all:
+
+- dense, one input vector: ‖δ ⊗ a‖² = ‖δ‖²·‖a‖² (Goodfellow 2015, arXiv:1510.01799);
+- dense over T tokens or positions: ‖Σₜ δₜ aₜᵀ‖² = Σₜ,ₛ (aₜ·aₛ)(δₜ·δₛ), the "ghost norm" (Li et al.
+  2022, arXiv:2110.05679), or the T·I·O outer product, whichever costs fewer flops;
+- convolution: the same on its input patches ("im2col": the patches also compute the
+  convolution, as a matmul, which XLA runs several times faster than its CPU convolution);
+- embedding: Σₜ,ₛ [idₜ = idₛ] δₜ·δₛ over the looked-up rows.
+
+Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`jax.make_jaxpr`, nested
+`jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
+shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims) to its uses. A leaf with
+exactly one use as a weight operand gets a rule; every other leaf (biases, LayerNorm scales, tied
+weights, a penalty term inside the loss, Python floats, a leaf entering a custom_jvp or a scan)
+*falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is
+exact and costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held
+constant, a zero probe added to each ruled output (its gradient is δ) and the other operand `a`
+saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections import defaultdict
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jcore
+
+
+class RulesUnsupported(ValueError):
+    """No parameter leaf of this loss has a per-layer rule (use `method="vmap"`)."""
+
+
+#: Unary ops a weight may pass through on its way to its layer op (reshapes, casts, transposes).
+SHAPE_OPS = frozenset({"transpose", "reshape", "convert_element_type", "squeeze", "expand_dims", "copy", "copy_p"})
+#: Call primitives whose body is inlined (they only group equations).
+INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Lit:
+    """A constant operand of an equation (a literal or a closed-over array)."""
+
+    val: Any
+
+
+@dataclasses.dataclass
+class Eqn:
+    """One equation of the inlined jaxpr: `outs = prim.bind(*ins, **params)`; refs are ints."""
+
+    prim: Any
+    params: dict
+    ins: list
+    outs: list
+    out_avals: list
+
+
+@dataclasses.dataclass
+class Graph:
+    """The single-example loss as a flat list of equations over integer refs."""
+
+    eqns: list
+    inputs: list
+    outputs: list
+    avals: dict
+
+
+def trace(fn: Callable, *args) -> Graph:
+    """Trace `fn(*args)` (arrays or `jax.ShapeDtypeStruct`s, flattened in order) into a `Graph`."""
+    closed = jax.make_jaxpr(fn)(*args)
+    counter = itertools.count()
+    eqns, avals = [], {}
+
+    def fresh(aval):
+        r = next(counter)
+        avals[r] = aval
+        return r
+
+    def walk(jaxpr, consts, inputs):
+        env = dict(zip(jaxpr.constvars, (Lit(c) for c in consts)))
+        env.update(zip(jaxpr.invars, inputs))
+        read = lambda v: Lit(v.val) if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
+        for e in jaxpr.eqns:
+            ins = [read(v) for v in e.invars]
+            if e.primitive.name in INLINE:
+                sub = e.params.get("jaxpr", e.params.get("call_jaxpr"))
+                body, sub_consts = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, [])
+                outs = walk(body, sub_consts, ins)
+            else:
+                outs = [fresh(v.aval) for v in e.outvars]
+                eqns.append(Eqn(e.primitive, dict(e.params), ins, outs, [v.aval for v in e.outvars]))
+            env.update(zip(e.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    inputs = [fresh(v.aval) for v in closed.jaxpr.invars]
+    outputs = walk(closed.jaxpr, closed.consts, inputs)
+    return Graph(eqns, inputs, outputs, avals)
+
+
+def _bind(e: Eqn, vals: list) -> list:
+    out = e.prim.bind(*vals, **e.prim.get_bind_params(e.params))
+    return list(out) if e.prim.multiple_results else [out]
+
+
+def _size(shape) -> int:
+    return int(math.prod(shape))
+
+
+# ------------------------------------------------------------------ the layer ops and their rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A leaf's per-layer rule: `kind` in dense | conv | embedding, at equation `eqn`.
+
+    `pos`: the weight's operand position; `chain`: the shape-only equations from the leaf to it;
+    `norm`: how its per-example norm is computed ("gram": the ghost norm, "outer": the weight
+    gradient formed per example); `tokens`: T, the positions the weight is applied to.
+    """
+
+    leaf: int
+    eqn: int
+    kind: str
+    pos: int
+    chain: tuple
+    norm: str
+    tokens: int
+    why: str
+    other_shape: tuple = ()
+    weight_shape: tuple = ()
+
+
+def _conv_geometry(e: Eqn, lhs_shape, rhs_shape):
+    dn = e.params["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    out_shape = e.out_avals[0].shape
+    kernel = tuple(rhs_shape[d] for d in rhs_spec[2:])
+    out_sp = tuple(out_shape[d] for d in out_spec[2:])
+    groups = e.params["feature_group_count"]
+    b, c = lhs_shape[lhs_spec[0]], lhs_shape[lhs_spec[1]]
+    o = rhs_shape[rhs_spec[0]]
+    return dict(lhs_spec=lhs_spec, rhs_spec=rhs_spec, out_spec=out_spec, kernel=kernel, out_sp=out_sp,
+                groups=groups, b=b, cg=c // groups, og=o // groups, k=_size(kernel), pos=_size(out_sp))
+
+
+def _patches(e: Eqn, x, rhs_shape):
+    """Input patches of a convolution: `(B, G, C_g·K, positions)`, in the weight's (C_g, K) order."""
+    g = _conv_geometry(e, x.shape, rhs_shape)
+    x = jnp.transpose(x, g["lhs_spec"])  # (B, C, *S)
+    pads = [(0, 0, 0), (0, 0, 0)] + [(lo, hi, 0) for lo, hi in e.params["padding"]]
+    x = lax.pad(x, jnp.zeros((), x.dtype), pads)
+    strides, dil = e.params["window_strides"], e.params["rhs_dilation"]
+    cols = []
+    for offs in itertools.product(*(range(k) for k in g["kernel"])):
+        start = [0, 0] + [o * d for o, d in zip(offs, dil)]
+        limit = list(x.shape[:2]) + [s + (m - 1) * st + 1 for s, m, st in zip(start[2:], g["out_sp"], strides)]
+        cols.append(lax.slice(x, start, limit, (1, 1) + tuple(strides)))
+    p = jnp.stack(cols, axis=2)  # (B, C, K, *out)
+    return p.reshape(g["b"], g["groups"], g["cg"] * g["k"], g["pos"])
+
+
+def _conv_from_patches(e: Eqn, w, p, lhs_shape):
+    """The convolution `e` as a grouped matmul of its weight with the patches `p`."""
+    g = _conv_geometry(e, lhs_shape, w.shape)
+    wt = jnp.transpose(w, g["rhs_spec"]).reshape(g["groups"], g["og"], g["cg"] * g["k"])
+    out = jnp.einsum("bgjp,goj->bgop", p, wt.astype(p.dtype), preferred_element_type=p.dtype)
+    out = out.reshape((g["b"], g["groups"] * g["og"]) + g["out_sp"])
+    return jnp.transpose(out, np.argsort(g["out_spec"])).astype(e.out_avals[0].dtype)
+
+
+def _dense_dims(e: Eqn, pos: int, a_shape):
+    """(free, contracting, batch) dims of the non-weight operand `a`, and T, I, O."""
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    ca, ba = (lc, lb) if pos == 1 else (rc, rb)
+    free = [d for d in range(len(a_shape)) if d not in ca and d not in ba]
+    t = _size([a_shape[d] for d in free])
+    i = _size([a_shape[d] for d in ca])
+    o = _size(e.out_avals[0].shape) // max(t * _size([a_shape[d] for d in ba]), 1)
+    return free, list(ca), list(ba), t, i, o
+
+
+def _gather_simple(e: Eqn, table_shape) -> bool:
+    """A gather that picks whole rows (an embedding lookup), as `table[ids]` or `eqx.nn.Embedding` do."""
+    dn = e.params["dimension_numbers"]
+    sizes = e.params["slice_sizes"]
+    return (not dn.operand_batching_dims
+            and all(s == 1 or s == n for s, n in zip(sizes, table_shape))
+            and all(sizes[d] == 1 or sizes[d] == table_shape[d] for d in dn.start_index_map))
+
+
+def _gather_rows(e: Eqn, table_shape, ids_shape):
+    dn = e.params["dimension_numbers"]
+    t = _size(ids_shape[:-1])
+    d = _size(e.out_avals[0].shape) // max(t, 1)
+    return t, d
+
+
+def _shape(graph: Graph, atom) -> tuple:
+    return tuple(graph.avals[atom].shape) if isinstance(atom, int) else tuple(np.shape(atom.val))
+
+
+def _other(e: Eqn, rule) -> Any:
+    """The operand that is not the weight: the layer input (or the ids of an embedding)."""
+    return e.ins[1] if rule.kind in ("embedding",) else e.ins[1 - rule.pos]
+
+
+def _make_rule(graph: Graph, leaf: int, k: int, pos: int, chain: tuple):
+    """The rule for a leaf whose only use is operand `pos` of equation `k`, or (None, why)."""
+    e = graph.eqns[k]
+    name = e.prim.name
+    other = e.ins[1 - pos] if name != "gather" else e.ins[1]
+    other_shape = graph.avals[other].shape if isinstance(other, int) else np.shape(other.val)
+    w_shape = graph.avals[e.ins[pos]].shape
+    if name == "dot_general":
+        free, ca, ba, t, i, o = _dense_dims(e, pos, other_shape)
+        if ba:
+            return Rule(leaf, k, "dense", pos, chain, "outer", t, "dense layer with batch dims: weight gradient per example"), None
+        gram = t > 1 and t * t * (i + o) < t * i * o
+        how = f"ghost norm over {t} tokens" if gram else ("‖δ‖·‖a‖" if t == 1 else f"outer product over {t} tokens")
+        return Rule(leaf, k, "dense", pos, chain, "gram" if gram or t == 1 else "outer", t, f"dense layer: {how}"), None
+    if name == "conv_general_dilated" and pos == 1:
+        if any(d != 1 for d in e.params["lhs_dilation"]) or e.params["batch_group_count"] != 1:
+            return None, "transposed convolution (lhs_dilation) or batch groups: no rule"
+        g = _conv_geometry(e, other_shape, w_shape)
+        t, j, o = g["b"] * g["pos"], g["cg"] * g["k"], g["og"]
+        gram = t * t * (j + o) < t * j * o
+        how = f"ghost norm over {t} positions" if gram else f"patches ⊗ δ over {t} positions"
+        return Rule(leaf, k, "conv", pos, chain, "gram" if gram else "outer", t, f"convolution (im2col): {how}"), None
+    if name == "gather" and pos == 0:
+        t, d = _gather_rows(e, w_shape, other_shape)
+        gram = _gather_simple(e, w_shape) and t * t * d < _size(w_shape)
+        how = f"rows with equal ids over {t} lookups" if gram else "row gradients scattered per example"
+        return Rule(leaf, k, "embedding", pos, chain, "gram" if gram else "outer", t, f"embedding lookup: {how}"), None
+    return None, f"enters `{name}`" + (" as its input" if name == "conv_general_dilated" else "") + ": no per-layer rule"
+
+
+@dataclasses.dataclass
+class Plan:
+    """Which leaves have rules (`rules`: leaf index → Rule) and why the others fall back."""
+
+    graph: Graph
+    n_leaves: int
+    rules: dict
+    fallback: dict  # leaf index -> reason
+
+    @property
+    def by_eqn(self) -> dict:
+        return {r.eqn: r for r in self.rules.values()}
+
+
+def plan(graph: Graph, diff_refs: list) -> Plan:
+    """Match each differentiable leaf (input ref in `diff_refs`) to a rule, or say why it falls back."""
+    uses = defaultdict(list)
+    for k, e in enumerate(graph.eqns):
+        for p, a in enumerate(e.ins):
+            if isinstance(a, int):
+                uses[a].append((k, p))
+    for o in graph.outputs:
+        if isinstance(o, int):
+            uses[o].append((None, None))
+    rules, fallback = {}, {}
+    for leaf, ref in enumerate(diff_refs):
+        chain = []
+        while True:
+            us = uses[ref]
+            if not us:
+                fallback[leaf] = "not used by the loss (gradient zero)"
+                break
+            if len(us) > 1:
+                fallback[leaf] = f"used {len(us)} times (tied weights, a penalty term, a bias or scale …)"
+                break
+            k, p = us[0]
+            if k is None:
+                fallback[leaf] = "returned by the loss itself"
+                break
+            e = graph.eqns[k]
+            if e.prim.name in SHAPE_OPS:
+                chain.append(k)
+                ref = e.outs[0]
+                continue
+            if e.prim.name in ("dot_general", "conv_general_dilated", "gather"):
+                rule, why = _make_rule(graph, leaf, k, p, tuple(chain))
+            else:
+                rule, why = None, f"enters `{e.prim.name}`: no per-layer rule (a bias, scale or elementwise use)"
+            if rule is None:
+                fallback[leaf] = why
+            else:
+                rules[leaf] = dataclasses.replace(rule, other_shape=tuple(_shape(graph, _other(e, rule))),
+                                                  weight_shape=tuple(_shape(graph, e.ins[p])))
+            break
+    # two weights of one op (W1 @ W2): neither is a layer weight with a fixed input
+    count = defaultdict(list)
+    for r in rules.values():
+        count[r.eqn].append(r.leaf)
+    for leaves in count.values():
+        if len(leaves) > 1:
+            for leaf in leaves:
+                del rules[leaf]
+                fallback[leaf] = "both operands of one product are parameters"
+    # the other operand must not depend on the ruled weight's op itself (it cannot: one use)
+    return Plan(graph, len(diff_refs), rules, fallback)
+
+
+# ------------------------------------------------------------------ evaluation with probes
+
+
+def _apply(graph: Graph, rule: Rule, w, saved):
+    """The ruled op as a function of its (leaf) weight: chain of shape ops, then the layer op."""
+    for k in rule.chain:
+        w = _bind(graph.eqns[k], [w])[0]
+    e = graph.eqns[rule.eqn]
+    if rule.kind == "conv":
+        return _conv_from_patches(e, w, saved, rule.other_shape)
+    ins = [saved, w] if rule.pos == 1 else [w, saved]
+    if rule.kind == "embedding":
+        ins = [w, saved]
+    return _bind(e, ins)[0]
+
+
+def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
+    """Evaluate the loss: `values` for the graph's inputs (ruled leaves as held constants).
+
+    **Returns** `(loss, saved)`: `saved[j]` is the j-th ruled op's other operand (patches for a
+    convolution), in the order of `sorted(pl.rules)`; `probes[j]` was added to its output.
+    """
+    env = dict(zip(graph.inputs, values))
+    order = sorted(pl.rules)
+    slot = {pl.rules[leaf].eqn: j for j, leaf in enumerate(order)}
+    saved = [None] * len(order)
+    read = lambda a: a.val if isinstance(a, Lit) else env[a]  # noqa: E731
+    for k, e in enumerate(graph.eqns):
+        ins = [read(a) for a in e.ins]
+        j = slot.get(k)
+        if j is None:
+            outs = _bind(e, ins)
+        else:
+            rule = pl.rules[order[j]]
+            if rule.kind == "conv":
+                a = _patches(e, ins[0], ins[1].shape)
+                out = _conv_from_patches(e, ins[1], a, ins[0].shape)
+            else:
+                a = ins[1] if rule.kind == "embedding" else ins[1 - rule.pos]
+                out = _bind(e, ins)[0]
+            saved[j] = a
+            outs = [out + probes[j].astype(out.dtype)]
+        env.update(zip(e.outs, outs))
+    return read(graph.outputs[0]), saved
+
+
+def probe_avals(pl: Plan) -> list:
+    return [pl.graph.eqns[pl.rules[leaf].eqn].out_avals[0] for leaf in sorted(pl.rules)]
+
+
+def weight_grad(graph: Graph, rule: Rule, leaf_val, saved, delta):
+    """One example's gradient for the ruled leaf: the VJP of its op in the weight, given (a, δ)."""
+    _, vjp = jax.vjp(lambda w: _apply(graph, rule, w, saved), leaf_val)
+    return vjp(delta.astype(_apply_dtype(graph, rule)))[0]
+
+
+def _apply_dtype(graph, rule):
+    return graph.eqns[rule.eqn].out_avals[0].dtype
+
+
+def weight_dot(graph: Graph, rule: Rule, v, saved, delta):
+    """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight)."""
+    return jnp.vdot(delta, _apply(graph, rule, v.astype(jnp.result_type(v)), saved).astype(delta.dtype))
+
+
+def weight_sq_norm(graph: Graph, rule: Rule, leaf_val, saved, delta):
+    """‖per-example weight gradient‖² from (a, δ) by the rule's cheaper form (see module doc)."""
+    if rule.norm == "outer":
+        return jnp.sum(jnp.square(weight_grad(graph, rule, leaf_val, saved, delta)))
+    e = graph.eqns[rule.eqn]
+    if rule.kind == "dense":
+        free, ca, _, t, i, o = _dense_dims(e, rule.pos, saved.shape)
+        a = jnp.transpose(saved, free + ca).reshape(t, i)
+        d = delta.reshape(t, o) if rule.pos == 1 else delta.reshape(o, t).T
+        return _gram(a, d)
+    if rule.kind == "conv":
+        g = _conv_geometry(e, rule.other_shape, rule.weight_shape)
+        a = jnp.moveaxis(saved, 1, 0)  # (G, B, J, P)
+        a = jnp.swapaxes(a, 2, 3).reshape(g["groups"], -1, g["cg"] * g["k"])
+        d = jnp.transpose(delta, g["out_spec"]).reshape(g["b"], g["groups"], g["og"], g["pos"])
+        d = jnp.swapaxes(jnp.moveaxis(d, 1, 0), 2, 3).reshape(g["groups"], -1, g["og"])
+        return jax.vmap(_gram)(a, d).sum()
+    # embedding: Σ over lookups with the same row of δₜ·δₛ
+    dn = e.params["dimension_numbers"]
+    table_shape = leaf_val.shape
+    for k in rule.chain:
+        table_shape = graph.eqns[k].out_avals[0].shape
+    sizes = e.params["slice_sizes"]
+    ids = saved.reshape(-1, saved.shape[-1])
+    hi = jnp.asarray([table_shape[d] - sizes[d] for d in dn.start_index_map])
+    valid = jnp.all((ids >= 0) & (ids <= hi), axis=1)
+    ids = jnp.clip(ids, 0, hi)
+    batch = [d for d in range(delta.ndim) if d not in dn.offset_dims]
+    d = jnp.transpose(delta, batch + list(dn.offset_dims)).reshape(ids.shape[0], -1)
+    if e.params["mode"] == lax.GatherScatterMode.FILL_OR_DROP:
+        d = d * valid[:, None]
+    same = jnp.all(ids[:, None, :] == ids[None, :, :], axis=-1)
+    return jnp.sum(same * (d @ d.T))
+
+
+def _gram(a, d):
+    """‖dᵀa‖²_F without forming dᵀa: Σₜ,ₛ (aₜ·aₛ)(dₜ·dₛ); for one token ‖a‖²·‖d‖²."""
+    if a.shape[0] == 1:
+        return jnp.sum(jnp.square(a)) * jnp.sum(jnp.square(d))
+    return jnp.sum((a @ a.T) * (d @ d.T))
+
+
+def saved_bytes(pl: Plan) -> int:
+    """Bytes per example of everything the loss computes (a guide for chunk sizes)."""
+    total = sum(_size(a.shape) * np.dtype(a.dtype).itemsize
+                for e in pl.graph.eqns for a in e.out_avals if hasattr(a, "shape"))
+    for r in pl.rules.values():
+        if r.kind == "conv":
+            e = pl.graph.eqns[r.eqn]
+            g = _conv_geometry(e, r.other_shape, r.weight_shape)
+            total += 4 * g["b"] * g["groups"] * g["cg"] * g["k"] * g["pos"] * 2
+    return int(total)
+
+
+def factor_bytes(pl: Plan, leaf: int) -> int:
+    """Elements of (a, δ) kept for a ruled leaf: expanding after the chunked pass pays when small."""
+    r = pl.rules[leaf]
+    e = pl.graph.eqns[r.eqn]
+    a = _size(r.other_shape)
+    if r.kind == "conv":
+        g = _conv_geometry(e, r.other_shape, r.weight_shape)
+        a = g["b"] * g["groups"] * g["cg"] * g["k"] * g["pos"]
+    return a + _size(e.out_avals[0].shape)
