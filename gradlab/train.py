@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradlab import privacy
+from gradlab import engine, privacy
 from gradlab.engine import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9"}
@@ -247,22 +247,21 @@ def dp_sgd_batches(n: int, sample_rate: float, steps: int, seed: int = 0) -> lis
 
 @eqx.filter_jit
 def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size):
-    """len(keys) DP-SGD steps with lax.scan: Poisson batch → vmap(grad) → clip → sum → noise → /qN → optax."""
+    """len(keys) DP-SGD steps with lax.scan: Poisson batch → ghost-clipped sum → noise → /qN → optax.
+
+    The clipped sum is `engine.clipped_sum_core` with the batch's padding mask as per-example
+    weights: norms by the per-layer rules, then one weighted backward pass (ghost clipping).
+    """
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
-
-    def one(d, x, y):
-        return loss_fn(eqx.combine(d, static), x, y)
-
-    per_example = jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0))
 
     def step(carry, key):
         d, s = carry
         idx, mask, count = poisson_sample(key[0], n, q, buffer_size)
-        losses, g = per_example(d, xs[idx], ys[idx])
-        m = mask.astype(losses.dtype)
-        g = jax.tree.map(lambda a: a * m.reshape((-1,) + (1,) * (a.ndim - 1)), g)
-        summed, n_clipped = privacy.clip_and_sum(g, clip_norm)
+        m = mask.astype(jnp.float32)
+        summed, losses, norms = engine.clipped_sum_core(
+            loss_fn, eqx.combine(d, static), xs[idx], ys[idx], clip_norm, weights=m)
+        n_clipped = jnp.sum(m * (norms > clip_norm))
         noise = privacy.gaussian_noise(key[1], summed, clip_norm, sigma)
         grad = jax.tree.map(lambda a, z, p: (a + z) / (q * n) + l2 * p, summed, noise, d)
         updates, s = update(grad, s, d)
@@ -296,8 +295,8 @@ def train_dp_sgd(
 
     Each step: Poisson-sample a batch (each example joins with probability q, the sampling the
     accountant assumes; a fixed-size padded buffer with a mask keeps one compiled shape), compute
-    per-example gradients with `vmap(grad)`, clip each to L2 norm ≤ C
-    (`optax.per_example_global_norm_clip`), sum, add N(0, σ²C² I), divide by the expected batch
+    the sum of per-example gradients each clipped to L2 norm ≤ C (ghost clipping,
+    `engine.clipped_grad_sum`: per-layer-rule norms, then one weighted backward pass), add N(0, σ²C² I), divide by the expected batch
     size qN, add the (data-independent) L2 term λθ, and apply the optimizer. With σ = 0 and
     C = inf it is plain minibatch training on the same sampled batches.
 

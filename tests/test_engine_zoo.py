@@ -1,0 +1,207 @@
+"""A zoo of user-written losses: every engine function against a Python loop of `jax.grad`.
+
+Each model is written the way people write JAX (dict params, `lax` calls, Equinox, Python floats).
+The oracle is a per-example loop of `jax.grad`, reduced with NumPy (float64); the engine's default
+path (per-layer rules read from the traced loss, exact fallback for every other leaf) must agree
+within a max relative error of 1e-4 in float32. Each model also names which leaves must take a
+rule, so a silent fallback to `vmap(grad)` everywhere would fail the test.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from gradlab import engine, losses, models
+
+N = 6
+KEYS = jax.random.split(jax.random.key(7), 16)
+
+
+def _normal(i, shape, scale=0.5):
+    return scale * jax.random.normal(KEYS[i], shape)
+
+
+def layer_norm(h, g, b):
+    mu = h.mean(-1, keepdims=True)
+    var = ((h - mu) ** 2).mean(-1, keepdims=True)
+    return (h - mu) / jnp.sqrt(var + 1e-5) * g + b
+
+
+# ------------------------------------------------------------------ the zoo
+
+
+def conv_zoo():
+    """Convs with stride, padding, dilation and groups (NCHW and NHWC), reduce_window max-pool, NLL."""
+    p = {
+        "c1": _normal(0, (4, 2, 3, 3)), "b1": _normal(1, (4,)),
+        "c2": _normal(2, (6, 2, 3, 3)),                       # groups=2: 4 -> 6 channels
+        "c3": _normal(3, (2, 2, 6, 4)),                       # HWIO, stride 2, dilation handled below
+        "w": _normal(4, (4 * 2 * 2, 3)),
+    }
+
+    def loss(p, x, y):
+        z = lax.conv_general_dilated(x[None], p["c1"], (1, 1), ((1, 1), (1, 1)))
+        z = jax.nn.relu(z + p["b1"][None, :, None, None])
+        z = lax.conv_general_dilated(z, p["c2"], (1, 1), ((2, 2), (2, 2)), rhs_dilation=(2, 2),
+                                     feature_group_count=2)
+        z = jnp.tanh(z)
+        z = jnp.transpose(z, (0, 2, 3, 1))  # NHWC
+        z = lax.conv_general_dilated(z, p["c3"], (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        z = lax.reduce_window(z, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        logits = z.reshape(-1) @ p["w"]
+        return -jax.nn.log_softmax(logits)[y]
+
+    xs = _normal(5, (N, 2, 8, 8), 1.0)
+    ys = jnp.arange(N) % 3
+    return loss, p, xs, ys, {"['c1']", "['c2']", "['c3']", "['w']"}
+
+
+def token_zoo():
+    """Embedding table[ids] -> LayerNorm -> Linear on every token -> mean pool -> Linear (a Python-float temperature)."""
+    p = {
+        "emb": _normal(0, (50, 8)), "ln_g": jnp.ones(8), "ln_b": jnp.zeros(8),
+        "w1": _normal(1, (8, 16)), "b1": _normal(2, (16,)), "head": _normal(3, (16, 4)), "temp": 1.5,
+    }
+
+    def loss(p, ids, y):
+        h = layer_norm(p["emb"][ids], p["ln_g"], p["ln_b"])
+        h = jax.nn.gelu(h @ p["w1"] + p["b1"])
+        logits = h.mean(0) @ p["head"] / p["temp"]
+        return jax.nn.logsumexp(logits) - logits[y]
+
+    ids = jax.random.randint(KEYS[4], (N, 5), 0, 50).at[:, 3].set(7)  # repeated ids within and across examples
+    ids = ids.at[:, 4].set(ids[:, 0])
+    return loss, p, ids, jnp.arange(N) % 4, {"['emb']", "['w1']", "['head']"}
+
+
+def tied_zoo():
+    """Tied weights (the table also projects back to the vocabulary) and an L2 term inside the loss."""
+    p = {"emb": _normal(0, (20, 6)), "w": _normal(1, (6, 6)), "v": _normal(2, (6, 6))}
+
+    def loss(p, ids, y):
+        h = jnp.tanh(p["emb"][ids] @ p["w"])                   # emb: used twice -> fallback
+        h = h @ p["v"]
+        logits = h.mean(0) @ p["emb"].T
+        return jax.nn.logsumexp(logits) - logits[y] + 0.01 * jnp.sum(p["v"] ** 2)   # v: penalty -> fallback
+
+    ids = jax.random.randint(KEYS[3], (N, 4), 0, 20)
+    return loss, p, ids, jnp.arange(N) % 20, {"['w']"}
+
+
+def floats_zoo():
+    """The seeds' Python floats `w, b = 1.0, 0.0` next to a weight matrix (einsum, batch of positions)."""
+    p = (1.0, 0.0, _normal(0, (3, 4)))
+
+    def loss(p, x, y):
+        w, b, m = p
+        z = jnp.einsum("ti,io->to", x, m)
+        return (w * z.sum() + b - y) ** 2
+
+    return loss, p, _normal(1, (N, 5, 3), 1.0), _normal(2, (N,), 1.0), {"[2]"}
+
+
+def transposed_conv_zoo():
+    """lhs_dilation (a transposed convolution) and a weight passed through relu: both fall back, exactly."""
+    p = {"k": _normal(0, (2, 1, 3, 3)), "u": _normal(1, (4, 3)), "r": _normal(2, (2 * 9 * 9, 2))}
+
+    def loss(p, x, y):
+        z = lax.conv_general_dilated(x[None], p["k"], (1, 1), ((1, 1), (1, 1)), lhs_dilation=(2, 2))
+        q = x.reshape(-1)[:4] @ jax.nn.relu(p["u"])
+        return jnp.sum((z.reshape(-1) @ p["r"] - y) ** 2) + jnp.sum(q ** 2)
+
+    return loss, p, _normal(3, (N, 1, 5, 5), 1.0), _normal(4, (N, 2), 1.0), {"['r']"}
+
+
+def equinox_cnn_zoo():
+    """gradlab's Equinox CNN with a hand-written loss (no registration)."""
+    m = models.CNN((8, 8), 5, key=KEYS[0])
+
+    def loss(model, x, y):
+        return -jax.nn.log_softmax(model(x))[y]
+
+    names = {".conv1.weight", ".conv2.weight", ".head.weight"}
+    return loss, m, _normal(1, (N, 64), 1.0), jnp.arange(N) % 5, names
+
+
+def equinox_tokens_zoo():
+    """eqx.nn.Embedding and eqx.nn.Linear applied per token with vmap, eqx.nn.LayerNorm, the library's MSE."""
+    k = jax.random.split(KEYS[5], 3)
+
+    class Net(eqx.Module):
+        emb: eqx.nn.Embedding
+        norm: eqx.nn.LayerNorm
+        lin: eqx.nn.Linear
+        out: eqx.nn.Linear
+
+        def __call__(self, ids):
+            h = jax.vmap(self.emb)(ids)
+            h = jax.vmap(self.norm)(h)
+            h = jax.vmap(self.lin)(h)
+            return self.out(jax.nn.relu(h).mean(0))
+
+    net = Net(eqx.nn.Embedding(30, 8, key=k[0]), eqx.nn.LayerNorm(8), eqx.nn.Linear(8, 8, key=k[1]),
+              eqx.nn.Linear(8, "scalar", key=k[2]))
+    ids = jax.random.randint(KEYS[6], (N, 6), 0, 30).at[:, 1].set(3)
+    return losses.mse, net, ids, _normal(7, (N,), 1.0), {".emb.weight", ".lin.weight", ".out.weight"}
+
+
+ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo]
+
+
+# ------------------------------------------------------------------ the oracle and the check
+
+
+def loop_grads(loss, params, xs, ys):
+    """Per-example gradients by a Python loop of jax.grad, as float64 NumPy leaves (N, *shape)."""
+    params = engine.as_params(params)
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    g = jax.jit(jax.grad(lambda d, x, y: loss(eqx.combine(d, static), x, y)))
+    rows = [g(diff, xs[i], ys[i]) for i in range(xs.shape[0])]
+    return [np.stack([np.asarray(r, np.float64) for r in leaf]) for leaf in zip(*map(jax.tree.leaves, rows))]
+
+
+def assert_rel(got, want, what):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-12)
+    assert err <= 1e-4, f"{what}: max relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("make", ZOO, ids=lambda f: f.__name__)
+def test_every_engine_function_matches_a_loop_of_grad(make):
+    loss, params, xs, ys, ruled = make()
+    rows = engine.explain(loss, params, xs, ys)
+    assert {r["leaf"] for r in rows if r["path"] == "rule"} == ruled, rows
+    want = loop_grads(loss, params, xs, ys)
+    names = engine.leaf_names(params)
+
+    got = jax.tree.leaves(engine.per_example_grads(loss, params, xs, ys, chunk_size=4))
+    for name, g, w in zip(names, got, want):
+        assert g.shape == w.shape, name
+        assert_rel(g, w, f"grads {name}")
+
+    sq = np.stack([np.sum(w.reshape(N, -1) ** 2, 1) for w in want], 1)  # (N, L)
+    assert_rel(engine.per_example_norms(loss, params, xs, ys, chunk_size=4), np.sqrt(sq.sum(1)), "norms")
+    layer = engine.per_example_layer_norms(loss, params, xs, ys, chunk_size=4)  # same compile as norms
+    assert list(layer) == names
+    for j, name in enumerate(names):
+        assert_rel(layer[name], np.sqrt(sq[:, j]), f"layer norm {name}")
+
+    diff = eqx.filter(engine.as_params(params), eqx.is_inexact_array)
+    v = jax.tree.map(lambda a, k: jax.random.normal(k, a.shape), diff,
+                     jax.tree.unflatten(jax.tree.structure(diff), list(KEYS[: len(names)])))
+    dots = sum(w.reshape(N, -1) @ np.asarray(vl, np.float64).ravel() for w, vl in zip(want, jax.tree.leaves(v)))
+    assert_rel(engine.per_example_dots(loss, params, xs, ys, v, chunk_size=4), dots, "dots")
+
+    norms = np.sqrt(sq.sum(1))
+    c = float(np.median(norms))
+    mask = (np.arange(N) % 3 != 1).astype(np.float32)  # a Poisson batch's padding mask as weights
+    scale = np.minimum(1.0, c / norms) * mask
+    total, got_norms = engine.clipped_grad_sum(loss, params, xs, ys, c, weights=mask, return_norms=True)
+    assert_rel(got_norms, norms, "clipped_grad_sum norms")
+    for name, g, w in zip(names, jax.tree.leaves(total), want):
+        assert_rel(g, np.tensordot(scale, w, axes=1), f"clipped sum {name}")
