@@ -15,7 +15,7 @@ Approaches (keys of `APPROACHES`):
 - `rules`: `engine.per_example_grads(method="ghost")`, the same N × P result from per-layer rules.
 - `batch`: `engine.batch_grad`, one gradient of the summed loss (the cost floor).
 - `norms_vmap`: `engine.per_example_norms(method="vmap")`, chunked `vmap(grad)` reduced to norms.
-- `norms`: `engine.per_example_norms()` (method "auto": ‖δᵢ‖·‖aᵢ‖ for Linear layers).
+- `norms`: `engine.per_example_norms()` (method "auto": per-layer rules read from the traced loss).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _block(tree):
 
 
 def runner(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
-           chunk_size: int = engine.DEFAULT_CHUNK) -> Callable[[], Any]:
+           chunk_size: int | None = None) -> Callable[[], Any]:
     """A zero-argument function that runs `approach` once and waits for the result.
 
     **Raises** `ValueError` for an unknown approach, or `method="ghost"` on a model without rules.
@@ -87,7 +87,7 @@ def runner(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
 
 
 def time_approach(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
-                  repeats: int = 3, chunk_size: int = engine.DEFAULT_CHUNK) -> Timing:
+                  repeats: int = 3, chunk_size: int | None = None) -> Timing:
     """Time `approach` on (xs, ys): the first call, then the median of `repeats` more calls.
 
     **Arguments** `loss_fn`, `params`, `xs`, `ys` as the engine (N examples, axis 0 first);
@@ -114,7 +114,7 @@ def time_approach(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: An
 
 def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int],
           approaches: Iterable[str] = ("loop", "vmap", "batch", "norms"), *, repeats: int = 3,
-          chunk_size: int = engine.DEFAULT_CHUNK, loop_max: int | None = None,
+          chunk_size: int | None = None, loop_max: int | None = None,
           progress: Callable[[float, str], None] | None = None) -> list[Timing]:
     """Time every approach at every batch size N (the first N examples of xs, ys).
 
@@ -147,23 +147,26 @@ def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int]
     return out
 
 
-def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int = engine.DEFAULT_CHUNK,
+def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int | None = None,
                  bytes_per_float: int = 4) -> int:
     """What `approach` must hold by construction, in bytes.
 
     Materialized per-example gradients (loop, vmap, rules): N × P × 4. Chunked vmap norms:
-    min(chunk, N) × P × 4 (one chunk of per-example gradients; XLA may fuse even that away).
+    min(chunk, N) × P × 4 (one chunk of per-example gradients; XLA may fuse even that away); with
+    chunk None the engine sizes chunks by `engine.CHUNK_BYTES`, so at most that much.
     Batch gradient and rule-based norms: P × 4 (one gradient / no per-example gradient at all).
     """
     if approach in MATERIALIZED:
         return n * num_params * bytes_per_float
     if approach == "norms_vmap":
+        if chunk_size is None:
+            return min(n * num_params * bytes_per_float, max(engine.CHUNK_BYTES, num_params * bytes_per_float))
         return min(chunk_size, n) * num_params * bytes_per_float
     return num_params * bytes_per_float
 
 
 def xla_memory(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
-               chunk_size: int = engine.DEFAULT_CHUNK) -> dict[str, int] | None:
+               chunk_size: int | None = None) -> dict[str, int] | None:
     """Bytes XLA's buffer assignment allocates for the compiled program: temporaries and outputs.
 
     The peak extra memory of one call is about `temp + output` (arguments already exist). The
@@ -172,13 +175,12 @@ def xla_memory(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, 
     params = engine.as_params(params)
     n = int(jax.tree.leaves(xs)[0].shape[0])
     chunk = engine._chunk(n, chunk_size)
-    path = engine.resolve_method("auto", loss_fn, params)
     fns = {
-        "vmap": (engine._per_example_grads, (None,)),
-        "rules": (engine._ghost_grads, (None,)),
+        "vmap": (engine._per_example_grads, (None, "vmap")),
+        "rules": (engine._per_example_grads, (None, "ghost")),
         "batch": (engine._batch_grad, (False,)),
-        "norms_vmap": (engine._sq_norms, (chunk,)),
-        "norms": (engine._ghost_sq_norms if path == "ghost" else engine._sq_norms, (chunk,)),
+        "norms_vmap": (engine._sq_norms, (chunk, "vmap")),
+        "norms": (engine._sq_norms, (chunk, "auto")),
     }
     if approach not in fns:
         return None
@@ -212,7 +214,7 @@ def _fmt_bytes(b: float) -> str:
 
 
 def run_benchmark(*, repeats: int = 5, sizes: Sequence[int] = (16, 64, 256, 1024),
-                  chunk_size: int = engine.DEFAULT_CHUNK, seed: int = 0) -> str:
+                  chunk_size: int | None = None, seed: int = 0) -> str:
     """Run the full benchmark on `digits_mlp()` and return the printed report.
 
     Headline at N = 1797: every approach's steady time, ratio to one batch gradient, first-call
@@ -222,7 +224,7 @@ def run_benchmark(*, repeats: int = 5, sizes: Sequence[int] = (16, 64, 256, 1024
     n = int(xs.shape[0])
     p = engine.num_params(model)
     lines = [
-        f"gradlab.bench: digits N={n}, MLP 64-256-256-10 (P={p:,}), chunk={chunk_size}, "
+        f"gradlab.bench: digits N={n}, MLP 64-256-256-10 (P={p:,}), chunk={chunk_size or 'by bytes'}, "
         f"{jax.devices()[0].platform.upper()} x{len(jax.devices())}, jax {jax.__version__}; "
         f"median of {repeats} runs after a first (compiling) call",
         f"{'approach':38s} {'run ms':>9s} {'/ batch':>8s} {'first call ms':>14s} "
@@ -257,7 +259,7 @@ def run_benchmark(*, repeats: int = 5, sizes: Sequence[int] = (16, 64, 256, 1024
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="gradlab benchmark: loop vs vmap(grad) vs batch gradient vs streamed norms")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--chunk", type=int, default=engine.DEFAULT_CHUNK)
+    ap.add_argument("--chunk", type=int, default=None, help="examples per chunk (default: sized by bytes)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024])
     args = ap.parse_args(argv)
     print(run_benchmark(repeats=args.repeats, sizes=args.sizes, chunk_size=args.chunk))

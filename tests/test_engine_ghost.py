@@ -1,4 +1,4 @@
-"""The per-layer-rule path (gradlab.ghost) against independent oracles: a Python loop of jax.grad."""
+"""The per-layer-rule path (gradlab.rules, read from the traced loss) against a Python loop of jax.grad."""
 
 import equinox as eqx
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradlab import engine, ghost, losses, models
+from gradlab import engine, losses, models, rules
 
 KEY = jax.random.key(0)
 
@@ -40,7 +40,7 @@ def test_rules_equal_the_loop_on_every_model(name):
     make, d, k, loss_fn = CASES[name]
     model = make()
     xs, ys = _data(7, d, k)
-    assert engine.resolve_method("auto", loss_fn, model) == "ghost"
+    assert engine.resolve_method("auto", loss_fn, model, xs, ys) == "ghost"
     want = _oracle(loss_fn, model, xs, ys)
     got = engine.per_example_grads(loss_fn, model, xs, ys, method="ghost", chunk_size=3)
     assert jax.tree.structure(got) == jax.tree.structure(want)
@@ -88,7 +88,7 @@ def test_conv_rule_with_stride_padding_dilation(conv):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_seed_003_cnn_in_chunks_equals_the_loop(monkeypatch):
+def test_seed_003_cnn_in_chunks_equals_the_loop():
     """Seed 003's SimpleCNN (conv, conv, MaxPool2d, linear, linear): im2col convolutions, chunks
     with a remainder, and Linear outer products formed after the chunked pass."""
     from benchmarks.torch_cnn import SimpleCNN
@@ -96,11 +96,8 @@ def test_seed_003_cnn_in_chunks_equals_the_loop(monkeypatch):
     model = SimpleCNN(key=KEY)
     xs = jax.random.normal(jax.random.key(2), (5, 1, 28, 28))
     ys = jnp.array([3, 1, 4, 1, 5])
-    diff, static = eqx.partition(model, eqx.is_inexact_array)
-    per_example = ghost.example_bytes(losses.cross_entropy, diff, static, xs[0], ys[0])
-    monkeypatch.setattr(engine, "GHOST_CHUNK_BYTES", 2 * per_example)  # chunks of 2, remainder 1
-    assert engine.resolve_method("auto", losses.cross_entropy, model) == "ghost"
-    got = engine.per_example_grads(losses.cross_entropy, model, xs, ys)
+    assert engine.resolve_method("auto", losses.cross_entropy, model, xs, ys) == "ghost"
+    got = engine.per_example_grads(losses.cross_entropy, model, xs, ys, chunk_size=2)  # remainder 1
     want = _oracle(losses.cross_entropy, model, xs, ys)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -124,22 +121,23 @@ def test_python_float_params_fall_back_to_vmap():
     """The seeds' scalar example has no layers: auto uses vmap, ghost refuses clearly."""
     loss = lambda p, x, y: (p[0] * x + p[1] - y) ** 2
     xs, ys = jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0])
-    assert engine.resolve_method("auto", loss, (1.0, 0.0)) == "vmap"
+    assert engine.resolve_method("auto", loss, (1.0, 0.0), xs, ys) == "vmap"
     g = engine.per_example_grads(loss, (1.0, 0.0), xs, ys)
     np.testing.assert_allclose(g[0], [2.0, 8.0])
-    with pytest.raises(ghost.GhostUnsupported):
+    with pytest.raises(rules.RulesUnsupported, match="no parameter leaf"):
         engine.per_example_norms(loss, (1.0, 0.0), xs, ys, method="ghost")
 
 
-def test_unregistered_loss_uses_vmap():
-    """A loss that may read the weights directly (e.g. an L2 penalty) is not trusted to the rule."""
+def test_penalty_inside_the_loss_falls_back_for_that_leaf():
+    """An L2 penalty reads the weight a second time: that leaf (and the bias) fall back, exactly."""
     model = models.Linear(3, 2, key=KEY)
 
     def penalized(m, x, y):
         return losses.cross_entropy(m, x, y) + 0.1 * jnp.sum(m.layer.weight ** 2)
 
-    assert engine.resolve_method("auto", penalized, model) == "vmap"
     xs, ys = _data(4, 3, 2)
+    assert engine.resolve_method("auto", penalized, model, xs, ys) == "vmap"
+    assert "used 2 times" in engine.explain(penalized, model, xs, ys)[1]["why"]
     want = _oracle(penalized, model, xs, ys)
     got = engine.per_example_grads(penalized, model, xs, ys)
     np.testing.assert_allclose(got.layer.weight, want.layer.weight, rtol=1e-5, atol=1e-6)
@@ -153,9 +151,9 @@ def test_weight_sharing_is_detected_and_auto_falls_back():
             return self.lin(jnp.tanh(self.lin(x)))
 
     net = Twice(eqx.nn.Linear(3, 3, key=KEY))
-    loss = ghost.register_model_loss(lambda m, x, y: losses.cross_entropy(m, x, y))
+    loss = losses.cross_entropy
     xs, ys = _data(4, 3, 3)
-    with pytest.raises(ghost.GhostUnsupported, match="more than once"):
+    with pytest.raises(rules.RulesUnsupported, match="no parameter leaf"):
         engine.per_example_grads(loss, net, xs, ys, method="ghost")
     got = engine.per_example_norms(loss, net, xs, ys)  # auto: falls back to vmap
     want = _oracle(loss, net, xs, ys)
