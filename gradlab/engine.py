@@ -546,10 +546,57 @@ def clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=None, chunk=Non
     """
     if method == "vmap":
         return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)
-    losses, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
-    norms = jnp.sqrt(sum(jax.tree.leaves(sq)))
-    c = clip_factors(norms, clip_norm, weights)
-    return weighted_grad(loss_fn, params, xs, ys, c), losses, norms
+    n = jax.tree.leaves(xs)[0].shape[0]
+    t = _traced(loss_fn, params, xs, ys, method)
+    if t is None:  # no rule anywhere: the per-example norms, then one weighted backward pass
+        losses, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, "vmap")
+        norms = jnp.sqrt(sum(jax.tree.leaves(sq)))
+        return weighted_grad(loss_fn, params, xs, ys, clip_factors(norms, clip_norm, weights)), losses, norms
+    return _rules_clipped_sum(t, params, xs, ys, clip_norm, weights, _bytes_chunk(n, chunk, t.example_bytes()))
+
+
+def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
+    """Ghost clipping in ONE pass: per chunk, the rules' (a, δ) give each example's norm, hence its
+    factor cᵢ, and then the chunk's Σᵢ cᵢ·gᵢ: for a ruled weight the VJP of its op over the chunk
+    with cᵢ·δᵢ (one matmul, as a batch gradient does), for a fallback leaf Σᵢ cᵢ·gᵢ of its
+    per-example gradients. (The "book-keeping" form of ghost clipping: Bu et al. 2022,
+    arXiv:2210.00038.) No second backward pass, no per-example weight gradient."""
+    leaves = t.leaves
+    n = jax.tree.leaves(xs)[0].shape[0]
+    w_all = jnp.ones(n, jnp.float32) if weights is None else weights
+
+    def block(x, y, w):
+        loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
+        sq = sum((jnp.sum(jnp.square(g).reshape(g.shape[0], -1), 1) for g in g_fb.values()),
+                 jnp.zeros(loss.shape, jnp.float32))
+        for j, i in enumerate(t.ruled):
+            sq_j = jax.vmap(lambda a, d: rules.weight_sq_norm(t.graph, t.rule(i), t.diff_leaf(leaves, i), a, d))
+            sq = sq + sq_j(saved[j], deltas[j])
+        norms = jnp.sqrt(sq)
+        c = clip_factors(norms, clip_norm, w)
+        out = [None] * len(t.diff_index)
+        for i, g in g_fb.items():
+            out[i] = jnp.tensordot(c.astype(g.dtype), g, axes=1)
+        for j, i in enumerate(t.ruled):
+            leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
+            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules._apply(t.graph, t.rule(i), wt, ai))(a), leaf)
+            out[i] = vjp((c.reshape((-1,) + (1,) * (d.ndim - 1)) * d).astype(d.dtype))[0]
+        return out, loss, norms
+
+    if chunk is None:
+        out, losses, norms = block(xs, ys, w_all)
+        return _diff_tree(params, out), losses, norms
+    pad = (-n) % chunk
+    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys, w_all))
+    split = jax.tree.map(lambda a: a.reshape((-1, chunk) + a.shape[1:]), padded)
+
+    def step(acc, batch):
+        out, loss, norms = block(*batch)
+        return [a + o for a, o in zip(acc, out)], (loss, norms)
+
+    zeros = [jnp.zeros_like(t.diff_leaf(leaves, i)) for i in range(len(t.diff_index))]
+    total, (losses, norms) = jax.lax.scan(step, zeros, split)
+    return _diff_tree(params, total), losses.reshape(-1)[:n], norms.reshape(-1)[:n]
 
 
 def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
