@@ -5,7 +5,10 @@ SimpleCNN (conv 1→32, conv 32→64, max-pool, fc 9216→128, fc 128→10) on a
 1×28×28 images with `torch.func.vmap(grad(...))`. This script runs the same network with the
 same weights through
 
-- gradlab's engine (`per_example_grads`: per-layer rules, method "auto"; and plain `vmap(grad)`),
+- gradlab's engine (`per_example_grads`: per-layer rules read from the traced loss, method "auto";
+  and plain `vmap(grad)`) on the Equinox SimpleCNN, and on the same network written in plain JAX
+  as a user would (dict params in torch's layouts, `lax.conv_general_dilated`, `lax.reduce_window`
+  max-pool, a hand-written NLL; `plain_jax_loss`),
 - `torch.func` `vmap(grad(functional_call))` (seed 003's "efficient way"),
 - Opacus' `GradSampleModule` (hooks), and seed 003's Python loop of `torch.autograd.grad`,
 
@@ -33,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax import lax
+
 from gradlab import engine, losses
 
 
@@ -58,6 +63,17 @@ class SimpleCNN(eqx.Module):
         x = self.pool(jax.nn.relu(self.conv2(x)))
         x = jax.nn.relu(self.fc1(x.reshape(-1)))
         return self.fc2(x)
+
+
+def plain_jax_loss(p: dict, x, y):
+    """Seed 003's SimpleCNN in plain JAX: one 1×28×28 image, dict params named and laid out as torch's."""
+    conv = lambda z, w, b: lax.conv_general_dilated(z, w, (1, 1), "VALID") + b[None, :, None, None]  # noqa: E731
+    z = jax.nn.relu(conv(x[None], p["conv1.weight"], p["conv1.bias"]))
+    z = jax.nn.relu(conv(z, p["conv2.weight"], p["conv2.bias"]))
+    z = lax.reduce_window(z, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+    z = jax.nn.relu(z.reshape(-1) @ p["fc1.weight"].T + p["fc1.bias"])
+    logits = z @ p["fc2.weight"].T + p["fc2.bias"]
+    return -jax.nn.log_softmax(logits)[y]
 
 
 def _timed(fn) -> float:
@@ -139,6 +155,9 @@ def _torch_contenders(batch: int, seed: int):
     return model, data, targets, contenders, torch.get_num_threads()
 
 
+PLAIN = "gradlab per_example_grads, plain JAX dict"
+
+
 def _jax_model_from_torch(model) -> SimpleCNN:
     """Copy the torch weights into the Equinox SimpleCNN (same layouts: OIHW, (out, in))."""
     m = SimpleCNN(key=jax.random.key(0))
@@ -207,19 +226,30 @@ def run(batch: int = 64, rounds: int = 15, seed: int = 0, with_loop: bool = True
             contenders.pop("torch Python loop (seed 003)")
         xs, ys = jnp.asarray(data.numpy()), jnp.asarray(targets.numpy())
         jmodel = _jax_model_from_torch(tmodel)
+    plain = {f"{name}.{leaf}": jnp.asarray(getattr(getattr(jmodel, name), leaf)).reshape(-1)
+             if leaf == "bias" else getattr(getattr(jmodel, name), leaf)
+             for name in ("conv1", "conv2", "fc1", "fc2") for leaf in ("weight", "bias")}
 
     loss = losses.cross_entropy  # log-softmax + NLL of one example, as seed 003's loss
 
     def ours(method):
         return lambda: jax.block_until_ready(engine.per_example_grads(loss, jmodel, xs, ys, method=method))
 
-    jax_contenders = {"gradlab per_example_grads (layer rules)": ours("auto"), "gradlab vmap(grad)": ours("vmap")}
+    def plain_jax():
+        return jax.block_until_ready(engine.per_example_grads(plain_jax_loss, plain, xs, ys))
+
+    jax_contenders = {"gradlab per_example_grads (layer rules)": ours("auto"), "gradlab vmap(grad)": ours("vmap"),
+                      PLAIN: plain_jax}
     everyone = {**jax_contenders, **contenders}
 
     # Agreement (and warm-up: compile, first-touch allocations).
     results = {name: fn() for name, fn in everyone.items()}
     ref_name = "torch.func vmap(grad)" if "torch.func vmap(grad)" in results else "gradlab vmap(grad)"
-    as_dict = lambda name, r: _jax_as_dict(r) if name in jax_contenders else {k: v.detach().numpy() for k, v in r.items()}
+    def as_dict(name, r):
+        if name == PLAIN:
+            return {k: np.asarray(v) for k, v in r.items()}
+        return _jax_as_dict(r) if name in jax_contenders else {k: v.detach().numpy() for k, v in r.items()}
+
     ref = as_dict(ref_name, results[ref_name])
     ties = maxpool_near_ties(jmodel, xs)
     clean = [i for i in range(batch) if i not in ties]
@@ -257,7 +287,9 @@ def report(res: dict) -> str:
                      "diff; the gradient there follows each library's float32 rounding")
     if "torch.func vmap(grad)" in res["median"]:
         r = ours / res["median"]["torch.func vmap(grad)"]
-        lines.append(f"gradlab / torch.func time ratio: {r:.2f}x  (target <= 1.0x)")
+        lines.append(f"gradlab (Equinox) / torch.func time ratio: {r:.2f}x  (target <= 1.0x)")
+        r = res["median"][PLAIN] / res["median"]["torch.func vmap(grad)"]
+        lines.append(f"gradlab (plain JAX, dict params, hand-written NLL) / torch.func time ratio: {r:.2f}x  (target <= 1.0x)")
     if "Opacus GradSampleModule" in res["median"]:
         r = ours / res["median"]["Opacus GradSampleModule"]
         lines.append(f"gradlab / Opacus time ratio: {r:.2f}x")

@@ -316,13 +316,40 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
 # ------------------------------------------------------------------ evaluation with probes
 
 
+def _fold_transposes(graph: Graph, rule: Rule):
+    """dot_general dimension numbers on the leaf itself when its chain is only transposes that
+    keep the weight's free dims in order (`x @ W.T`); else None. Saves a transpose of the N x P
+    per-example gradients."""
+    if not rule.chain or any(graph.eqns[k].prim.name != "transpose" for k in rule.chain):
+        return None
+    perm = list(range(len(rule.weight_shape)))
+    for k in rule.chain:  # W' = transpose(leaf, perm): W' dim i is leaf dim perm[i]
+        perm = [perm[p] for p in graph.eqns[k].params["permutation"]]
+    (lc, rc), (lb, rb) = graph.eqns[rule.eqn].params["dimension_numbers"]
+    wc, wb = (rc, rb) if rule.pos == 1 else (lc, lb)
+    if wb:
+        return None
+    free = [d for d in range(len(perm)) if d not in wc]
+    if [perm[d] for d in free] != sorted(perm[d] for d in free):
+        return None
+    wc = tuple(perm[d] for d in wc)
+    return ((lc, wc), (lb, rb)) if rule.pos == 1 else ((wc, rc), (lb, rb))
+
+
 def _apply(graph: Graph, rule: Rule, w, saved):
     """The ruled op as a function of its (leaf) weight: chain of shape ops, then the layer op."""
+    w0 = w
     for k in rule.chain:
         w = _bind(graph.eqns[k], [w])[0]
     e = graph.eqns[rule.eqn]
     if rule.kind == "conv":
         return _conv_from_patches(e, w, saved, rule.other_shape)
+    if rule.kind == "dense":
+        folded = _fold_transposes(graph, rule)
+        if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
+            ins = [saved, w0] if rule.pos == 1 else [w0, saved]
+            return lax.dot_general(*ins, folded, precision=e.params.get("precision"),
+                                   preferred_element_type=e.params.get("preferred_element_type"))
     ins = [saved, w] if rule.pos == 1 else [w, saved]
     if rule.kind == "embedding":
         ins = [w, saved]
