@@ -160,3 +160,15 @@ def timed(f, *args):
 norms = gradlab.engine.per_example_norms(loss, params, xs, ys)      # method="auto"
 """
 )
+
+# ---- Which path each parameter leaf takes (engine.explain; issue 10) ----
+st.subheader("Which path each parameter takes")
+st.markdown(
+    "The engine reads the traced loss (its jaxpr) and gives every weight used once by a dense layer, a "
+    "convolution or an embedding its **per-layer rule** (norms from the layer's input and output gradient, "
+    "no per-example weight gradient). Every other leaf (biases, scales, tied weights, a penalty term) "
+    "**falls back**: it is differentiated per example, exactly, at the cost of its own size."
+)
+with ui.guard("The loss could not be traced to explain its paths"):
+    st.dataframe(pd.DataFrame(engine.explain(loss_fn, params, xs, ys)).astype({"shape": str}),
+                 hide_index=True, width="stretch")
