@@ -156,10 +156,12 @@ class _Traced:
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
         self.fallback = [i for i in range(len(self.diff_index)) if i not in self.plan.rules]
 
-    def example_bytes(self, with_grads: bool = True) -> int:
-        """Bytes one example keeps alive in a chunk: every intermediate, plus fallback gradients."""
-        fb = sum(self.leaves[self.diff_index[i]].size * 4 for i in self.fallback) if with_grads else 0
-        return rules.saved_bytes(self.plan) + fb
+    def example_bytes(self) -> int:
+        """Bytes the rules keep per example in a chunk: each ruled op's input (or patches) and output
+        gradient, and the fallback leaves' gradients (the backward pass needs about as much again)."""
+        kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled)
+        fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback)
+        return 4 * (kept + fb)
 
     def one(self, leaves, x, y):
         """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`."""
@@ -275,7 +277,8 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
                 out[i] = rules.weight_grad(t.graph, t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
         return g_fb, out
 
-    chunk = _bytes_chunk(n, chunk, t.example_bytes() + 4 * sum(t.leaves[t.diff_index[i]].size for i in t.ruled))
+    chunk = _bytes_chunk(n, chunk, t.example_bytes() + 4 * sum(t.leaves[t.diff_index[i]].size
+                                                                for i in t.ruled if i not in later))
     g_fb, out = _rules_pass(t, leaves, xs, ys, chunk, per_example)
     values = [None] * len(t.diff_index)
     for i, g in g_fb.items():
