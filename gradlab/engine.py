@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from gradlab import ghost, losses
+from gradlab import ghost, losses, sharding
 
 LossFn = Callable[[Any, Any, Any], Any]
 PyTree = Any
@@ -128,6 +128,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk):
     return _map(lambda xy: g(diff, *xy), (xs, ys), chunk)
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_grads(
     loss_fn: LossFn,
     params: PyTree,
@@ -183,6 +184,7 @@ def _sq_norms(loss_fn, params, xs, ys, chunk):
     return _map(lambda xy: _sq_norms_by_leaf(g(diff, *xy)), (xs, ys), chunk)
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_layer_norms(
     loss_fn: LossFn,
     params: PyTree,
@@ -212,6 +214,7 @@ def per_example_layer_norms(
     return {(jax.tree_util.keystr(path) or "params"): jnp.sqrt(v) for path, v in leaves}
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_norms(
     loss_fn: LossFn,
     params: PyTree,
@@ -341,6 +344,7 @@ def _dots(loss_fn, params, xs, ys, v, chunk):
     return _map(dot, (xs, ys), chunk)
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_dots(
     loss_fn: LossFn,
     params: PyTree,
@@ -394,6 +398,7 @@ def _clipped_sum(loss_fn, params, xs, ys, clip_norm, chunk):
     return scan_chunks(step, jax.tree.map(jnp.zeros_like, diff), (xs, ys), chunk)
 
 
+@sharding.over_examples("sum")  # all devices when several are visible
 def clipped_grad_sum(
     loss_fn: LossFn,
     params: PyTree,
@@ -434,6 +439,7 @@ def _batch_grad(loss_fn, params, xs, ys, mean):
     return jax.grad(total)(diff)
 
 
+@sharding.over_examples("sum")  # all devices when several are visible
 def batch_grad(
     loss_fn: LossFn,
     params: PyTree,
