@@ -176,9 +176,14 @@ def _run(fn, kind, mesh, n, kw, loss_fn, rep, xs, ys):
     axes = _axes(mesh)
     dyn, static = eqx.partition(rep, eqx.is_array)
 
+    keys = []  # a dict's key order (jit would sort it): filled while tracing, returned static
+
     def body(dyn, xs, ys):
         params, args = eqx.combine(dyn, static)
         out = fn(loss_fn, params, xs, ys, *args, **dict(kw))
+        if isinstance(out, dict):
+            keys.extend(out)
+            out = list(out.values())
         if kind == "sum":
             out = jax.tree.map(lambda a: jax.lax.psum(a, axes), out)
         return out
@@ -193,7 +198,7 @@ def _run(fn, kind, mesh, n, kw, loss_fn, rep, xs, ys):
     )(dyn, xs, ys)
     if kind == "per_example":
         out = jax.tree.map(lambda a: a[:n], out)
-    return out
+    return tuple(keys), out
 
 
 def run_sharded(fn: Callable, kind: Kind, mesh: Mesh, loss_fn, params, xs, ys, *args, **kw):
@@ -227,7 +232,9 @@ def run_sharded(fn: Callable, kind: Kind, mesh: Mesh, loss_fn, params, xs, ys, *
     axes = _axes(mesh)
     xs, ys = _place((xs, ys), NamedSharding(mesh, PartitionSpec(axes)))
     rep = _place((_floats_to_arrays(params), args), NamedSharding(mesh, PartitionSpec()))
-    out = _run(fn, kind, mesh, n, tuple(sorted(kw.items())), loss_fn, rep, xs, ys)
+    keys, out = _run(fn, kind, mesh, n, tuple(sorted(kw.items())), loss_fn, rep, xs, ys)
+    if keys:
+        out = dict(zip(keys, out))
     if mean:
         out = jax.tree.map(lambda a: a / n, out)
     return out
