@@ -165,7 +165,12 @@ def _place(tree: PyTree, sharding: NamedSharding) -> PyTree:
     def put(a):
         if _is_tracer(a) or not isinstance(a, (np.ndarray, jax.Array)):
             return a
-        return jax.device_put(a, sharding)
+        if sharding.is_fully_addressable:
+            return jax.device_put(a, sharding)
+        # several processes (jax.distributed): every process holds the same host data and
+        # hands over only the rows of its own devices
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
 
     return jax.tree.map(put, tree)
 
@@ -219,6 +224,17 @@ def run_sharded(fn: Callable, kind: Kind, mesh: Mesh, loss_fn, params, xs, ys, *
     n = _num_examples(xs, ys)
     if n is None:  # let the engine give its clear error
         return fn(loss_fn, params, xs, ys, *args, **kw)
+    call, mean = _prepare(fn, kind, mesh, n, loss_fn, params, xs, ys, args, kw)
+    keys, out = _run(*call)
+    if keys:
+        out = dict(zip(keys, out))
+    if mean:
+        out = jax.tree.map(lambda a: a / n, out)
+    return out
+
+
+def _prepare(fn, kind, mesh, n, loss_fn, params, xs, ys, args, kw):
+    """Pad, weight and place the inputs: the arguments of `_run`, and whether to divide by N."""
     d = mesh.size
     pad = (-n) % d
     mean = kind == "sum" and kw.get("reduction") == "mean"
@@ -232,12 +248,35 @@ def run_sharded(fn: Callable, kind: Kind, mesh: Mesh, loss_fn, params, xs, ys, *
     axes = _axes(mesh)
     xs, ys = _place((xs, ys), NamedSharding(mesh, PartitionSpec(axes)))
     rep = _place((_floats_to_arrays(params), args), NamedSharding(mesh, PartitionSpec()))
-    keys, out = _run(fn, kind, mesh, n, tuple(sorted(kw.items())), loss_fn, rep, xs, ys)
-    if keys:
-        out = dict(zip(keys, out))
-    if mean:
-        out = jax.tree.map(lambda a: a / n, out)
-    return out
+    return (fn, kind, mesh, n, tuple(sorted(kw.items())), loss_fn, rep, xs, ys), mean
+
+
+def memory_analysis(engine_fn: Callable, loss_fn, params, xs, ys, *args, mesh: Mesh | None = None, **kw) -> dict:
+    """Bytes per device that XLA's buffer assignment gives the sharded program of one engine call.
+
+    Compiles the program ahead of time (nothing runs). The compiled SPMD program is the same on
+    every device, so these are per-device numbers.
+
+    **Arguments** `engine_fn`: a wrapped engine function (e.g. `gradlab.engine.per_example_norms`);
+    the rest as that function; `mesh` defaults to all devices (a one-device mesh if only one).
+
+    **Returns** `{"argument", "output", "temp", "peak"}` in bytes; peak = argument + output + temp
+    (an upper bound: XLA may alias outputs with temporaries).
+
+    **Raises** `ValueError` if `engine_fn` is not wrapped by `over_examples` or xs, ys are invalid.
+    """
+    kind = getattr(engine_fn, "example_kind", None)
+    if kind is None:
+        raise ValueError("memory_analysis needs an engine function wrapped by sharding.over_examples")
+    n = _num_examples(xs, ys)
+    if n is None:
+        raise ValueError("xs and ys need the same, non-zero number of examples on their first axis")
+    mesh = mesh or default_mesh() or example_mesh()
+    call, _ = _prepare(engine_fn.one_device, kind, mesh, n, loss_fn, params, xs, ys, args, kw)
+    m = _run.lower(*call).compile().compiled.memory_analysis()
+    sizes = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
+             "temp": int(m.temp_size_in_bytes)}
+    return {**sizes, "peak": sum(sizes.values())}
 
 
 def over_examples(kind: Kind) -> Callable[[Callable], Callable]:
@@ -262,6 +301,7 @@ def over_examples(kind: Kind) -> Callable[[Callable], Callable]:
 
         wrapper.__doc__ = (fn.__doc__ or "") + _MESH_DOC[kind]
         wrapper.one_device = fn
+        wrapper.example_kind = kind
         return wrapper
 
     return wrap
