@@ -431,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gradlab.data import DataError
 
     try:
+        if getattr(args, "out", None) and Path(args.out).suffix.lower() not in WRITERS:
+            raise CLIError(f"--out {args.out!r}: use a .csv, .npz or .parquet file name")
         return COMMANDS[args.command](args, log)
     except (CLIError, DataError, ValueError) as err:
         print(f"gradlab {args.command}: error: {err}", file=sys.stderr)
