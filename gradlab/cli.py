@@ -365,8 +365,11 @@ def _finish(args, log, columns, summary: str) -> None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m gradlab", description=__doc__.split("\n")[0])
     ap.add_argument("--distributed", action="store_true",
-                    help="call jax.distributed.initialize() first (multi-host; set JAX_COORDINATOR_ADDRESS, "
-                         "JAX_NUM_PROCESSES, JAX_PROCESS_ID, or run under SLURM / a TPU pod)")
+                    help="call jax.distributed.initialize() first: one process per host (under SLURM, "
+                         "Open MPI or on a TPU pod the three settings below are detected)")
+    ap.add_argument("--coordinator", help="HOST:PORT of process 0 (with --distributed)")
+    ap.add_argument("--num-processes", type=int, help="how many processes in all (with --distributed)")
+    ap.add_argument("--process-id", type=int, help="this process's rank, 0 … num-processes − 1 (with --distributed)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="the devices JAX sees (kind, count, processes)")
 
@@ -420,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.distributed:
         import jax
 
-        jax.distributed.initialize()
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
 
     def log(msg: str) -> None:
         import jax
