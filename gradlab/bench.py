@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradlab import engine, losses
+from gradlab import sharding
 
 APPROACHES = {
     "loop": "Python loop of jax.grad",
@@ -225,7 +226,7 @@ def run_benchmark(*, repeats: int = 5, sizes: Sequence[int] = (16, 64, 256, 1024
     p = engine.num_params(model)
     lines = [
         f"gradlab.bench: digits N={n}, MLP 64-256-256-10 (P={p:,}), chunk={chunk_size or 'by bytes'}, "
-        f"{jax.devices()[0].platform.upper()} x{len(jax.devices())}, jax {jax.__version__}; "
+        f"{sharding.describe_devices()}, jax {jax.__version__}; "
         f"median of {repeats} runs after a first (compiling) call",
         f"{'approach':38s} {'run ms':>9s} {'/ batch':>8s} {'first call ms':>14s} "
         f"{'needs (N×P×4 or chunk×P×4)':>27s} {'XLA temp+out':>13s}",

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from gradlab import rules
+from gradlab import rules, sharding
 
 LossFn = Callable[[Any, Any, Any], Any]
 PyTree = Any
@@ -292,6 +292,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     return _diff_tree(params, values)
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_grads(
     loss_fn: LossFn,
     params: PyTree,
@@ -363,6 +364,7 @@ def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
     return _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)[1]
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_layer_norms(
     loss_fn: LossFn,
     params: PyTree,
@@ -391,6 +393,7 @@ def per_example_layer_norms(
     return {(jax.tree_util.keystr(path) or "params"): jnp.sqrt(v) for path, v in leaves}
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_norms(
     loss_fn: LossFn,
     params: PyTree,
@@ -486,6 +489,7 @@ def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
     return _rules_pass(t, t.leaves, xs, ys, _bytes_chunk(n, chunk, t.example_bytes()), per_example)
 
 
+@sharding.over_examples("per_example")  # all devices when several are visible
 def per_example_dots(
     loss_fn: LossFn,
     params: PyTree,
@@ -636,6 +640,7 @@ def _clipped_sum(loss_fn, params, xs, ys, clip_norm, weights, chunk, method):
     return total, norms
 
 
+@sharding.over_examples("sum")  # all devices when several are visible
 def clipped_grad_sum(
     loss_fn: LossFn,
     params: PyTree,
@@ -691,6 +696,7 @@ def _batch_grad(loss_fn, params, xs, ys, mean):
     return jax.grad(total)(diff)
 
 
+@sharding.over_examples("sum")  # all devices when several are visible
 def batch_grad(
     loss_fn: LossFn,
     params: PyTree,

@@ -5,6 +5,7 @@ import streamlit as st
 
 from gradlab import bench, engine, plots, ui
 from gradlab.experiment import init_model, load_data
+from gradlab.sharding import describe_devices
 
 st.title("Performance")
 st.markdown(
@@ -15,6 +16,7 @@ st.markdown(
     "shape) is reported apart from the steady-state run time. Timings are wall-clock on a shared CPU: "
     "read the ratios, not the last digit."
 )
+st.caption(f"Runs on {describe_devices()}; with several devices the engine splits the examples over all of them.")
 
 WORKLOADS = {"experiment": "Current experiment's model (sidebar, untrained weights)",
              "digits_mlp": "Benchmark: digits, MLP 64-256-256-10"}

@@ -1,0 +1,86 @@
+"""Per-device memory of the engine on 1 device vs all devices (XLA's memory analysis).
+
+Compiles (does not run) each engine function's sharded program for a one-device mesh and for a
+mesh over all devices, and prints the bytes XLA's buffer assignment gives one device:
+arguments (the device's examples and the replicated parameters), outputs and temporaries. Peak
+per device = arguments + outputs + temporaries. Two sizes N give the fixed part (parameters,
+one chunk of per-example gradients: chunk × P × 4 bytes) and the part per example, so the
+largest N that fits a device's memory follows for each device count.
+
+Without a GPU, force several host (CPU) devices; the flag must be set before JAX starts, which
+`--force-host-devices` does:
+
+    python -m benchmarks.devices --force-host-devices 4
+    python -m benchmarks.devices                      # on a machine with several GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--force-host-devices", type=int, default=0, help="XLA host (CPU) devices to force")
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--sizes", type=int, nargs=2, default=[14336, 57344], help="two N (multiples of the devices)")
+    ap.add_argument("--budget-gb", type=float, default=16.0, help="device memory for the 'largest N' column")
+    args = ap.parse_args(argv)
+    if args.force_host_devices:
+        if "jax" in sys.modules:
+            raise SystemExit("--force-host-devices must be set before jax is imported")
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={args.force_host_devices}").strip()
+    print(report(args.chunk, args.sizes, args.budget_gb))
+
+
+def report(chunk: int, sizes, budget_gb: float) -> str:
+    import jax
+    import numpy as np
+
+    from gradlab import bench, engine, sharding
+
+    loss, model, xs, ys = bench.digits_mlp()
+    d = jax.device_count()
+    p = engine.num_params(model)
+    v = engine.batch_grad(loss, model, xs[:1], ys[:1])
+    fns = {
+        "per_example_norms": (engine.per_example_norms, ()),
+        "per_example_dots": (engine.per_example_dots, (v,)),
+        "clipped_grad_sum": (engine.clipped_grad_sum, (1.0,)),
+        "batch_grad": (engine.batch_grad, ()),
+    }
+    meshes = {1: sharding.example_mesh(jax.devices()[:1]), d: sharding.example_mesh()}
+    lines = [
+        f"devices: {sharding.describe_devices()}; jax {jax.__version__}",
+        f"workload: digits tiled to N examples, MLP 64-256-256-10 (P = {p:,}), chunk_size = {chunk} "
+        f"(one chunk of per-example gradients = {chunk * p * 4 / 1e6:.0f} MB)",
+        "per-device bytes from XLA's memory analysis (compiled, not run): arguments + outputs + temporaries",
+        f"{'function':18s} {'N':>7s} {'1 device MB':>12s} {f'{d} devices MB':>13s} {'ratio':>6s} "
+        f"{'per example B (1 / ' + str(d) + ')':>22s} {f'largest N in {budget_gb:g} GB (1 / {d})':>30s}",
+    ]
+    reps = -(-max(sizes) // len(xs))
+    big_x, big_y = np.tile(np.asarray(xs), (reps, 1)), np.tile(np.asarray(ys), reps)
+    for name, (fn, extra) in fns.items():
+        peak = {}
+        for n in sizes:
+            for k, mesh in meshes.items():
+                peak[n, k] = sharding.memory_analysis(fn, loss, model, big_x[:n], big_y[:n], *extra, mesh=mesh,
+                                                      **({} if name == "batch_grad" else {"chunk_size": chunk}))["peak"]
+        lo, hi = sizes
+        slope = {k: (peak[hi, k] - peak[lo, k]) / (hi - lo) for k in meshes}
+        fixed = {k: peak[lo, k] - slope[k] * lo for k in meshes}
+        fits = {k: int((budget_gb * 1e9 - fixed[k]) / slope[k]) if slope[k] > 0 else float("inf") for k in meshes}
+        for n in sizes:
+            tail = (f"{slope[1]:10.1f} / {slope[d]:9.1f} {fits[1]:>14,} / {fits[d]:>13,}" if n == hi else "")
+            lines.append(f"{name:18s} {n:7d} {peak[n, 1] / 1e6:12.1f} {peak[n, d] / 1e6:13.1f} "
+                         f"{peak[n, d] / peak[n, 1]:6.2f} {tail}")
+    lines.append(f"per-example bytes per device scale as 1/{d}; the fixed part (parameters, one chunk) does not, "
+                 f"so the peak ratio tends to 1/{d} as N grows.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

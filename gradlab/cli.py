@@ -1,0 +1,442 @@
+"""`python -m gradlab`: the engine without the app, for runs too big for a page.
+
+Subcommands (each trains the model first, as the app does, unless `--train-steps 0`):
+
+    python -m gradlab devices
+    python -m gradlab norms     --data digits --out norms.parquet
+    python -m gradlab influence --data my.csv --label target --test-index 0 3 --out influence.csv
+    python -m gradlab dp-sgd    --data my.npz --clip-norm 1 --noise-multiplier 1.1 --sample-rate 0.01 --out dp.csv
+
+`--data` is a bundled dataset (`gradlab.data.DATASETS`), a CSV with a header row (numeric
+features, one `--label` column) or an NPZ with arrays `x (N, D)` and `y (N,)`. Results are one
+table, one row per example (per step for `dp-sgd`), written as CSV, NPZ or Parquet by the
+extension of `--out`: the same layout as the app's downloads. Before the work starts the command
+prints a memory estimate (XLA's buffer assignment for one block of examples, per device, plus
+the host arrays); `--estimate-only` stops there. With several devices the engine splits the
+examples over all of them (`gradlab.sharding`); with `--distributed` it first calls
+`jax.distributed.initialize()` (one process per host, each given the same data; process 0
+writes the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+WRITERS = (".csv", ".npz", ".parquet")
+
+
+class CLIError(ValueError):
+    """A bad argument or input file; the message says what to change."""
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """A text progress bar on stderr: `label [#####.....] 50% 5/10 0:03 < 0:03`.
+
+    Redrawn in place on a terminal; elsewhere (a log file, a batch job) one line per 10%.
+    """
+
+    def __init__(self, label: str, total: int, stream=None, width: int = 30):
+        self.label, self.total, self.width = label, max(int(total), 1), width
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.start, self.done, self.last_decile = time.perf_counter(), 0, -1
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        """Record progress: `done` of `total` units (the train functions' `progress(step, steps)`)."""
+        if total is not None:
+            self.total = max(int(total), 1)
+        self.done = min(int(done), self.total)
+        frac = self.done / self.total
+        decile = int(frac * 10)
+        if not self.tty and decile == self.last_decile and self.done < self.total:
+            return
+        self.last_decile = decile
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / frac - elapsed if frac > 0 else float("nan")
+        bar = "#" * round(frac * self.width) + "." * (self.width - round(frac * self.width))
+        line = f"{self.label} [{bar}] {frac:4.0%} {self.done}/{self.total} {_clock(elapsed)} < {_clock(eta)}"
+        end = "\n" if (not self.tty or self.done >= self.total) else ""
+        self.stream.write(("\r" if self.tty else "") + line + end)
+        self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?:??"
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if b < 1000:
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1000
+    return f"{b:.1f} TB"
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+def load_data(spec: str, *, label: str | None, task: str, seed: int, label_noise: float, test_fraction: float):
+    """A `gradlab.data.Dataset` from a bundled name, a CSV path or an NPZ path (x, y arrays).
+
+    **Raises** `CLIError` for a missing file or an unknown name, `DataError` for bad contents.
+    """
+    from gradlab import data
+
+    common = dict(seed=seed, label_noise=label_noise, test_fraction=test_fraction)
+    if spec in data.DATASETS:
+        return data.load_dataset(spec, **common)
+    path = Path(spec)
+    if path.suffix.lower() not in (".csv", ".npz"):
+        raise CLIError(f"--data {spec!r} is neither a bundled dataset ({', '.join(data.DATASETS)}) "
+                       "nor a .csv or .npz file")
+    if not path.is_file():
+        raise CLIError(f"--data: no file {spec!r}")
+    if path.suffix.lower() == ".csv":
+        if label is None:
+            raise CLIError("a CSV needs --label COLUMN: the column that holds the labels or targets")
+        # the command is for big runs: no upload limits on rows or features
+        return data.load_csv(str(path), label, task, max_rows=10**9, max_features=10**6, name=path.stem, **common)
+    with np.load(path, allow_pickle=False) as z:
+        missing = {"x", "y"} - set(z.files)
+        if missing:
+            raise CLIError(f"{spec}: an NPZ needs arrays 'x' (N, D) and 'y' (N,); it has {', '.join(z.files) or 'none'}")
+        x, y = z["x"], z["y"]
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise CLIError(f"{spec}: x must be (N, D) and y (N,) with the same N; got x {x.shape}, y {y.shape}")
+    return data.make_dataset(path.stem, x.astype(np.float64), y, task, **common)
+
+
+def write_table(columns: dict[str, np.ndarray], out: str) -> Path:
+    """Write equally long columns as CSV, NPZ or Parquet (by the extension of `out`)."""
+    import pandas as pd
+
+    path = Path(out)
+    kind = path.suffix.lower()
+    if kind not in WRITERS:
+        raise CLIError(f"--out {out!r}: use a .csv, .npz or .parquet file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == ".npz":
+        np.savez_compressed(path, **{k: np.asarray(v) for k, v in columns.items()})
+    else:
+        frame = pd.DataFrame(columns)
+        frame.to_csv(path, index=False) if kind == ".csv" else frame.to_parquet(path, index=False)
+    return path
+
+
+def to_host(a) -> np.ndarray:
+    """A (possibly sharded, possibly multi-host) array as one NumPy array on this host."""
+    import jax
+
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return np.asarray(a)
+
+
+# ------------------------------------------------------------------------ model, training
+
+
+def _model_and_loss(args, ds):
+    import jax
+
+    from gradlab import losses
+    from gradlab.models import ModelSpec, build_model
+
+    spec = ModelSpec(args.model, width=args.width, depth=args.depth, activation=args.activation)
+    model = build_model(spec, ds.n_features, ds.n_classes, key=jax.random.key(args.seed), image_shape=ds.image_shape)
+    return model, losses.loss_for(ds.task)
+
+
+def _train(args, ds, model, loss_fn, log):
+    from gradlab import train
+
+    if args.train_steps == 0:
+        return model
+    bar = Progress(f"training ({args.train_steps} {args.optimizer} steps)", args.train_steps)
+    result = train.train(model, loss_fn, ds.x_train, ds.y_train, optimizer=args.optimizer, lr=args.lr,
+                         steps=args.train_steps, batch_size=args.batch_size, l2=args.l2, seed=args.seed,
+                         checkpoint_every=max(1, args.train_steps // 20), progress=bar)
+    log(f"trained: final minibatch loss {float(result.losses[-1]):.4f}")
+    return result.final
+
+
+def _blocks(n: int, block: int, devices: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of `block` examples (a multiple of the device count), the last shorter."""
+    block = max(devices, (max(1, block) // devices) * devices)
+    return [(s, min(s + block, n)) for s in range(0, n, block)]
+
+
+def _padded(a: np.ndarray, size: int) -> np.ndarray:
+    """The last block padded (with its last row) to the block size: one compiled shape for all."""
+    return a if len(a) == size else np.concatenate([a, np.repeat(a[-1:], size - len(a), axis=0)])
+
+
+def _streamed(fn: Callable, xs, ys, block: int, label: str) -> list:
+    """Call `fn(x_block, y_block)` over blocks of examples with a progress bar; rows trimmed."""
+    import jax
+
+    spans = _blocks(len(xs), block, jax.device_count())
+    size = spans[0][1] - spans[0][0]
+    bar, outs = Progress(label, len(xs)), []
+    for start, stop in spans:
+        out = fn(_padded(xs[start:stop], size), _padded(ys[start:stop], size))
+        outs.append(jax.tree.map(lambda a: to_host(a)[: stop - start], out))
+        bar(stop)
+    return outs
+
+
+def _estimate(args, log, parts: dict[str, int]) -> None:
+    """Print the memory estimate (one line per part and the total)."""
+    log("memory estimate: " + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in parts.items())
+        + f"; total ≈ {_fmt_bytes(sum(parts.values()))}")
+
+
+def _device_block_memory(engine_fn, loss_fn, params, xs, ys, block: int, *extra, **kw) -> int:
+    """Per-device bytes XLA allocates for one block (arguments + outputs + temporaries)."""
+    import jax
+
+    from gradlab import sharding
+
+    size = _blocks(len(xs), block, jax.device_count())[0]
+    n = size[1] - size[0]
+    return sharding.memory_analysis(engine_fn, loss_fn, params, _padded(xs[:n], n), _padded(ys[:n], n),
+                                    *extra, **kw)["peak"]
+
+
+# --------------------------------------------------------------------------- subcommands
+
+
+def cmd_devices(args, log) -> int:
+    import jax
+
+    from gradlab import sharding
+
+    log(f"devices: {sharding.describe_devices()}")
+    log(f"process {jax.process_index()} of {jax.process_count()}; local devices: {jax.local_device_count()}")
+    for d in jax.devices():
+        log(f"  {d.id}: {d.device_kind} (process {d.process_index})")
+    return 0
+
+
+def cmd_norms(args, log) -> int:
+    """Per-example gradient norms (global and per layer) and losses of every training example."""
+    import jax.numpy as jnp
+
+    from gradlab import engine, losses
+
+    ds = _dataset(args)
+    model, loss_fn = _model_and_loss(args, ds)
+    xs, ys = ds.x_train, ds.y_train
+    p = engine.num_params(model)
+    log(f"norms: {ds.name}, N = {len(xs):,} training examples, {args.model} with P = {p:,} parameters")
+    _estimate(args, log, {
+        "per device (XLA, one block)": _device_block_memory(engine.per_example_layer_norms, loss_fn, model, xs, ys,
+                                                            args.block, chunk_size=args.chunk_size),
+        "host data": xs.nbytes + ys.nbytes,
+        "host results": len(xs) * 4 * (len(engine.leaf_names(model)) + 3),
+    })
+    if args.estimate_only:
+        return 0
+    params = _train(args, ds, model, loss_fn, log)
+
+    def block(x, y):
+        layers = engine.per_example_layer_norms(loss_fn, params, x, y, chunk_size=args.chunk_size)
+        return layers, losses.per_example_losses(loss_fn, params, jnp.asarray(x), jnp.asarray(y))
+
+    outs = _streamed(block, xs, ys, args.block, "per-example norms")
+    layers = {k: np.concatenate([o[0][k] for o in outs]) for k in outs[0][0]}
+    total = np.sqrt(sum(np.square(v.astype(np.float64)) for v in layers.values())).astype(np.float32)
+    columns = {"example": np.arange(len(xs)), "label": ys, "loss": np.concatenate([o[1] for o in outs]),
+               "grad_norm": total, **{f"grad_norm{k}": v for k, v in layers.items()}}
+    if ds.flipped.any():
+        columns["label_flipped"] = ds.flipped
+    _finish(args, log, columns, f"grad_norm median {np.median(total):.4g}, max {total.max():.4g} "
+                                f"(example {int(total.argmax())})")
+    return 0
+
+
+def cmd_influence(args, log) -> int:
+    """Predicted leave-one-out change of chosen test losses, and self-influence, per training example."""
+    from gradlab import engine, influence
+
+    ds = _dataset(args)
+    model, loss_fn = _model_and_loss(args, ds)
+    xs, ys = ds.x_train, ds.y_train
+    bad = [i for i in args.test_index if not 0 <= i < len(ds.x_test)]
+    if bad:
+        raise CLIError(f"--test-index {bad[0]} is out of range: the test split has {len(ds.x_test)} examples")
+    p = engine.num_params(model)
+    exact_max = getattr(influence, "EXACT_MAX_PARAMS", 1000)
+    log(f"influence: {ds.name}, N = {len(xs):,} training examples, P = {p:,}, test points {args.test_index}")
+    _estimate(args, log, {
+        "per device (XLA, scores of one block)": _device_block_memory(
+            engine.per_example_dots, loss_fn, model, xs, ys, args.block,
+            engine.batch_grad(loss_fn, model, xs[:1], ys[:1]), chunk_size=args.chunk_size),
+        "inverse HVP (exact P×P Hessian)" if p <= exact_max else "inverse HVP (conjugate gradient, a few P)":
+            4 * (p * p if p <= exact_max else 8 * p),
+        "host data": xs.nbytes + ys.nbytes,
+        "host results": len(xs) * 4 * (len(args.test_index) + 2),
+    })
+    if args.estimate_only:
+        return 0
+    params = _train(args, ds, model, loss_fn, log)
+    columns = {"example": np.arange(len(xs)), "label": ys}
+    bar = Progress("influence (one inverse HVP per test point)", len(args.test_index) + 1)
+    for k, i in enumerate(args.test_index):
+        scores = influence.predicted_loo_change(loss_fn, params, xs, ys, ds.x_test[i], ds.y_test[i],
+                                                damping=args.damping, chunk_size=args.chunk_size)
+        columns[f"loo_change_test{i}"] = to_host(scores)
+        bar(k + 1)
+    columns["self_influence"] = to_host(influence.self_influence(loss_fn, params, xs, ys, chunk_size=args.chunk_size))
+    bar(len(args.test_index) + 1)
+    if ds.flipped.any():
+        columns["label_flipped"] = ds.flipped
+    top = int(np.argmax(columns["self_influence"]))
+    _finish(args, log, columns, f"highest self-influence: example {top}")
+    return 0
+
+
+def cmd_dp_sgd(args, log) -> int:
+    """A DP-SGD run (`gradlab.train.train_dp_sgd`): one row per step, ε at each checkpoint."""
+    from gradlab import engine, losses, train
+
+    ds = _dataset(args)
+    model, loss_fn = _model_and_loss(args, ds)
+    n, p = len(ds.x_train), engine.num_params(model)
+    if not 0 < args.sample_rate <= 1:
+        raise CLIError(f"--sample-rate q must be in (0, 1], got {args.sample_rate}")
+    m = train.dp_buffer_size(n, args.sample_rate)
+    log(f"dp-sgd: {ds.name}, N = {n:,}, P = {p:,}, q = {args.sample_rate:g} (buffer {m} examples), "
+        f"σ = {args.noise_multiplier:g}, C = {args.clip_norm:g}, {args.steps} steps")
+    _estimate(args, log, {
+        "per-example gradients of one batch buffer (M×P×4)": m * p * 4,
+        "parameters, optimizer state and checkpoints": p * 4 * (3 + args.steps // args.checkpoint_every + 1),
+        "data": ds.x_train.nbytes + ds.y_train.nbytes,
+    })
+    if args.estimate_only:
+        return 0
+    bar = Progress(f"DP-SGD ({args.steps} steps)", args.steps)
+    res = train.train_dp_sgd(model, loss_fn, ds.x_train, ds.y_train, sample_rate=args.sample_rate,
+                             noise_multiplier=args.noise_multiplier, clip_norm=args.clip_norm,
+                             optimizer=args.optimizer, lr=args.lr, steps=args.steps, seed=args.seed,
+                             checkpoint_every=args.checkpoint_every, delta=args.delta, progress=bar)
+    eps = np.full(len(res.losses), np.nan)
+    for step, e in zip(res.steps[1:], res.epsilons[1:]):
+        eps[step - 1] = e
+    columns = {"step": np.arange(1, len(res.losses) + 1), "loss": res.losses, "batch_size": res.batch_sizes,
+               "clipped_fraction": res.clipped_fraction, "epsilon": eps}
+    pred = np.asarray(losses.predict(res.final, ds.x_test, ds.task))
+    quality = (f"test accuracy {np.mean(pred == ds.y_test):.3f}" if ds.task == "classification"
+               else f"test MSE {np.mean((pred - ds.y_test) ** 2):.4g}")
+    _finish(args, log, columns, f"ε = {res.epsilons[-1]:.3g} at δ = {args.delta:g} ({res.accountant}); {quality}")
+    return 0
+
+
+def _dataset(args):
+    return load_data(args.data, label=args.label, task=args.task, seed=args.seed, label_noise=args.label_noise,
+                     test_fraction=args.test_fraction)
+
+
+def _finish(args, log, columns, summary: str) -> None:
+    import jax
+
+    if jax.process_index() == 0:
+        path = write_table(columns, args.out)
+        log(f"wrote {path} ({len(next(iter(columns.values()))):,} rows, {len(columns)} columns); {summary}")
+
+
+# ---------------------------------------------------------------------------------- parser
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m gradlab", description=__doc__.split("\n")[0])
+    ap.add_argument("--distributed", action="store_true",
+                    help="call jax.distributed.initialize() first: one process per host (under SLURM, "
+                         "Open MPI or on a TPU pod the three settings below are detected)")
+    ap.add_argument("--coordinator", help="HOST:PORT of process 0 (with --distributed)")
+    ap.add_argument("--num-processes", type=int, help="how many processes in all (with --distributed)")
+    ap.add_argument("--process-id", type=int, help="this process's rank, 0 … num-processes − 1 (with --distributed)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("devices", help="the devices JAX sees (kind, count, processes)")
+
+    def common(p, out):
+        p.add_argument("--data", default="digits",
+                       help="bundled dataset name, or a .csv (header row) / .npz (arrays x, y) file")
+        p.add_argument("--label", help="label column of a CSV")
+        p.add_argument("--task", choices=["classification", "regression"], default="classification",
+                       help="for a CSV or NPZ file (bundled datasets know their task)")
+        p.add_argument("--label-noise", type=float, default=0.0, help="fraction of training labels flipped")
+        p.add_argument("--test-fraction", type=float, default=0.2)
+        p.add_argument("--model", choices=["linear", "mlp", "cnn"], default="mlp")
+        p.add_argument("--width", type=int, default=64)
+        p.add_argument("--depth", type=int, default=1)
+        p.add_argument("--activation", default="relu")
+        p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+        p.add_argument("--lr", type=float, default=0.01)
+        p.add_argument("--l2", type=float, default=1e-4)
+        p.add_argument("--batch-size", type=int, default=128)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--chunk-size", type=int, default=256, help="examples per vmap chunk within a device")
+        p.add_argument("--block", type=int, default=16384, help="examples per engine call (the progress unit)")
+        p.add_argument("--out", default=out, help="result file: .csv, .npz or .parquet")
+        p.add_argument("--estimate-only", action="store_true", help="print the memory estimate and stop")
+
+    p = sub.add_parser("norms", help="per-example gradient norms (global and per layer) and losses")
+    common(p, "gradlab_norms.csv")
+    p.add_argument("--train-steps", type=int, default=300, help="training steps before the norms (0: at init)")
+    p = sub.add_parser("influence", help="predicted leave-one-out change of test losses, self-influence")
+    common(p, "gradlab_influence.csv")
+    p.add_argument("--train-steps", type=int, default=300)
+    p.add_argument("--test-index", type=int, nargs="+", default=[0], help="test-split example(s) to explain")
+    p.add_argument("--damping", type=float, default=0.01, help="λ: objective mean loss + λ/2‖θ‖²")
+    p = sub.add_parser("dp-sgd", help="train with DP-SGD; per-step loss, clipped fraction, ε")
+    common(p, "gradlab_dp_sgd.csv")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--sample-rate", type=float, default=0.01, help="Poisson sampling rate q")
+    p.add_argument("--noise-multiplier", type=float, default=1.1, help="σ")
+    p.add_argument("--clip-norm", type=float, default=1.0, help="clipping norm C")
+    p.add_argument("--delta", type=float, default=1e-5, help="δ for the reported ε")
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    return ap
+
+
+COMMANDS = {"devices": cmd_devices, "norms": cmd_norms, "influence": cmd_influence, "dp-sgd": cmd_dp_sgd}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` and run the subcommand. **Returns** the exit status (2 on a bad input, with the reason)."""
+    args = parser().parse_args(argv)
+    if args.distributed:
+        import jax
+
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+
+    def log(msg: str) -> None:
+        import jax
+
+        if jax.process_index() == 0:
+            print(msg, flush=True)
+
+    from gradlab.data import DataError
+
+    try:
+        if getattr(args, "out", None) and Path(args.out).suffix.lower() not in WRITERS:
+            raise CLIError(f"--out {args.out!r}: use a .csv, .npz or .parquet file name")
+        return COMMANDS[args.command](args, log)
+    except (CLIError, DataError, ValueError) as err:
+        print(f"gradlab {args.command}: error: {err}", file=sys.stderr)
+        return 2
