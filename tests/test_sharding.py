@@ -166,6 +166,10 @@ def test_four_devices_match_python_loop():
                                rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(flat(engine.batch_grad(dict_loss, params, xs, ys, reduction="mean")), per.mean(0),
                                rtol=1e-4, atol=1e-6)
+    mask = (np.arange(n) % 3 != 0).astype(np.float32)  # a Poisson batch's 0/1 mask, split with the examples
+    np.testing.assert_allclose(
+        flat(engine.clipped_grad_sum(dict_loss, params, xs, ys, 0.5, weights=mask, chunk_size=4)),
+        (mask[:, None] * per * np.minimum(1.0, 0.5 / norms)[:, None]).sum(0), rtol=1e-4, atol=1e-6)
 
 
 @four_only
