@@ -143,7 +143,7 @@ def epsilon_from_rates(fpr_upper, tpr_lower, delta: float):
 
 #: The threshold is only picked where the rate the bound divides by rests on at least this many
 #: errors in the picking half: the most extreme thresholds win there by chance and lose on the other half.
-MIN_ERRORS = 25
+MIN_ERRORS = 10
 
 
 def _bounds_at_thresholds(scores, is_in, delta, alpha):
