@@ -305,7 +305,6 @@ class AuditResult:
 TRIALS_PER_RUN = {"gradient": 2048, "input": 256}
 
 
-@functools.lru_cache(maxsize=32)
 def audit_dp_sgd(
     *,
     noise_multiplier: float,
@@ -324,7 +323,7 @@ def audit_dp_sgd(
 
     Each trial flips a fair coin to put its canary in or not, trains with the real `train_dp_sgd`
     (R trials per run, see the module docstring), observes the trained parameters, and the observations
-    of all trials give `epsilon_lower_bound`. Results are cached per arguments.
+    of all trials give `epsilon_lower_bound`. 2048 gradient-canary trials (256 input-canary trials) share a run.
 
     **Arguments**
     - `noise_multiplier` σ ≥ 0, `steps` T ≥ 1, `sample_rate` q ∈ (0, 1], `clip_norm` C > 0, `delta` δ.
