@@ -96,8 +96,9 @@ if results is not None:
     m[3].metric("TPR at 1% FPR, DP-SGD", f"{priv.rocs['lira'].tpr_at_1:.1%}",
                 delta=f"{(priv.rocs['lira'].tpr_at_1 - pub.rocs['lira'].tpr_at_1) * 100:+.1f} pts", delta_color="inverse",
                 help=f"The DP bound allows at most {membership.dp_roc_bound(0.01, eps, delta):.1%} at ε = {eps:.2f}.")
-    m[4].metric("Train / test accuracy gap", f"{(pub.train_accuracy - pub.test_accuracy) * 100:.0f} → "
-                f"{(priv.train_accuracy - priv.test_accuracy) * 100:.0f} pts", help="Non-private → DP-SGD: memorization.")
+    m[4].metric("Accuracy gap (pts)", f"{(pub.train_accuracy - pub.test_accuracy) * 100:.0f} → "
+                f"{(priv.train_accuracy - priv.test_accuracy) * 100:.0f}",
+                help="Train minus test accuracy, non-private → DP-SGD: how much each model memorized.")
     curves = {f"{name}, {membership.ATTACKS[k].split(' (')[0]}": (r.rocs[k].fpr, r.rocs[k].tpr, r.rocs[k].auc)
               for name, r in results.items() for k in ("lira", "loss")}
     ui.chart(audit_plots.roc_loglog(curves, epsilon=eps, delta=delta))
