@@ -141,25 +141,28 @@ def epsilon_from_rates(fpr_upper, tpr_lower, delta: float):
     return np.maximum(a, b)
 
 
-#: The threshold is only picked where the rate the bound divides by rests on at least this many
-#: errors in the picking half: the most extreme thresholds win there by chance and lose on the other half.
-MIN_ERRORS = 10
+#: Candidate thresholds: those that leave k errors (false positives, or false negatives for the mirror
+#: inequality) in the picking half, for k on this geometric grid. A few dozen candidates instead of every
+#: score keep the winner's curse small: among thousands of thresholds, the one with the best bound on the
+#: picking half is mostly the luckiest, and the other half does not repeat its luck.
+ERROR_GRID = tuple(int(round(10 * 2 ** (j / 2))) for j in range(30))
 
 
 def _bounds_at_thresholds(scores, is_in, delta, alpha):
-    """For every threshold "guess in when score ≥ t" (t over the sorted scores): the CP-based ε bound
-    on the picking half, counted only where it rests on ≥ MIN_ERRORS errors."""
+    """Candidate thresholds "guess in when score ≥ t" (see `ERROR_GRID`) and their CP-based ε bounds."""
     order = np.argsort(-scores, kind="stable")
     member = is_in[order]
+    ranked = scores[order]
     n_in, n_out = int(member.sum()), int((~member).sum())
     tp = np.cumsum(member)
     fp = np.cumsum(~member)
-    # only thresholds between distinct scores are real guesses
-    last = np.r_[scores[order][1:] != scores[order][:-1], True]
-    tp, fp = tp[last], fp[last]
-    a, b = _eps_sides(_cp_upper(fp, n_out, alpha / 2), _cp_lower(tp, n_in, alpha / 2), delta)
-    eps = np.maximum(np.where(fp >= MIN_ERRORS, a, 0.0), np.where(n_in - tp >= MIN_ERRORS, b, 0.0))
-    return eps, -np.sort(-scores)[last]
+    a_idx = np.searchsorted(fp, ERROR_GRID, side="right") - 1  # the last threshold with ≤ k false positives
+    b_idx = np.searchsorted(tp, n_in - np.asarray(ERROR_GRID), side="left")  # the first with ≤ k false negatives
+    idx = np.unique(np.clip(np.r_[a_idx, b_idx, len(scores) - 1], 0, len(scores) - 1))
+    # a threshold between tied scores is not a real guess: move to the end of the tie
+    idx = np.searchsorted(-ranked, -ranked[idx], side="right") - 1
+    eps = epsilon_from_rates(_cp_upper(fp[idx], n_out, alpha / 2), _cp_lower(tp[idx], n_in, alpha / 2), delta)
+    return eps, ranked[idx]
 
 
 def epsilon_lower_bound(scores, is_in, *, delta: float, confidence: float = 0.95) -> tuple[float, float, int]:

@@ -13,20 +13,21 @@ FLOOR = 1e-4  # log axes: rates below this are drawn at it
 
 
 def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsilon: float | None, delta: float,
-               title: str = "Membership inference ROC (log-log)") -> go.Figure:
+               floor: float = FLOOR, title: str = "Membership inference ROC (log-log)") -> go.Figure:
     """ROC curves `{name: (fpr, tpr, auc)}` on log-log axes, the chance line, and the (ε, δ)-DP bound on
-    any attack's ROC (TPR ≤ e^ε·FPR + δ and its mirror)."""
+    any attack's ROC (TPR ≤ e^ε·FPR + δ and its mirror). `floor`: the smallest FPR the data can measure
+    (1 / number of non-members); smaller rates, 0 included, are drawn at it."""
     fig = go.Figure()
-    grid = np.geomspace(FLOOR, 1, 200)
+    grid = np.geomspace(floor, 1, 200)
     for name, (fpr, tpr, auc) in curves.items():
-        fig.add_trace(go.Scatter(x=np.maximum(fpr, FLOOR), y=np.maximum(tpr, FLOOR), mode="lines",
+        fig.add_trace(go.Scatter(x=np.maximum(fpr, floor), y=np.maximum(tpr, FLOOR), mode="lines",
                                  name=f"{name} (AUC {auc:.3f})", line=dict(dash="dash" if "loss" in name else "solid")))
     fig.add_trace(go.Scatter(x=grid, y=grid, mode="lines", name="chance (TPR = FPR)", line=dict(dash="dot", color="gray")))
     if epsilon is not None and np.isfinite(epsilon):
         fig.add_trace(go.Scatter(x=grid, y=np.maximum(dp_roc_bound(grid, epsilon, delta), FLOOR), mode="lines",
                                  name=f"DP bound, ε = {epsilon:.2f}, δ = {delta:g}",
                                  line=dict(color="black", width=3), fill=None))
-    fig.update_xaxes(type="log", range=[np.log10(FLOOR), 0])
+    fig.update_xaxes(type="log", range=[np.log10(floor), 0])
     fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
     fig.update_layout(legend=dict(x=0.42, y=0.05, bgcolor="rgba(255,255,255,0.8)"))
     return _layout(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",

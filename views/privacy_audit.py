@@ -101,9 +101,10 @@ if results is not None:
                 help="Train minus test accuracy, non-private → DP-SGD: how much each model memorized.")
     curves = {f"{name}, {membership.ATTACKS[k].split(' (')[0]}": (r.rocs[k].fpr, r.rocs[k].tpr, r.rocs[k].auc)
               for name, r in results.items() for k in ("lira", "loss")}
-    ui.chart(audit_plots.roc_loglog(curves, epsilon=eps, delta=delta))
-    st.caption(f"With {int(pool) // 2} members the smallest FPR that can be measured is {2 / int(pool):.1%}: "
-               "curves left of it are steps of single examples. The black line bounds every attack on the DP-SGD model.")
+    n_out = int((~pub.is_member).sum())
+    ui.chart(audit_plots.roc_loglog(curves, epsilon=eps, delta=delta, floor=1 / n_out))
+    st.caption(f"With {n_out} non-members the smallest FPR that can be measured is 1/{n_out} = {1 / n_out:.1%}: the axis "
+               "starts there (an FPR of 0 is drawn at it). The black line bounds every attack on the DP-SGD model.")
     table = pd.DataFrame([dict(model=name, attack=membership.ATTACKS[k], AUC=r.rocs[k].auc, **{"TPR at 1% FPR": r.rocs[k].tpr_at_1,
                           "TPR at 0.1% FPR": r.rocs[k].tpr_at_01, "train accuracy": r.train_accuracy,
                           "test accuracy": r.test_accuracy}) for name, r in results.items() for k in membership.ATTACKS])
@@ -173,7 +174,7 @@ with ui.guard("The audit could not run with these settings"):
     m[3].metric("Trials", f"{res.trials:,}")
     if res.epsilon_lower > res.epsilon_claimed:
         st.error(f"**The audit caught a bug:** with 95% confidence this code spends ε ≥ {res.epsilon_lower:.2f}, more than "
-                 f"the {res.epsilon_claimed:.2f} the accountant reports.", icon="🐞")
+                 f"the {res.epsilon_claimed:.2f} the accountant reports.", icon=":material/bug_report:")
     else:
         st.success(f"No violation: the measured lower bound {res.epsilon_lower:.2f} stays below the claimed "
                    f"{res.epsilon_claimed:.2f}." + ("" if bug else " (An audit can only show a bug, never prove there is none.)"))
