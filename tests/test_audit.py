@@ -62,10 +62,12 @@ def test_gradient_canary_observations_follow_the_gaussian_mechanism():
                                                                      delta=1e-5, accountant="pld"))
 
 
-@pytest.mark.parametrize("sigma,steps", [(1.0, 1), (2.0, 1), (2.0, 2), (2.0, 4)])
+@pytest.mark.parametrize("sigma,steps", [(1.0, 1), (2.0, 1), (2.0, 2), (2.0, 4), (1.0, 4)])
 def test_sound_on_correct_dp_sgd(sigma, steps):
     r = audit.audit_dp_sgd(noise_multiplier=sigma, steps=steps, trials=4096, seed=steps)
-    assert 0.3 < r.epsilon_lower <= r.epsilon_claimed
+    assert r.epsilon_lower <= r.epsilon_claimed
+    if sigma / math.sqrt(steps) <= 1:  # μ ≥ 1: 4096 trials already show most of the ε (not a vacuous audit)
+        assert r.epsilon_lower > 0.25 * r.epsilon_claimed
 
 
 def test_input_canary_audit_is_sound():
