@@ -184,8 +184,8 @@ with ui.guard("The audit could not run with these settings"):
     with right:
         xlabel = "−Δθ_canary·qN/C (gradient canary)" if canary == "gradient" else "model's margin on the canary"
         ui.chart(audit_plots.observation_histogram(res.scores, res.is_in, res.threshold, xlabel=xlabel))
-    st.caption("Each point of the left curve is a 95% bound on its own. Half of the trials pick the threshold, the "
-               "other half measure FPR and TPR, so the bound is honest about the choice.")
+    st.caption("Each point of the left curve is a 95% bound on its own. A quarter of the trials picks the threshold, "
+               "the other three quarters measure FPR and TPR, so the bound is honest about the choice.")
 
 ui.code_panel(
     """
