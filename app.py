@@ -13,6 +13,7 @@ PAGES = [
     st.Page("views/performance.py", title="Performance", icon=":material/timer:"),
     st.Page("views/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
     st.Page("views/influence.py", title="Influence", icon=":material/explore:"),
+    st.Page("views/privacy_audit.py", title="Privacy audit", icon=":material/policy:"),
 ]
 
 page = st.navigation(PAGES)

@@ -246,11 +246,13 @@ def dp_sgd_batches(n: int, sample_rate: float, steps: int, seed: int = 0) -> lis
 
 
 @eqx.filter_jit
-def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size):
+def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size, bug=None):
     """len(keys) DP-SGD steps with lax.scan: Poisson batch → ghost-clipped sum → noise → /qN → optax.
 
     The clipped sum is `engine.clipped_sum_core` with the batch's padding mask as per-example
     weights: norms by the per-layer rules, then one weighted backward pass (ghost clipping).
+    A planted bug (`gradlab.audit.BUGS`, auditing only) replaces the clipped sum and its noise and
+    needs the masked per-example gradients, so that path builds them with `vmap(grad)`.
     """
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
@@ -263,6 +265,11 @@ def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, 
             loss_fn, eqx.combine(d, static), xs[idx], ys[idx], clip_norm, weights=m)
         n_clipped = jnp.sum(m * (norms > clip_norm))
         noise = privacy.gaussian_noise(key[1], summed, clip_norm, sigma)
+        if bug is not None:  # a planted bug (gradlab.audit.BUGS): its own clipped sum and noise
+            g = jax.vmap(jax.grad(lambda d_, x, y: loss_fn(eqx.combine(d_, static), x, y)), in_axes=(None, 0, 0))(
+                d, xs[idx], ys[idx])
+            g = jax.tree.map(lambda a: a * m.reshape((-1,) + (1,) * (a.ndim - 1)), g)
+            summed, noise = bug(g, key[1], clip_norm, sigma, q * n)
         grad = jax.tree.map(lambda a, z, p: (a + z) / (q * n) + l2 * p, summed, noise, d)
         updates, s = update(grad, s, d)
         b = jnp.maximum(count, 1)
@@ -290,6 +297,7 @@ def train_dp_sgd(
     delta: float = 1e-5,
     accountant: str = "rdp",
     progress: Callable[[int, int], None] | None = None,
+    bug: str | None = None,
 ) -> DPTrainResult:
     """Train with DP-SGD (Abadi et al. 2016, Algorithm 1) with any optax optimizer, keeping checkpoints.
 
@@ -308,6 +316,8 @@ def train_dp_sgd(
     - `steps` ≥ 0; `l2` ≥ 0; `seed` for sampling, noise; `checkpoint_every` ≥ 1.
     - `delta` δ ∈ (0, 1) and `accountant` (`"rdp"` | `"pld"`) for the ε reported at each checkpoint.
     - `progress(step, steps)`: called after each checkpoint.
+    - `bug`: None (correct DP-SGD), or the name of a planted bug in `gradlab.audit.BUGS`, which
+      replaces the clipped sum and its noise; only for auditing (`gradlab.audit.audit_dp_sgd`).
 
     **Returns** a `DPTrainResult`.
 
@@ -323,6 +333,12 @@ def train_dp_sgd(
     except ValueError as err:
         raise TrainingError(str(err)) from None
     n = _check_run(xs, steps, checkpoint_every, l2)
+    if bug is not None:  # planted DP-SGD bugs live with the audit that must catch them
+        from gradlab.audit import BUGS
+
+        if bug not in BUGS:
+            raise TrainingError(f"unknown planted bug {bug!r}; choose one of {', '.join(BUGS)}")
+        bug = BUGS[bug].privatize
     opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else make_optimizer(optimizer, lr)
     params = as_params(model)
     opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
@@ -333,7 +349,7 @@ def train_dp_sgd(
     checkpoints, at, losses, counts, clipped, done = [params], [0], [], [], [], 0
     while done < steps:
         k = min(checkpoint_every, steps - done)
-        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], *scalars, m)
+        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], *scalars, m, bug)
         seg = np.asarray(seg)
         params_ok = all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array)))
         if not (np.all(np.isfinite(seg)) and params_ok):

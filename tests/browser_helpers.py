@@ -29,6 +29,7 @@ PAGES = [
     ("performance", "Performance", "performance"),
     ("dp_clipping", "DP clipping", "dp clipping"),
     ("influence", "Influence", "influence"),
+    ("privacy_audit", "Privacy audit", "privacy audit"),
 ]
 
 

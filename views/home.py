@@ -38,6 +38,7 @@ with right:
     st.page_link("views/performance.py", label="**Performance**: loop vs `vmap(grad)` vs batch", icon=":material/timer:")
     st.page_link("views/dp_clipping.py", label="**DP clipping**: clipping bias, DP-SGD, real ε", icon=":material/lock:")
     st.page_link("views/influence.py", label="**Influence**: who helped this prediction?", icon=":material/explore:")
+    st.page_link("views/privacy_audit.py", label="**Privacy audit**: what ε means; audit DP-SGD, spot the bug", icon=":material/policy:")
 
 st.subheader("Lecture scenarios")
 st.caption("One click sets the experiment and the page's controls and opens the page; the link in the sidebar shares it.")

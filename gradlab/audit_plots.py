@@ -1,0 +1,57 @@
+"""Plotly figures of the privacy audit page: membership-inference ROCs with the DP bound, the audit's
+ε lower bound against trials, and its observations. Pure functions, data in, `go.Figure` out."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from gradlab.membership import dp_roc_bound
+from gradlab.plots import TEMPLATE, _layout
+
+FLOOR = 1e-4  # log axes: rates below this are drawn at it
+
+
+def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsilon: float | None, delta: float,
+               floor: float = FLOOR, title: str = "Membership inference ROC (log-log)") -> go.Figure:
+    """ROC curves `{name: (fpr, tpr, auc)}` on log-log axes, the chance line, and the (ε, δ)-DP bound on
+    any attack's ROC (TPR ≤ e^ε·FPR + δ and its mirror). `floor`: the smallest FPR the data can measure
+    (1 / number of non-members); smaller rates, 0 included, are drawn at it."""
+    fig = go.Figure()
+    grid = np.geomspace(floor, 1, 200)
+    for name, (fpr, tpr, auc) in curves.items():
+        fig.add_trace(go.Scatter(x=np.maximum(fpr, floor), y=np.maximum(tpr, FLOOR), mode="lines",
+                                 name=f"{name} (AUC {auc:.3f})", line=dict(dash="dash" if "loss" in name else "solid")))
+    fig.add_trace(go.Scatter(x=grid, y=grid, mode="lines", name="chance (TPR = FPR)", line=dict(dash="dot", color="gray")))
+    if epsilon is not None and np.isfinite(epsilon):
+        fig.add_trace(go.Scatter(x=grid, y=np.maximum(dp_roc_bound(grid, epsilon, delta), FLOOR), mode="lines",
+                                 name=f"DP bound, ε = {epsilon:.2f}, δ = {delta:g}",
+                                 line=dict(color="black", width=3), fill=None))
+    fig.update_xaxes(type="log", range=[np.log10(floor), 0])
+    fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
+    fig.update_layout(legend=dict(x=0.42, y=0.05, bgcolor="rgba(255,255,255,0.8)"))
+    return _layout(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",
+                   height=480)
+
+
+def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray, claimed: float, *, confidence: float = 0.95,
+                      title: str = "Empirical ε lower bound as trials grow") -> go.Figure:
+    """The audit's lower bound from the first n trials against n (log x), with the accountant's ε."""
+    fig = go.Figure(go.Scatter(x=trials, y=lower, mode="lines+markers", name=f"ε lower bound ({confidence:.0%} confidence)"))
+    fig.add_hline(y=claimed, line=dict(color="black", dash="dash"), annotation_text=f"accountant's ε = {claimed:.2f}")
+    fig.update_xaxes(type="log")
+    fig.update_layout(legend=dict(orientation="h", y=-0.2))
+    return _layout(fig, title, "trials (training runs with or without the canary)", "ε", height=400)
+
+
+def observation_histogram(scores: np.ndarray, is_in: np.ndarray, threshold: float, *, xlabel: str,
+                          title: str = "What the auditor observes") -> go.Figure:
+    """Histograms of the observation with and without the canary, and the test's threshold."""
+    fig = go.Figure()
+    for label, mask, color in (("canary out", ~is_in, "#1f77b4"), ("canary in", is_in, "#d62728")):
+        fig.add_trace(go.Histogram(x=scores[mask], name=label, opacity=0.55, marker_color=color, nbinsx=80,
+                                   histnorm="probability density"))
+    if np.isfinite(threshold):
+        fig.add_vline(x=threshold, line=dict(color="black", dash="dash"), annotation_text="threshold")
+    fig.update_layout(barmode="overlay", template=TEMPLATE, legend=dict(orientation="h", y=-0.2))
+    return _layout(fig, title, xlabel, "density", height=400)

@@ -1,0 +1,213 @@
+"""Membership inference: was this example in the training set? Attacks, ROC, and the DP bound on any attack.
+
+- Loss-threshold attack (Yeom et al. 2018, "Privacy risk in machine learning"): members have lower loss.
+- Offline LiRA (Carlini et al. 2022, "Membership inference attacks from first principles", §VI): shadow
+  models trained on random halves of the data; for each example, the shadows that did NOT train on it
+  give the distribution of its logit-scaled confidence φ = log(p_y / (1 − p_y)); the score is how far the
+  target's φ sits above that distribution, in standard deviations (one-sided, global variance).
+- (ε, δ)-DP bounds every attack's ROC: TPR ≤ e^ε·FPR + δ and 1 − FPR ≤ e^ε·(1 − TPR) + δ
+  (Kairouz et al. 2015), i.e. TPR ≤ 1 − e^(−ε)·(1 − δ − FPR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sklearn import metrics
+
+
+def logit_confidence(logits, labels) -> np.ndarray:
+    """φ = log(p_y / (1 − p_y)) = logit_y − logsumexp_{k≠y} logit_k, computed stably.
+
+    **Arguments** `logits (N, K)`, `labels (N,)` int. **Returns** `(N,)` float64 (nats).
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    labels = jnp.asarray(labels, jnp.int32)
+    own = jnp.take_along_axis(logits, labels[:, None], 1)[:, 0]
+    others = jnp.where(jax.nn.one_hot(labels, logits.shape[1], dtype=bool), -jnp.inf, logits)
+    return np.asarray(own - jax.nn.logsumexp(others, axis=1), np.float64)
+
+
+def loss_attack_scores(losses) -> np.ndarray:
+    """Yeom et al. (2018): the score is −loss (low loss ⇒ member). `losses (N,)` → `(N,)` float64."""
+    return -np.asarray(losses, np.float64)
+
+
+def lira_offline_scores(target_conf, shadow_conf, shadow_in) -> np.ndarray:
+    """Offline LiRA (Carlini et al. 2022, Algorithm 1 without IN models, fixed variance).
+
+    **Arguments**
+    - `target_conf (N,)`: φ of each example under the target model.
+    - `shadow_conf (S, N)`: φ under each of S shadow models; `shadow_in (S, N)` bool: shadow s trained on example i.
+
+    **Returns** `(N,)` float64: (φ_target − μ_out,i) / σ_out, with μ_out,i the mean φ of example i over the
+    shadows that left it out and σ_out the standard deviation of those φ pooled over all examples (a global
+    variance: the paper's choice for few shadows). Higher ⇒ member.
+
+    **Raises** `ValueError` if shapes disagree or some example is in every shadow (no OUT model for it).
+    """
+    target_conf = np.asarray(target_conf, np.float64)
+    shadow_conf, shadow_in = np.asarray(shadow_conf, np.float64), np.asarray(shadow_in, bool)
+    if shadow_conf.shape != shadow_in.shape or shadow_conf.shape[1:] != target_conf.shape:
+        raise ValueError(f"shapes disagree: target {target_conf.shape}, shadows {shadow_conf.shape} and {shadow_in.shape}")
+    out = ~shadow_in
+    n_out = out.sum(0)
+    if np.any(n_out == 0):
+        raise ValueError(f"{int(np.sum(n_out == 0))} examples are in every shadow model: train more shadows")
+    mu = np.where(out, shadow_conf, 0).sum(0) / n_out
+    resid = np.where(out, shadow_conf - mu, 0.0)
+    sd = np.sqrt(np.sum(resid**2) / max(np.sum(n_out) - 1, 1))
+    return (target_conf - mu) / max(sd, 1e-12)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Roc:
+    """An attack's ROC: `fpr (M,)`, `tpr (M,)` (from `sklearn.metrics.roc_curve`), `auc`, TPR at FPR 1% and 0.1%."""
+
+    fpr: np.ndarray
+    tpr: np.ndarray
+    auc: float
+    tpr_at_1: float
+    tpr_at_01: float
+
+
+def tpr_at_fpr(fpr, tpr, at: float) -> float:
+    """The largest TPR among ROC points with FPR ≤ `at` (the low-FPR regime Carlini et al. 2022 argue for)."""
+    fpr, tpr = np.asarray(fpr), np.asarray(tpr)
+    ok = fpr <= at
+    return float(tpr[ok].max()) if np.any(ok) else 0.0
+
+
+def roc(scores, is_member) -> Roc:
+    """ROC of a membership score (higher ⇒ member) with scikit-learn.
+
+    **Arguments** `scores (N,)` float; `is_member (N,)` bool, both classes present.
+
+    **Returns** a `Roc`. **Raises** `ValueError` if only one class is present.
+    """
+    is_member = np.asarray(is_member, bool)
+    if is_member.all() or not is_member.any():
+        raise ValueError("an ROC needs both members and non-members")
+    fpr, tpr, _ = metrics.roc_curve(is_member, scores)
+    return Roc(fpr=fpr, tpr=tpr, auc=float(metrics.roc_auc_score(is_member, scores)),
+               tpr_at_1=tpr_at_fpr(fpr, tpr, 0.01), tpr_at_01=tpr_at_fpr(fpr, tpr, 0.001))
+
+
+def dp_roc_bound(fpr, epsilon: float, delta: float) -> np.ndarray:
+    """The highest TPR any membership test can reach at `fpr` against an (ε, δ)-DP training run.
+
+    min(1, e^ε·FPR + δ, 1 − e^(−ε)·(1 − δ − FPR)) (Kairouz et al. 2015, Thm 2.1). `fpr` any shape in [0, 1].
+    """
+    fpr = np.asarray(fpr, np.float64)
+    if not np.isfinite(epsilon):
+        return np.ones_like(fpr)
+    return np.clip(np.minimum(np.exp(epsilon) * fpr + delta, 1 - np.exp(-epsilon) * (1 - delta - fpr)), 0, 1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MembershipResult:
+    """Membership inference against one training procedure.
+
+    - `is_member (N,)`: the target's training half of the pool; `losses (N,)`, `conf (N,)`: the target's
+      loss and φ on every pool example.
+    - `scores`: `{"loss": (N,), "lira": (N,)}`; `rocs`: `{name: Roc}`.
+    - `train_accuracy`, `test_accuracy`: the target on its members and on the non-members.
+    """
+
+    is_member: np.ndarray
+    losses: np.ndarray
+    conf: np.ndarray
+    scores: dict
+    rocs: dict
+    train_accuracy: float
+    test_accuracy: float
+
+
+def membership_inference(train_fn: Callable, loss_fn: Callable, logits_fn: Callable, xs, ys, *, n_shadows: int = 8,
+                         seed: int = 0, progress: Callable[[int, int], None] | None = None) -> MembershipResult:
+    """Train a target and `n_shadows` shadow models on random halves of `(xs, ys)`; attack the target.
+
+    The shadows come in complementary pairs (a random half and the other half), so each example has
+    OUT shadows to compare with (Carlini et al. 2022 likewise balance their shadows' halves).
+
+    **Arguments**
+    - `train_fn(xs_half, ys_half, seed) -> model`: the training procedure under attack (e.g. DP-SGD).
+    - `loss_fn(model, x, y) -> scalar`; `logits_fn(model, xs) -> (n, K)` logits.
+    - `xs (N, D)`, `ys (N,)` int: the pool; N even ≥ 4. Every half has N/2 examples (one compiled shape).
+    - `n_shadows` ≥ 2; `seed`; `progress(done, total)` after each model.
+
+    **Returns** a `MembershipResult` for the loss attack (Yeom et al. 2018) and offline LiRA (Carlini et al. 2022).
+
+    **Raises** `ValueError` for N < 4, n_shadows < 2, or an example no shadow left out (raise n_shadows).
+    """
+    xs, ys = np.asarray(xs), np.asarray(ys)
+    n = len(ys) - len(ys) % 2
+    if n < 4 or n_shadows < 2:
+        raise ValueError(f"membership inference needs ≥ 4 examples and ≥ 2 shadow models, got {len(ys)} and {n_shadows}")
+    xs, ys = xs[:n], ys[:n]
+    rng = np.random.default_rng(seed)
+    total = n_shadows + 1
+
+    def half():
+        mask = np.zeros(n, bool)
+        mask[rng.permutation(n)[: n // 2]] = True
+        return mask
+
+    def fit(mask, i):
+        model = train_fn(xs[mask], ys[mask], int(seed) * 1000 + i)
+        if progress is not None:
+            progress(i + 1, total)
+        return model
+
+    member = half()
+    target = fit(member, 0)
+    # shadows in complementary pairs: every example is left out by at least ⌊S/2⌋ of them
+    shadow_in = np.stack([m for _ in range((n_shadows + 1) // 2) for m in (lambda h: (h, ~h))(half())][:n_shadows])
+    shadow_conf = np.stack([logit_confidence(logits_fn(fit(m, i + 1), xs), ys) for i, m in enumerate(shadow_in)])
+    conf = logit_confidence(logits_fn(target, xs), ys)
+    losses = np.asarray(jax.vmap(loss_fn, in_axes=(None, 0, 0))(target, jnp.asarray(xs), jnp.asarray(ys)), np.float64)
+    scores = {"loss": loss_attack_scores(losses), "lira": lira_offline_scores(conf, shadow_conf, shadow_in)}
+    correct = np.asarray(jnp.argmax(logits_fn(target, xs), -1)) == ys
+    return MembershipResult(is_member=member, losses=losses, conf=conf, scores=scores,
+                            rocs={k: roc(v, member) for k, v in scores.items()},
+                            train_accuracy=float(correct[member].mean()), test_accuracy=float(correct[~member].mean()))
+
+
+ATTACKS = {"loss": "loss threshold (Yeom et al. 2018)", "lira": "offline LiRA (Carlini et al. 2022)"}
+
+
+def private_vs_nonprivate(model, loss_fn: Callable, xs, ys, *, sample_rate: float, noise_multiplier: float,
+                          clip_norm: float, optimizer: str = "adam", lr: float = 0.01, steps: int = 200,
+                          n_shadows: int = 4, seed: int = 0, progress: Callable[[float], None] | None = None,
+                          ) -> dict[str, MembershipResult]:
+    """Membership inference against DP-SGD and against the same training without clipping or noise.
+
+    Both procedures are `gradlab.train.train_dp_sgd` from `model` with the same Poisson-sampled batches,
+    optimizer and steps (the non-private one with σ = 0 and C = inf, as the DP clipping page compares them),
+    on the same random halves of the pool `(xs, ys)`.
+
+    **Arguments** `model(x) -> logits (K,)` (an Equinox module or any callable pytree), `loss_fn(model, x, y)`,
+    `xs (N, D)`, `ys (N,)` int; the DP-SGD settings; `n_shadows` per procedure; `progress(fraction)`.
+
+    **Returns** `{"non-private": MembershipResult, "DP-SGD": MembershipResult}`.
+
+    **Raises** `ValueError` (`TrainingError`) for impossible settings or a diverging run.
+    """
+    from gradlab.train import train_dp_sgd
+
+    def logits_fn(m, x):
+        return jax.vmap(m)(jnp.asarray(x))
+
+    out = {}
+    for j, (name, sigma, c) in enumerate((("non-private", 0.0, float("inf")), ("DP-SGD", noise_multiplier, clip_norm))):
+        def train_fn(x, y, s, sigma=sigma, c=c):
+            return train_dp_sgd(model, loss_fn, x, y, sample_rate=sample_rate, noise_multiplier=sigma, clip_norm=c,
+                                optimizer=optimizer, lr=lr, steps=steps, seed=s, checkpoint_every=max(steps, 1)).final
+
+        tick = None if progress is None else (lambda i, t, j=j: progress((j + i / t) / 2))
+        out[name] = membership_inference(train_fn, loss_fn, logits_fn, xs, ys, n_shadows=n_shadows, seed=seed, progress=tick)
+    return out

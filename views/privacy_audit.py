@@ -1,0 +1,214 @@
+"""Privacy audit: what ε means. Membership inference against a non-private and a DP-SGD model, and an
+audit of gradlab's own DP-SGD with canaries (and planted bugs to catch)."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from gradlab import audit, audit_plots, membership, plots, privacy, ui
+from gradlab.experiment import init_model
+from gradlab.train import OPTIMIZERS
+
+st.title("Privacy audit: what ε means")
+st.markdown(
+    "An accountant says DP-SGD spent **ε**. What does that protect against? A **membership-inference** attack "
+    "guesses whether an example was in the training set; (ε, δ)-DP promises that *no* attack does better than "
+    "TPR ≤ e^ε·FPR + δ. The top half attacks a model trained without privacy and one trained with DP-SGD, on the same "
+    "small pool of data, with the loss-threshold attack (Yeom et al. 2018) and offline LiRA (Carlini et al. 2022). "
+    "The bottom half turns the question around: it **audits gradlab's own DP-SGD** with canaries, measuring a "
+    "lower bound on the ε the code really spends (Nasr et al. 2021, 2023) — and catches planted bugs."
+)
+
+exp = ui.experiment()
+fitted = ui.fitted(exp)
+data = fitted.data
+
+# ------------------------------------------------------------------ membership inference
+st.header("Membership inference: non-private vs DP-SGD")
+st.markdown(
+    "A pool of training examples is split at random: the **target** model trains on one half (the members), the "
+    "other half are non-members. Shadow models train on other random halves with the same procedure; for each "
+    "example, the shadows that left it out say how confident a model is on it *without* having seen it, and LiRA "
+    "scores how far the target sits above that. Both models use the sidebar's model, the same batches and optimizer "
+    "(the DP clipping page's DP-SGD settings); a small pool and many steps make the non-private model memorize."
+)
+c1, c2, c3, c4 = st.columns(4)
+with c1:
+    pool = st.number_input("Pool size (members + non-members)", value=int(min(256, len(data.y_train))), min_value=8,
+                           max_value=int(len(data.y_train)), step=64, key="mia_pool", bind="query-params",
+                           help="The first examples of the training split; half of them train the target.")
+    shadows = st.number_input("Shadow models per procedure", value=4, min_value=2, max_value=16, step=2, key="mia_shadows",
+                              bind="query-params", help="More shadows calibrate LiRA better and take longer.")
+with c2:
+    q = st.number_input("Sampling rate q", value=0.5, min_value=0.01, max_value=1.0, step=0.05, format="%.3f", key="mia_q",
+                        bind="query-params")
+    steps = st.number_input("Training steps T", value=200, min_value=1, max_value=2000, step=50, key="mia_steps",
+                            bind="query-params")
+with c3:
+    c_dp = st.number_input("Clipping norm C", value=1.0, format="%.4g", step=0.1, key="mia_c", bind="query-params")
+    eps_target = st.number_input("Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
+                                 bind="query-params", help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
+with c4:
+    optimizer = st.selectbox("Optimizer (optax)", list(OPTIMIZERS), format_func=OPTIMIZERS.get, key="mia_opt",
+                             bind="query-params")
+    lr = st.select_slider("Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr",
+                          bind="query-params")
+delta = 1e-5
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def calibrated_sigma(eps, q, steps, delta):
+    return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def attack(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted, _progress):
+    """Membership inference on both procedures, shared by sessions (keyed on every setting)."""
+    d = _fitted.data
+    return membership.private_vs_nonprivate(
+        init_model(exp, d), _fitted.loss_fn, d.x_train[:pool], d.y_train[:pool], sample_rate=q, noise_multiplier=sigma,
+        clip_norm=c, optimizer=optimizer, lr=lr, steps=steps, n_shadows=shadows, seed=exp.seed, progress=_progress)
+
+
+results = None
+with ui.guard("Membership inference could not run with these settings"):
+    if data.task != "classification":
+        raise ValueError("membership inference here scores class confidences: choose a classification dataset in the sidebar")
+    q = privacy.check_sample_rate(q)
+    c_dp = privacy.check_clip_norm(c_dp)
+    with st.spinner("Calibrating σ with dp-accounting…"):
+        sigma = calibrated_sigma(float(eps_target), q, int(steps), delta)
+    eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
+    st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
+               f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
+    bar = st.progress(0.0, text="Training target and shadow models…")
+    results = attack(exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted,
+                     lambda f: bar.progress(min(f, 1.0), text=f"Training target and shadow models… {f:.0%}"))
+    bar.empty()
+
+if results is not None:
+    pub, priv = results["non-private"], results["DP-SGD"]
+    m = st.columns(5)
+    m[0].metric("LiRA AUC, non-private", f"{pub.rocs['lira'].auc:.3f}")
+    m[1].metric("LiRA AUC, DP-SGD", f"{priv.rocs['lira'].auc:.3f}", delta=f"{priv.rocs['lira'].auc - pub.rocs['lira'].auc:+.3f}",
+                delta_color="inverse", help="0.5 is a coin flip.")
+    m[2].metric("TPR at 1% FPR, non-private", f"{pub.rocs['lira'].tpr_at_1:.1%}")
+    m[3].metric("TPR at 1% FPR, DP-SGD", f"{priv.rocs['lira'].tpr_at_1:.1%}",
+                delta=f"{(priv.rocs['lira'].tpr_at_1 - pub.rocs['lira'].tpr_at_1) * 100:+.1f} pts", delta_color="inverse",
+                help=f"The DP bound allows at most {membership.dp_roc_bound(0.01, eps, delta):.1%} at ε = {eps:.2f}.")
+    m[4].metric("Accuracy gap (pts)", f"{(pub.train_accuracy - pub.test_accuracy) * 100:.0f} → "
+                f"{(priv.train_accuracy - priv.test_accuracy) * 100:.0f}",
+                help="Train minus test accuracy, non-private → DP-SGD: how much each model memorized.")
+    curves = {f"{name}, {membership.ATTACKS[k].split(' (')[0]}": (r.rocs[k].fpr, r.rocs[k].tpr, r.rocs[k].auc)
+              for name, r in results.items() for k in ("lira", "loss")}
+    n_out = int((~pub.is_member).sum())
+    ui.chart(audit_plots.roc_loglog(curves, epsilon=eps, delta=delta, floor=1 / n_out))
+    st.caption(f"With {n_out} non-members the smallest FPR that can be measured is 1/{n_out} = {1 / n_out:.1%}: the axis "
+               "starts there (an FPR of 0 is drawn at it). The black line bounds every attack on the DP-SGD model.")
+    table = pd.DataFrame([dict(model=name, attack=membership.ATTACKS[k], AUC=r.rocs[k].auc, **{"TPR at 1% FPR": r.rocs[k].tpr_at_1,
+                          "TPR at 0.1% FPR": r.rocs[k].tpr_at_01, "train accuracy": r.train_accuracy,
+                          "test accuracy": r.test_accuracy}) for name, r in results.items() for k in membership.ATTACKS])
+    st.dataframe(table, hide_index=True, width="stretch")
+    ui.download("membership_inference", table, key="mia_download")
+
+    st.subheader("The most exposed members")
+    top = np.argsort(-np.where(pub.is_member, pub.scores["lira"], -np.inf))[:8]
+    titles = [f"#{i} LiRA {pub.scores['lira'][i]:.1f} → {priv.scores['lira'][i]:.1f}" for i in top]
+    if data.image_shape is not None:
+        ui.chart(plots.image_grid(data.x_train[top], titles, cols=8, image_shape=data.image_shape),
+                 filename="most exposed members")
+    st.dataframe(pd.DataFrame({"example": top, "label": [data.class_names[int(data.y_train[i])] for i in top],
+                               "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
+                               "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True)
+    st.caption("Members the non-private model is most confident on compared with shadow models that never saw them: "
+               "the examples it memorized. Their LiRA score under DP-SGD (after →) shows what the noise hides.")
+
+# ------------------------------------------------------------------ the audit
+st.header("Auditing gradlab's DP-SGD")
+st.markdown(
+    "A **canary** is an example planted in the training set. Each trial flips a coin to put it in or leave it out, "
+    "trains with gradlab's real `train_dp_sgd`, and the auditor looks at the trained parameters. The **gradient "
+    "canary** (white box) has a loss whose gradient points at one parameter only, with norm above C: clipping cuts "
+    "it to exactly C, so the parameter moves by C plus Gaussian noise with std σ·C — the worst case the accountant "
+    "assumes. The **input canary** is a mislabeled outlier seen through the model's output. Over many trials a "
+    "threshold test gets a false positive and a true positive rate; with Clopper–Pearson intervals they give an ε "
+    "that the code *must* spend with 95% confidence. Above the accountant's ε means a bug."
+)
+a1, a2, a3, a4 = st.columns(4)
+with a1:
+    sigma_a = st.number_input("Noise multiplier σ", value=2.0, min_value=0.3, step=0.5, key="audit_sigma", bind="query-params")
+    steps_a = st.number_input("Steps T", value=1, min_value=1, max_value=16, key="audit_steps", bind="query-params")
+with a2:
+    q_a = st.number_input("Sampling rate q", value=1.0, min_value=0.01, max_value=1.0, step=0.1, format="%.2f",
+                          key="audit_q", bind="query-params", help="1 = full batch (the tightest audit).")
+    c_a = st.number_input("Clipping norm C", value=1.0, min_value=0.01, step=0.5, format="%.3g", key="audit_c",
+                          bind="query-params", help="'Noise not scaled by C' only shows for C > 1.")
+with a3:
+    trials = st.select_slider("Trials", options=[4096, 16384, 65536, 131072, 262144], value=65536, key="audit_trials",
+                              bind="query-params", help="Each trial is one training run's worth of canary; 2048 run at once.")
+    canary = st.radio("Canary", list(audit.CANARIES), format_func=lambda k: audit.CANARIES[k].split(" (")[0],
+                      horizontal=True, key="audit_canary", bind="query-params")
+with a4:
+    bug = st.selectbox("Spot the bug: plant one", ["none (correct DP-SGD)"] + list(audit.BUGS), key="audit_bug",
+                       bind="query-params", help="A mistake real DP-SGD code has shipped, planted in the DP-SGD step.")
+bug = None if bug.startswith("none") else bug
+if bug:
+    st.info(f"**Planted bug: {bug}.** {audit.BUGS[bug].description}")
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def run_audit(sigma, steps, q, c, trials, canary, bug, _progress=None):
+    return audit.audit_dp_sgd(noise_multiplier=sigma, steps=steps, sample_rate=q, clip_norm=c, bug=bug, trials=trials,
+                              canary=canary, progress=_progress)
+
+
+with ui.guard("The audit could not run with these settings"):
+    bar = st.progress(0.0, text="Auditing…")
+    res = run_audit(float(sigma_a), int(steps_a), float(q_a), float(c_a), int(trials), canary, bug,
+                    _progress=lambda i, n: bar.progress(i / n, text=f"Auditing: training run {i} of {n}"))
+    bar.empty()
+    m = st.columns(4)
+    m[0].metric("Empirical ε lower bound (95%)", f"{res.epsilon_lower:.2f}")
+    m[1].metric("Accountant's ε (PLD)", f"{res.epsilon_claimed:.2f}", help=f"dp-accounting, δ = {res.delta:g}")
+    m[2].metric("Lower bound / claimed", f"{res.epsilon_lower / res.epsilon_claimed:.0%}")
+    m[3].metric("Trials", f"{res.trials:,}")
+    if res.epsilon_lower > res.epsilon_claimed:
+        st.error(f"**The audit caught a bug:** with 95% confidence this code spends ε ≥ {res.epsilon_lower:.2f}, more than "
+                 f"the {res.epsilon_claimed:.2f} the accountant reports.", icon=":material/bug_report:")
+    else:
+        st.success(f"No violation: the measured lower bound {res.epsilon_lower:.2f} stays below the claimed "
+                   f"{res.epsilon_claimed:.2f}." + ("" if bug else " (An audit can only show a bug, never prove there is none.)"))
+    left, right = st.columns(2)
+    with left:
+        ui.chart(audit_plots.epsilon_vs_trials(res.trials_curve, res.epsilon_curve, res.epsilon_claimed))
+    with right:
+        xlabel = "−Δθ_canary·qN/C (gradient canary)" if canary == "gradient" else "model's margin on the canary"
+        ui.chart(audit_plots.observation_histogram(res.scores, res.is_in, res.threshold, xlabel=xlabel))
+    st.caption("Each point of the left curve is a 95% bound on its own. A quarter of the trials picks the threshold, "
+               "the other three quarters measure FPR and TPR, so the bound is honest about the choice.")
+
+ui.code_panel(
+    """
+import jax, jax.numpy as jnp, numpy as np, optax
+from scipy import stats
+from gradlab.train import train_dp_sgd
+
+# R trials in one run: parameter θ[r] belongs to trial r; the canary's loss 10·C·θ[r] has a Dirac gradient
+def loss(params, x, y):                       # x = [block r], y = 10·C (canary), 0 (canary left out), −2·C (anchor)
+    return y * params["theta"][x[0].astype(jnp.int32)]
+
+run = train_dp_sgd({"theta": jnp.zeros(R)}, loss, xs, ys, sample_rate=q, noise_multiplier=sigma, clip_norm=C,
+                   optimizer=optax.sgd(1.0), steps=T)          # the real DP-SGD step: clip, sum, noise, /qN
+score = -run.final["theta"] * q * N / C       # ~ N(0, Tσ²) with the canary, N(−T, Tσ²) without (q = 1)
+
+# threshold t picked on half the trials; on the other half, Clopper–Pearson at 97.5% each:
+fpr_hi = stats.beta.ppf(0.975, fp + 1, n_out - fp)
+tpr_lo = stats.beta.ppf(0.025, tp, n_in - tp + 1)
+eps_lower = max(np.log((tpr_lo - delta) / fpr_hi), np.log((1 - fpr_hi - delta) / (1 - tpr_lo)))
+
+# membership inference (offline LiRA): phi = log p_y − log(1 − p_y); OUT shadows give mean mu_i and std s
+lira = (phi_target - mu_out) / s;  loss_attack = -loss
+fpr, tpr, _ = sklearn.metrics.roc_curve(is_member, lira)
+bound = np.minimum(np.exp(eps) * fpr + delta, 1 - np.exp(-eps) * (1 - delta - fpr))   # no attack beats this
+"""
+)
