@@ -24,10 +24,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine
+from gradlab import engine, memory
 
-#: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by chunk.
-MAX_MATERIALIZED = 20_000_000
+#: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by
+#: chunk. Set so that one chunk with XLA's working copies stays within the memory budget in float64.
+MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
+
+#: Most examples per float64 `vmap` in way (a). XLA's CPU backend has no float64 kernel for the
+#: grouped convolution that `vmap` makes of a conv layer's per-example weight gradient and expands
+#: it into a dense one, so time and memory grow with the square of the batch: on the digits CNN
+#: 256 examples took 16 s, 512 examples passed 2.5 GB, and all 1437 grew the server to 24 GB
+#: (the `?model=cnn` crash). Chunks of 16 keep it at a few MB (all 1437 examples: ~16 s, measured).
+FLOAT64_CHUNK = 16
 
 
 def scalar_loss(w, x, y):
@@ -100,11 +108,13 @@ def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = 
     """Way (a): `vmap(grad(loss_fn))` per example, then summed (or averaged) over the example axis.
 
     For large N × P the per-example gradients are built and summed chunk by chunk (never more than
-    `MAX_MATERIALIZED` floats at once). **Returns** a pytree like the differentiable params.
+    `MAX_MATERIALIZED` floats at once; in float64 at most `FLOAT64_CHUNK` examples at once). **Returns** a pytree like the differentiable params.
     """
     n = int(jax.tree.leaves(xs)[0].shape[0])
     p = max(engine.num_params(params), 1)
     chunk = max(1, min(n, MAX_MATERIALIZED // p))
+    if any(getattr(v, "dtype", None) == jnp.float64 for v in jax.tree.leaves(params)):
+        chunk = min(chunk, FLOAT64_CHUNK)  # see FLOAT64_CHUNK: float64 grouped convolutions grow with batch²
     total = None
     for start in range(0, n, chunk):
         sub = jax.tree.map(lambda v: v[start : start + chunk], (xs, ys))
