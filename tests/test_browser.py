@@ -255,7 +255,7 @@ def test_two_uploads_with_the_same_settings_never_see_each_others_dp_sgd(server,
 
     # label noise 0.9 on the separable upload: the old run is not shown; training again learns the flips
     slider = clean.locator('[data-testid="stSidebar"] [data-testid="stSlider"]').filter(
-        has_text="Label noise").locator('[role="slider"]')
+        has_text="Label noise").locator('input[type="range"]')  # react-aria's slider: a hidden range input
     slider.focus()
     slider.press("End")
     for _ in range(2):
