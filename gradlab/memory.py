@@ -15,9 +15,9 @@ from typing import Callable, Iterable, TypeVar
 
 MB = 2**20
 
-#: Bytes one computation may hold (GRADLAB_COMPUTE_BUDGET_MB, default 160 MB): with the Python +
+#: Bytes one computation may hold (GRADLAB_COMPUTE_BUDGET_MB, default 96 MB): with the Python +
 #: JAX + Streamlit baseline (~300 MB) and the caches this keeps a hosted server within 690 MB.
-BUDGET_BYTES = int(float(os.environ.get("GRADLAB_COMPUTE_BUDGET_MB", "160")) * MB)
+BUDGET_BYTES = int(float(os.environ.get("GRADLAB_COMPUTE_BUDGET_MB", "96")) * MB)
 
 #: XLA keeps about two more copies of a materialized per-example gradient (the vmapped backward
 #: pass's product and the output buffer) while it runs.

@@ -55,21 +55,24 @@ def test_memory_estimates_match_the_real_arrays():
 
 def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     """The widest, deepest MLP on digits (P = 826,378) with 2000 steps and a checkpoint every 10:
-    201 checkpoints = 677 MB. Over the 160 MB budget the message names "every 50 steps" (41
-    checkpoints = 149 MB fits; every 25 = 81 checkpoints = 281 MB does not)."""
+    201 checkpoints = 677 MB. Over the 96 MB budget the message names "every 100 steps" (21
+    checkpoints + 4 P of optimizer state = 79 MB fits; every 50 = 41 checkpoints = 142 MB does not)."""
     from gradlab import memory
     from gradlab.ui.cache import check_training_memory
     from gradlab.experiment import Experiment
 
     p = 64 * 512 + 512 + 3 * (512 * 512 + 512) + 512 * 10 + 10
     assert p == 826_378
-    with pytest.raises(memory.OverBudget, match=r"Checkpoint every\*\* to 50 steps"):
+    assert memory.BUDGET_BYTES == 96 * 2**20
+    with pytest.raises(memory.OverBudget, match=r"Checkpoint every\*\* to 100 steps"):
         check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=10), p)
-    check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=50), p)  # fits: no error
+    with pytest.raises(memory.OverBudget):
+        check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=50), p)
+    check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=100), p)  # fits: no error
     # DP-SGD holds its Poisson batch buffer of per-example gradients: for this model no q fits
     assert memory.largest_sample_rate(1437, p) == 0.0 and "smaller model" in memory.dp_sgd_fix(1437, p)
     # for a 128-wide MLP (P = 26,122) the named q fits and the next one on the grid does not
     p = 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
     q = memory.largest_sample_rate(1437, p)
     assert memory.dp_sgd_bytes(1437, q, p) <= memory.BUDGET_BYTES < memory.dp_sgd_bytes(1437, q + 0.001, p)
-    assert q == 0.283 and "q ≤ 0.283" in memory.dp_sgd_fix(1437, p)
+    assert q == 0.151 and "q ≤ 0.151" in memory.dp_sgd_fix(1437, p)

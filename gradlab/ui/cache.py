@@ -165,7 +165,7 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 #: Compiled XLA executables are what fills a long-running server (~280 MB for one tour of all
 #: pages); dropping them costs a recompile later, never a wrong result. Set
 #: GRADLAB_MEMORY_BUDGET_MB=0 to disable (e.g. on a laptop with plenty of memory).
-MEMORY_BUDGET_MB = float(os.environ.get("GRADLAB_MEMORY_BUDGET_MB", "480"))
+MEMORY_BUDGET_MB = float(os.environ.get("GRADLAB_MEMORY_BUDGET_MB", "400"))
 
 
 def rss_mb() -> float:
