@@ -1,5 +1,9 @@
 """gradlab: the router. Page config, the shared experiment sidebar, navigation over views/."""
 
+import os
+import sys
+import time
+
 import streamlit as st
 
 from gradlab import ui
@@ -17,6 +21,11 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
-ui.experiment_sidebar()
-page.run()
-ui.share_link()
+started = time.perf_counter()
+try:
+    ui.experiment_sidebar()
+    page.run()
+    ui.share_link()
+finally:
+    if os.environ.get("GRADLAB_LOG_RUNS"):  # server time per script run, for benchmarks/latency.py
+        print(f"gradlab-run {page.title!r} {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)

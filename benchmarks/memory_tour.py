@@ -6,10 +6,11 @@ server process and all its children every 0.1 s from /proc (psutil when installe
 RSS after each page and the peak. The target is the smallest Streamlit Community Cloud instance:
 690 MB.
 
-    python benchmarks/memory_tour.py [--rounds 2] [--query "dataset=moons"] [--sessions 1]
+    python benchmarks/memory_tour.py [--rounds 2] [--query "dataset=moons"] [--sessions 1] [--extreme]
 
 `--rounds 2` tours twice (the second round shows what stays cached); `--sessions N` tours with N
-browser sessions at once.
+browser sessions at once; `--extreme` visits the shared links with extreme and invalid parameters
+(`browser_helpers.EXTREME_LINKS`: widest MLP, the largest sweep, lr 100, label noise 1.0, nonsense).
 """
 
 from __future__ import annotations
@@ -23,62 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from browser_helpers import PAGES, launch, page_errors, streamlit_server, wait_until_idle  # noqa: E402
+from browser_helpers import (  # noqa: E402
+    EXTREME_LINKS, PAGES, Sampler, launch, page_errors, streamlit_server, tree_rss_mb, wait_until_idle)
 
 TARGET_MB = 690
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            kids = (task / "children").read_text().split()
-            out += [int(k) for k in kids]
-    except OSError:
-        pass
-    return out
-
-
-def tree_rss_mb(pid: int) -> float:
-    """RSS of `pid` and all its descendants in MB (1 MB = 2**20 bytes)."""
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        procs = [p, *p.children(recursive=True)]
-        total = 0
-        for q in procs:
-            try:
-                total += q.memory_info().rss
-            except psutil.Error:
-                pass
-        return total / 2**20
-    except ImportError:
-        pass
-    total, todo = 0, [pid]
-    while todo:
-        q = todo.pop()
-        try:
-            for line in Path(f"/proc/{q}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-        todo += _children(q)
-    return total / 2**20
-
-
-class Sampler(threading.Thread):
-    def __init__(self, pid: int, interval: float = 0.1):
-        super().__init__(daemon=True)
-        self.pid, self.interval = pid, interval
-        self.peak = 0.0
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, tree_rss_mb(self.pid))
-            time.sleep(self.interval)
 
 
 def tour(base: str, query: str, rounds: int, label: str, sampler: Sampler, errors: list[str]):
@@ -87,10 +36,12 @@ def tour(base: str, query: str, rounds: int, label: str, sampler: Sampler, error
     with sync_playwright() as p:
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        links = ([(path, q, f"{path or 'home'}?{q}"[:70]) for path, q in EXTREME_LINKS] if query == "extreme"
+                 else [(path, query, name) for path, name, _ in PAGES])
         for r in range(rounds):
-            for path, name, _ in PAGES:
+            for path, q, name in links:
                 t0 = time.time()
-                page.goto(f"{base}/{path}" + (f"?{query}" if query else ""))
+                page.goto(f"{base}/{path}" + (f"?{q}" if q else ""))
                 wait_until_idle(page, timeout=600)
                 errs = page_errors(page)
                 if errs:
@@ -105,8 +56,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sessions", type=int, default=1)
     ap.add_argument("--query", default="", help="query string for every page, e.g. 'dataset=moons'")
+    ap.add_argument("--extreme", action="store_true", help="visit browser_helpers.EXTREME_LINKS instead")
     ap.add_argument("--log", default="/tmp/gradlab_memory_tour.log")
     args = ap.parse_args()
+    if args.extreme:
+        args.query = "extreme"
 
     with streamlit_server(log_path=Path(args.log)) as (base, proc):
         sampler = Sampler(proc.pid)
@@ -125,7 +79,7 @@ def main() -> int:
         sampler.stop.set()
         sampler.join()
         final = tree_rss_mb(proc.pid)
-    print(f"\npages: {', '.join(n for _, n, _ in PAGES)}; rounds {args.rounds}; sessions {args.sessions}; "
+    print(f"\npages: {'the extreme links' if args.extreme else ', '.join(n for _, n, _ in PAGES)}; rounds {args.rounds}; sessions {args.sessions}; "
           f"query {args.query or '(defaults)'}; {time.time() - t0:.0f} s")
     print(f"RSS at start {idle:.0f} MB, at end {final:.0f} MB")
     print(f"PEAK RSS (server + children): {sampler.peak:.0f} MB  (target < {TARGET_MB} MB: "

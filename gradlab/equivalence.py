@@ -24,10 +24,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine
+from gradlab import engine, memory
 
-#: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by chunk.
-MAX_MATERIALIZED = 20_000_000
+#: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by
+#: chunk. Set so that one chunk with XLA's working copies stays within the memory budget in float64.
+MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
+
+#: Most examples per float64 `vmap` in way (a). XLA's CPU backend has no float64 kernel for the
+#: grouped convolution that `vmap` makes of a conv layer's per-example weight gradient and expands
+#: it into a dense one, so time and memory grow with the square of the batch: on the digits CNN
+#: 256 examples took 16 s, 512 examples passed 2.5 GB, and all 1437 grew the server to 24 GB
+#: (the `?model=cnn` crash). Chunks of 4 keep it bounded (chunks of 16 still peaked ~180 MB over the baseline).
+FLOAT64_CHUNK = 4
 
 
 def scalar_loss(w, x, y):
@@ -100,15 +108,18 @@ def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = 
     """Way (a): `vmap(grad(loss_fn))` per example, then summed (or averaged) over the example axis.
 
     For large N × P the per-example gradients are built and summed chunk by chunk (never more than
-    `MAX_MATERIALIZED` floats at once). **Returns** a pytree like the differentiable params.
+    `MAX_MATERIALIZED` floats at once; a float64 conv model is vmapped over `FLOAT64_CHUNK` examples at a time). **Returns** a pytree like the differentiable params.
     """
     n = int(jax.tree.leaves(xs)[0].shape[0])
     p = max(engine.num_params(params), 1)
     chunk = max(1, min(n, MAX_MATERIALIZED // p))
+    leaves = jax.tree.leaves(params)
+    # see FLOAT64_CHUNK: float64 grouped convolutions (conv kernels are the leaves with ndim > 2)
+    inner = FLOAT64_CHUNK if any(getattr(v, "dtype", None) == jnp.float64 and v.ndim > 2 for v in leaves) else None
     total = None
     for start in range(0, n, chunk):
         sub = jax.tree.map(lambda v: v[start : start + chunk], (xs, ys))
-        g = engine.per_example_grads(loss_fn, params, *sub, method="vmap")
+        g = engine.per_example_grads(loss_fn, params, *sub, method="vmap", chunk_size=inner)
         part = jax.tree.map(lambda a: a.sum(0), g)
         total = part if total is None else jax.tree.map(jnp.add, total, part)
     return jax.tree.map(lambda a: a / n, total) if reduction == "mean" else total

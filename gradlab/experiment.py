@@ -2,6 +2,12 @@
 
 The config is the cache key of everything downstream and round-trips through the URL as plain
 strings (`to_query` / `from_query`), so a shared link reproduces the exact numbers (seeded).
+Its fields are listed once, here: the sidebar's widget keys, the URL's parameter names and the
+presets' experiment fields are `CONTROLS`, derived from `dataclasses.fields`.
+
+An uploaded CSV is named by a hash of its bytes, label column and task (`upload_name`), e.g.
+`dataset="upload:3fa9…"`: two uploads of different bytes are different experiments, so no cache
+keyed on the experiment can serve one person's upload to another.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class Experiment:
     label_noise: float = 0.0
     seed: int = 0
     checkpoint_every: int = 50
-    test_fraction: float = 0.2
+    test_fraction: float = dataclasses.field(default=0.2, metadata={"control": False})
 
     def replace(self, **changes) -> "Experiment":
         return dataclasses.replace(self, **changes)
@@ -65,9 +71,64 @@ class Experiment:
                     raise ValueError(f"URL parameter {f.name}={query[f.name]!r} is not a valid {kind.__name__}") from None
         return cls(**kwargs)
 
+    @classmethod
+    def from_state(cls, state) -> "Experiment":
+        """The experiment that a mapping of control values describes (sidebar widget keys in
+        `st.session_state`, or parsed query parameters); absent or unparsable values are the defaults.
+
+        Fields a model does not use are set to their defaults (`canonical`), so two equal views
+        share one cache key. Never raises: a shared link with nonsense values opens the defaults.
+        """
+        default = cls()
+        kwargs = {}
+        for name in CONTROLS:
+            if name not in state:
+                continue
+            kind = type(getattr(default, name))
+            try:
+                value = kind(state[name])
+            except (TypeError, ValueError):
+                continue
+            if kind is float and value != value:  # NaN
+                continue
+            kwargs[name] = value
+        return cls(**kwargs).canonical()
+
+    def canonical(self) -> "Experiment":
+        """The same experiment with the fields its model ignores at their defaults (width and depth
+        exist only for the MLP, the activation only for MLP and CNN)."""
+        default = Experiment()
+        changes = {}
+        if self.model != "mlp":
+            changes.update(width=default.width, depth=default.depth)
+        if self.model not in ("mlp", "cnn"):
+            changes.update(activation=default.activation)
+        return self.replace(**changes) if changes else self
+
+    @property
+    def is_upload(self) -> bool:
+        """Whether the data is an uploaded CSV (`dataset="upload:<hash>"` or the bare `"upload"`)."""
+        return self.dataset == UPLOAD or self.dataset.startswith(UPLOAD + ":")
+
     @property
     def spec(self) -> ModelSpec:
         return ModelSpec(self.model, self.width, self.depth, self.activation)
+
+
+#: The Experiment fields that are controls: sidebar widget keys and URL query parameters, in order.
+CONTROLS = tuple(f.name for f in dataclasses.fields(Experiment) if f.metadata.get("control", True))
+
+#: The sidebar's dataset choice for "your own data"; the experiment then names the upload by hash.
+UPLOAD = "upload"
+
+
+def upload_name(raw: bytes, label: str, task: str) -> str:
+    """The `dataset` name of an uploaded CSV: `"upload:"` + 16 hex digits of SHA-256 over its bytes,
+    label column and task. Different bytes, label or task give a different name (and cache key)."""
+    import hashlib
+
+    digest = hashlib.sha256(raw + b"\0" + label.encode() + b"\0" + task.encode()).hexdigest()[:16]
+    return f"{UPLOAD}:{digest}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -85,7 +146,10 @@ class Fitted:
 
 
 def load_data(exp: Experiment) -> data_mod.Dataset:
-    """The experiment's dataset. **Raises** `DataError` for impossible settings."""
+    """The experiment's dataset. **Raises** `DataError` for impossible settings, or for an upload
+    (its bytes are not in the config: load them with `data.load_csv` and pass `fit(exp, data=...)`)."""
+    if exp.is_upload:
+        raise data_mod.DataError("This experiment uses an uploaded CSV: upload it again in the sidebar")
     return data_mod.load_dataset(exp.dataset, seed=exp.seed, label_noise=exp.label_noise, test_fraction=exp.test_fraction)
 
 

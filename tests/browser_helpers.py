@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -40,10 +41,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def streamlit_server(port: int | None = None, *, timeout: float = 120, log_path: Path | None = None):
-    """Run the app headless on `port` (a free one by default); yield (base url, Popen)."""
+def streamlit_server(port: int | None = None, *, timeout: float = 120, log_path: Path | None = None,
+                     env: dict | None = None):
+    """Run the app headless on `port` (a free one by default), with extra `env`; yield (base url, Popen)."""
     port = port or free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
@@ -141,3 +143,75 @@ def wait_for_metrics(page, labels, *, timeout: float = 120) -> dict[str, str]:
         if time.time() > deadline:
             raise TimeoutError(f"metrics {sorted(set(labels) - set(shown))} not shown after {timeout} s: {shown}")
         time.sleep(0.3)
+
+
+# ---------------------------------------------------------------- shared links that must not hurt the server
+
+WIDEST = "model=mlp&width=512&depth=4"
+ALL_APPROACHES = "&".join(f"perf_approaches={a}" for a in ("loop", "vmap", "rules", "batch", "norms_vmap", "norms"))
+ALL_SIZES = "&".join(f"perf_sizes={n}" for n in (4, 16, 64, 256, 1024))
+
+#: (page path, query): extreme and invalid parameters on every page. Each must open without a
+#: traceback, keep the server up, and keep its memory within budget.
+EXTREME_LINKS = [
+    ("", "dataset=nonsense&model=transformer&width=-3&depth=99&seed=abc&lr=fast&steps=1e9&unknown=1"),
+    ("norms", f"{WIDEST}&steps=2000&checkpoint_every=10"),
+    ("norms", "label_noise=1.0"),
+    ("norms", "lr=100&optimizer=sgd&steps=50"),
+    ("equivalence", "model=cnn"),
+    ("equivalence", f"{WIDEST}&steps=25"),
+    ("performance", f"{WIDEST}&perf_workload=experiment&{ALL_APPROACHES}&{ALL_SIZES}&perf_loop_max=1024&perf_repeats=1"),
+    ("dp_clipping", f"{WIDEST}&steps=25&dp_sgd_q=1.0&dp_sgd_steps=5000&dp_clip_c=-1&dp_sgd_eps=0"),
+    ("influence", f"{WIDEST}&steps=25&infl_solver=exact&infl_method=nonsense&infl_test=99999"),
+    ("influence", "lr=100&label_noise=1.0&dataset=upload"),
+]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(k) for k in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
+def tree_rss_mb(pid: int) -> float:
+    """RSS of `pid` and all its descendants in MB (1 MB = 2**20 bytes), from /proc."""
+    total, todo = 0, [pid]
+    while todo:
+        q = todo.pop()
+        try:
+            for line in Path(f"/proc/{q}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+        todo += _children(q)
+    return total / 2**20
+
+
+class Sampler(threading.Thread):
+    """Samples the RSS of a process tree every `interval` s; `.peak` is the largest seen (MB)."""
+
+    def __init__(self, pid: int, interval: float = 0.1):
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak = 0.0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, tree_rss_mb(self.pid))
+            time.sleep(self.interval)
+
+
+def run_times(log_path: Path) -> list[tuple[str, float]]:
+    """(page title, seconds) of every script run the server logged (GRADLAB_LOG_RUNS=1), in order."""
+    out = []
+    for line in Path(log_path).read_text().splitlines():
+        if line.startswith("gradlab-run "):
+            title, seconds = line[len("gradlab-run "):].rsplit(" ", 1)
+            out.append((title.strip("'\""), float(seconds)))
+    return out

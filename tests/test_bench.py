@@ -18,12 +18,20 @@ def tiny():
 
 def test_sweep_cells_and_loop_max(tiny):
     calls = []
-    rows = bench.sweep(*tiny, [2, 8], ["loop", "vmap", "batch", "norms"], repeats=1, loop_max=4,
+    rows = bench.sweep(*tiny, [2, 8], ["loop", "vmap", "batch", "norms"], repeats=2, loop_max=4,
                        progress=lambda f, text: calls.append(f))
     cells = [(t.n, t.approach) for t in rows]
     assert cells == [(2, "loop"), (2, "vmap"), (2, "batch"), (2, "norms"), (8, "vmap"), (8, "batch"), (8, "norms")]
-    assert all(t.run_s > 0 and t.first_s > 0 and t.compile_s >= 0 for t in rows)
+    assert [t.repeats for t in rows] == [1, 2, 2, 2, 2, 2, 2]  # the slow loop is timed once
     assert calls[-1] == 1.0 and calls == sorted(calls)
+
+
+def test_time_approach_reports_first_call_and_median_run(tiny, monkeypatch):
+    """With a scripted clock: first call 5 s, three runs of 1, 3, 2 s -> run 2 s (median), compile 3 s."""
+    ticks = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0, 30.0, 32.0])
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    t = bench.time_approach("batch", *tiny, repeats=3)
+    assert (t.first_s, t.run_s, t.compile_s, t.repeats, t.n) == (5.0, 2.0, 3.0, 3, 8)
 
 
 def test_sweep_rejects_bad_input(tiny):

@@ -19,9 +19,12 @@ import numpy as np
 import pytest
 from browser_helpers import (
     CHROMIUM,
+    EXTREME_LINKS,
     PAGES,
     ROOT,
+    Sampler,
     launch,
+    metrics,
     normalized,
     page_errors,
     streamlit_server,
@@ -196,3 +199,98 @@ def test_five_concurrent_sessions_tour_every_page_without_leaks(server):
     for t in threads:
         t.join()
     assert failures == [], "\n".join(failures)
+
+
+# ---------------------------------------------------------------- many people, one server
+
+
+def _csv(rows: int, seed: int, separable: bool) -> bytes:
+    """Two features; the label is x0 > 0 (separable) or a coin flip (nothing to learn)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 2))
+    y = (x[:, 0] > 0).astype(int) if separable else rng.integers(0, 2, rows)
+    return ("a,b,label\n" + "\n".join(f"{p:.5f},{q:.5f},{t}" for (p, q), t in zip(x, y))).encode()
+
+
+def _upload(page, url: str, raw: bytes, name: str):
+    _visit(page, url)
+    page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(
+        files=[{"name": name, "mimeType": "text/csv", "buffer": raw}])
+    page.wait_for_selector(f'text={name}', timeout=60_000)
+    wait_until_idle(page)
+
+
+def _train_dp(page) -> dict[str, str]:
+    page.get_by_role("button", name="Train private and non-private models").click()
+    wait_until_idle(page, timeout=300)
+    return wait_for_metrics(page, ["Test accuracy, DP-SGD", "Test accuracy, non-private"])
+
+
+def _pct(text: str) -> float:
+    return float(text.rstrip("%"))
+
+
+@pytest.mark.slow
+def test_two_uploads_with_the_same_settings_never_see_each_others_dp_sgd(server, browser):
+    """Two people upload different CSVs with the same settings (same Experiment fields, same DP-SGD
+    controls) and train DP-SGD. Before training nobody is shown a DP-SGD number; each sees what
+    their own data gives (coin-flip labels cannot reach 80 %, separable ones cannot fall below 85 %);
+    a label-noise change (90 % of training labels flipped) is not served the old run but retrains."""
+    url = f"{server}/dp_clipping?dataset=upload&model=linear&steps=50&checkpoint_every=25&dp_sgd_steps=60"
+    sessions = []
+    for name, raw in (("coin_flips.csv", _csv(300, 1, separable=False)), ("separable.csv", _csv(300, 2, separable=True))):
+        pg = browser.new_context(viewport=VIEWPORT).new_page()
+        _upload(pg, url, raw, name)
+        assert page_errors(pg) == []
+        assert "Test accuracy, DP-SGD" not in metrics(pg)  # nothing before this session asks (the old leak)
+        sessions.append(pg)
+    noise, clean = sessions
+    got_noise = _train_dp(noise)
+    got_clean = _train_dp(clean)
+    assert _pct(got_noise["Test accuracy, non-private"]) < 80, got_noise
+    assert _pct(got_clean["Test accuracy, non-private"]) >= 85, got_clean
+    noise.get_by_text("Log-scale norms", exact=True).click()  # a rerun of the first session: still its own
+    wait_until_idle(noise)
+    assert metrics(noise)["Test accuracy, non-private"] == got_noise["Test accuracy, non-private"]
+
+    # label noise 0.9 on the separable upload: the old run is not shown; training again learns the flips
+    slider = clean.locator('[data-testid="stSidebar"] [data-testid="stSlider"]').filter(
+        has_text="Label noise").locator('input[type="range"]')  # react-aria's slider: a hidden range input
+    slider.focus()
+    slider.press("End")
+    for _ in range(2):
+        slider.press("ArrowLeft")
+    clean.wait_for_url("**label_noise=0.9**", timeout=60_000)
+    wait_until_idle(clean, timeout=300)
+    assert page_errors(clean) == []
+    assert "Test accuracy, DP-SGD" not in metrics(clean)
+    flipped = _train_dp(clean)
+    assert _pct(flipped["Test accuracy, non-private"]) < 50, flipped  # trained on 90 % flipped labels
+    clean.screenshot(path=str(SHOTS / "upload_dp_label_noise.png"))
+    for pg in sessions:
+        pg.context.close()
+
+
+@pytest.mark.slow
+def test_extreme_shared_links_keep_the_server_up_and_within_690_mb(browser):
+    """Every page opened from links with extreme and invalid parameters (widest MLP, the largest
+    sweep, lr 100, label noise 1.0, q = 1, unknown values): no traceback, the server stays up,
+    and its peak RSS over the whole run stays within Streamlit Community Cloud's 690 MB."""
+    failures = []
+    with streamlit_server(log_path=SHOTS / "streamlit_extreme.log") as (base, proc):
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        pg = browser.new_context(viewport=VIEWPORT).new_page()
+        for path, query in EXTREME_LINKS:
+            _visit(pg, f"{base}/{path}?{query}", timeout=600)
+            if path == "dp_clipping" and pg.get_by_role("button", name="Train private and non-private models").count():
+                pg.get_by_role("button", name="Train private and non-private models").click()
+                wait_until_idle(pg, timeout=600)
+            if page_errors(pg) or proc.poll() is not None:
+                failures.append(f"{path}?{query}: {page_errors(pg)[:1]}, server exit {proc.poll()}")
+        pg.screenshot(path=str(SHOTS / "extreme_last.png"))
+        pg.context.close()
+        sampler.stop.set()
+        sampler.join()
+    assert failures == [], failures
+    assert sampler.peak <= 690, f"peak RSS {sampler.peak:.0f} MB"

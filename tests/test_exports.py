@@ -10,27 +10,27 @@ import numpy as np
 import pandas as pd
 from conftest import assert_clean, open_page
 
-from gradlab import ui
+from gradlab import export
 from gradlab.experiment import Experiment, fit
 
 
 def test_csv_and_npz_round_trip():
     table = {"example": np.arange(4), "norm": np.array([0.5, 1.5, 2.0, 0.1], np.float32),
              "grad": np.arange(8.0).reshape(4, 2)}
-    frame = pd.read_csv(io.BytesIO(ui.to_csv(table)))
+    frame = pd.read_csv(io.BytesIO(export.to_csv(table)))
     assert list(frame.columns) == ["example", "norm", "grad[0]", "grad[1]"]
     np.testing.assert_allclose(frame["grad[1]"], [1, 3, 5, 7])
-    z = np.load(io.BytesIO(ui.to_npz(table)))
+    z = np.load(io.BytesIO(export.to_npz(table)))
     assert z["grad"].shape == (4, 2) and z["norm"].dtype == np.float32
     df = pd.DataFrame({"label": ["a", "b"], "score": [1.0, -2.0]})
-    z = np.load(io.BytesIO(ui.to_npz(df)))
+    z = np.load(io.BytesIO(export.to_npz(df)))
     assert z["label"].tolist() == ["a", "b"] and z["score"].tolist() == [1.0, -2.0]
-    assert ui.export_bytes(table) == 4 * 8 + 4 * 4 + 8 * 8
+    assert export.export_bytes(table) == 4 * 8 + 4 * 4 + 8 * 8
 
 
 def test_gradient_npz_equals_a_loop_of_jax_grad():
     f = fit(Experiment(dataset="moons", model="mlp", width=8, steps=25, checkpoint_every=25))
-    z = np.load(io.BytesIO(ui.gradients_npz(f)))
+    z = np.load(io.BytesIO(export.gradients_npz(f)))
     model = f.model
     import equinox as eqx
 
@@ -48,11 +48,11 @@ def test_norms_page_offers_downloads_and_refuses_a_huge_gradient_matrix():
     assert_clean(at)
     # moons: the per-example gradient matrix is small, so it is offered
     assert not any("export limit" in c.value for c in at.caption)
-    old = ui.EXPORT_BUDGET_BYTES
+    old = export.EXPORT_BUDGET_BYTES
     try:
-        ui.EXPORT_BUDGET_BYTES = 1000  # a budget the matrix cannot fit: the reason is shown instead
+        export.EXPORT_BUDGET_BYTES = 1000  # a budget the matrix cannot fit: the reason is shown instead
         at.run()
         assert_clean(at)
         assert any("export limit" in c.value and "not built" in c.value for c in at.caption)
     finally:
-        ui.EXPORT_BUDGET_BYTES = old
+        export.EXPORT_BUDGET_BYTES = old

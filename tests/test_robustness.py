@@ -31,3 +31,48 @@ def test_upload_link_without_data_asks_for_a_file():
     assert_clean(at)
     assert any("upload a CSV" in i.value for i in at.info)
     assert not at.metric
+
+
+# ---------------------------------------------------------------- the memory budget (library, no Streamlit)
+
+
+def test_memory_estimates_match_the_real_arrays():
+    """The estimates count what the algorithms hold: checked against real checkpoints and gradients."""
+    import jax
+    import numpy as np
+
+    from gradlab import engine, memory
+    from gradlab.experiment import Experiment, fit
+
+    f = fit(Experiment(dataset="moons", model="mlp", width=8, steps=25, checkpoint_every=10))
+    p = engine.num_params(f.model)
+    assert len(f.run.checkpoints) == memory.n_checkpoints(25, 10) == 4  # steps 0, 10, 20, 25
+    held = sum(np.asarray(a).nbytes for c in f.run.checkpoints for a in jax.tree.leaves(c) if hasattr(a, "nbytes"))
+    assert held == 4 * p * 4 and memory.training_bytes(p, 4) == (4 + 4) * p * 4
+    g = engine.per_example_grads(f.loss_fn, f.model, f.data.x_train[:32], f.data.y_train[:32])
+    assert memory.per_example_grads_bytes(32, p) == memory.XLA_COPIES * sum(a.nbytes for a in jax.tree.leaves(g))
+
+
+def test_over_budget_settings_are_refused_with_the_largest_that_fits():
+    """The widest, deepest MLP on digits (P = 826,378) with 2000 steps and a checkpoint every 10:
+    201 checkpoints = 677 MB. Over the 96 MB budget the message names "every 100 steps" (21
+    checkpoints + 4 P of optimizer state = 79 MB fits; every 50 = 41 checkpoints = 142 MB does not)."""
+    from gradlab import memory
+    from gradlab.ui.cache import check_training_memory
+    from gradlab.experiment import Experiment
+
+    p = 64 * 512 + 512 + 3 * (512 * 512 + 512) + 512 * 10 + 10
+    assert p == 826_378
+    assert memory.BUDGET_BYTES == 96 * 2**20
+    with pytest.raises(memory.OverBudget, match=r"Checkpoint every\*\* to 100 steps"):
+        check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=10), p)
+    with pytest.raises(memory.OverBudget):
+        check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=50), p)
+    check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=100), p)  # fits: no error
+    # DP-SGD holds its Poisson batch buffer of per-example gradients: for this model no q fits
+    assert memory.largest_sample_rate(1437, p) == 0.0 and "smaller model" in memory.dp_sgd_fix(1437, p)
+    # for a 128-wide MLP (P = 26,122) the named q fits and the next one on the grid does not
+    p = 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    q = memory.largest_sample_rate(1437, p)
+    assert memory.dp_sgd_bytes(1437, q, p) <= memory.BUDGET_BYTES < memory.dp_sgd_bytes(1437, q + 0.001, p)
+    assert q == 0.151 and "q ≤ 0.151" in memory.dp_sgd_fix(1437, p)

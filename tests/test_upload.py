@@ -116,7 +116,7 @@ def _uploader_app():
 
     ui.upload_controls()
     if ui.uploaded() is not None:
-        f = ui.fitted(Experiment(dataset="upload", model="linear", steps=25, checkpoint_every=25))
+        f = ui.fitted(Experiment(dataset=ui.uploaded()["name"], model="linear", steps=25, checkpoint_every=25))
         st.metric("rows used for training", f.data.x_train.shape[0])
 
 
@@ -194,7 +194,12 @@ def test_uploads_never_leak_between_sessions():
         assert _metric(at, "Median norm") == f"{np.median(s.norms):.3g}"
     assert _metric(a, "Median norm") != _metric(b, "Median norm")
 
-    # nothing derived from uploads sits in the process-wide caches
-    from gradlab import ui
+    # each session's experiment names its own bytes: the key of every cache downstream
+    from gradlab.experiment import upload_name
 
-    assert all(k.dataset != "upload" for k in ui._fitted_store())
+    for at, raw in ((a, raw_a), (b, raw_b)):
+        assert at.session_state["_upload"]["name"] == upload_name(raw, "label", "classification")
+    assert upload_name(raw_a, "label", "classification") != upload_name(raw_b, "label", "classification")
+    # a fourth session uploading A's bytes is served A's numbers (from the shared cache)
+    d = _norms_page_with_upload(raw_a)
+    assert _metric(d, "Median norm") == _metric(a, "Median norm")

@@ -75,3 +75,28 @@ def test_bad_link_parameters_are_ignored_not_fatal(query):
     at = _open("home", query)
     assert_clean(at)
     assert ui.experiment_from_state(at.session_state) == Experiment()
+
+
+def test_controls_are_the_experiment_fields_and_nonsense_opens_the_defaults():
+    import dataclasses
+
+    from gradlab.experiment import CONTROLS
+
+    assert CONTROLS == tuple(f.name for f in dataclasses.fields(Experiment) if f.name != "test_fraction")
+    # unparsable values fall back to the defaults field by field; parsable ones are kept
+    exp = Experiment.from_state({"lr": "fast", "seed": "abc", "steps": "50", "label_noise": "nan",
+                                 "width": "128", "unknown": "1"})
+    assert exp == Experiment(steps=50, width=128)
+    # fields a model ignores are canonical, so equal views share one cache key
+    assert Experiment.from_state({"model": "linear", "width": "512", "activation": "tanh"}) == Experiment(model="linear")
+    assert Experiment.from_state({"model": "cnn", "depth": "3", "activation": "tanh"}) == Experiment(model="cnn", activation="tanh")
+
+
+def test_an_upload_is_named_by_its_bytes_label_and_task():
+    from gradlab.experiment import upload_name
+
+    a = upload_name(b"x,y\n1,0\n", "y", "classification")
+    assert a.startswith("upload:") and len(a) == len("upload:") + 16
+    assert Experiment(dataset=a).is_upload and not Experiment().is_upload
+    assert len({a, upload_name(b"x,y\n1,1\n", "y", "classification"), upload_name(b"x,y\n1,0\n", "x", "classification"),
+                upload_name(b"x,y\n1,0\n", "y", "regression")}) == 4

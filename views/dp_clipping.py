@@ -2,15 +2,14 @@
 model (norms, bias, per class, noise), and DP-SGD training with ε from Google's dp-accounting."""
 
 import math
-from collections import OrderedDict
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import clipping, engine, plots, privacy, ui
+from gradlab import clipping, engine, memory, plots, privacy, ui
 from gradlab.experiment import init_model
-from gradlab.train import OPTIMIZERS, train_dp_sgd
+from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
 
 st.title("DP clipping")
 st.markdown(
@@ -168,10 +167,27 @@ with d4:
 RUNS_KEPT = 4
 
 
-@st.cache_resource
-def _runs() -> OrderedDict:
-    """The last RUNS_KEPT finished DP-SGD comparisons, shared by sessions (keyed on every setting)."""
-    return OrderedDict()
+@st.cache_resource(max_entries=RUNS_KEPT, show_spinner=False, hash_funcs=ui.HASH_FUNCS)
+def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accountant, seed, every):
+    """A DP-SGD run and its non-private twin, shared by sessions: keyed on the complete experiment
+    (`fitted`, an upload by the hash of its bytes) and every setting of this section."""
+    data = fitted.data
+    n_train = len(data.y_train)
+    model0 = init_model(fitted.experiment, data)
+    memory.check(f"DP-SGD with a batch buffer of {dp_buffer_size(n_train, q):,} per-example gradients",
+                 memory.dp_sgd_bytes(n_train, q, engine.num_params(model0)),
+                 memory.dp_sgd_fix(n_train, engine.num_params(model0)))
+    common = dict(sample_rate=q, optimizer=optimizer, lr=lr, steps=steps, seed=seed, checkpoint_every=every,
+                  delta=delta, accountant=accountant)
+    with ui.progress_bar("Training the DP-SGD model, then the non-private one (steps)") as progress:
+        private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
+                               clip_norm=c_dp, progress=lambda s, t: progress(s, 2 * t), **common)
+        public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
+                              clip_norm=math.inf, progress=lambda s, t: progress(t + s, 2 * t), **common)
+    evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
+             for name, r in (("private", private), ("public", public))}
+    ui.release_memory()
+    return dict(private=private, public=public, evals=evals)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -199,33 +215,16 @@ with ui.guard("These DP-SGD settings cannot work"):
 
 if settings_ok:
     every = max(1, math.ceil(int(steps) / 10))  # about 10 checkpoints: the accuracy and ε curves
-    key = (exp.dataset, exp.model, exp.width, exp.depth, exp.activation, exp.seed, q, int(steps), c_dp, float(sigma),
-           optimizer, float(lr), delta, accountant, int(seed), every)
+    settings = (q, int(steps), c_dp, float(sigma), optimizer, float(lr), delta, accountant, int(seed), every)
     st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
                f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
     go = st.button("Train private and non-private models", type="primary", key="dp_sgd_train")
     go = go or st.session_state.pop("_dp_sgd_go", False)
-    store = _runs()
-    if go and key not in store:
-        bar = st.progress(0.0, text="DP-SGD…")
+    res = None
+    if ui.requested("dp_sgd", (exp, *settings), go):
         with ui.guard("DP-SGD training failed"):
-            model0 = init_model(exp, data)
-            common = dict(sample_rate=q, optimizer=optimizer, lr=float(lr), steps=int(steps), seed=int(seed),
-                          checkpoint_every=every, delta=delta, accountant=accountant)
-            private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
-                                   clip_norm=c_dp, progress=lambda s, t: bar.progress(0.5 * s / t, text=f"DP-SGD: step {s} of {t}"),
-                                   **common)
-            public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
-                                  clip_norm=math.inf, progress=lambda s, t: bar.progress(0.5 + 0.5 * s / t, text=f"Non-private: step {s} of {t}"),
-                                  **common)
-            evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
-                     for name, r in (("private", private), ("public", public))}
-            store[key] = dict(private=private, public=public, evals=evals)
-            while len(store) > RUNS_KEPT:
-                store.popitem(last=False)
-        bar.empty()
-    if key in store:
-        res = store[key]
+            res = dp_sgd_comparison(fitted, *settings)
+    if res is not None:
         private, evals = res["private"], res["evals"]
         acc_p = np.array([e[0] for e in evals["private"]])
         acc_n = np.array([e[0] for e in evals["public"]])

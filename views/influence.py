@@ -258,19 +258,22 @@ with c1:
     rk = st.number_input("k (retrains 2k models)", min_value=2, max_value=25, value=8, key="infl_retrain_k",
                          bind="query-params")
     go = st.button("Check against retraining", type="primary", key="infl_retrain")
-ck = (exp, test_index, float(damping), solver, float(lissa_scale), int(rk))
-store = st.session_state.setdefault("_infl_checks", {})
-if go:
-    bar = st.progress(0.0, text="Converging the full objective…")
+ck = (test_index, float(damping), solver, float(lissa_scale), int(rk))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=ui.HASH_FUNCS)
+def retraining(fitted, test_index, damping, solver, lissa_scale, k):
+    """The leave-one-out retraining check, shared by sessions (keyed on the complete experiment)."""
     extra = {"lissa_scale": lissa_scale} if (solver == "lissa" and lissa_scale > 0) else {}
+    with ui.progress_bar("Retraining models without one example") as progress:
+        return inf.retraining_check(fitted, test_index, damping=damping, k=k, method=solver,
+                                    progress=progress, **extra)
+
+
+chk = None
+if ui.requested("infl_retrain", (exp, *ck), go, kept=1):
     with ui.guard("The retraining check failed"):
-        chk = inf.retraining_check(
-            fitted, test_index, damping=float(damping), k=int(rk), method=solver,
-            progress=lambda i, n: bar.progress(i / n, text=f"Retrained {i} of {n} models without one example"), **extra)
-        store.clear()
-        store[ck] = chk
-    bar.empty()
-chk = store.get(ck)
+        chk = retraining(fitted, *ck)
 if chk is None:
     st.caption("Press the button to retrain (a few seconds for linear models, longer for an MLP).")
 else:

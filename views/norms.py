@@ -27,11 +27,9 @@ def summary(exp, checkpoint, _fitted):
     return norm_summary(_fitted, checkpoint)
 
 
-c1, c2, c3 = st.columns([3, 1, 1])
+c1, c3 = st.columns([4, 1])
 with c1:
     ckpt = ui.checkpoint_picker(fitted)
-with c2:
-    log = st.toggle("Log scale", value=False, key="log", bind="query-params")
 with c3:
     k = st.number_input("Top-k examples", min_value=1, max_value=48, value=16, key="topk", bind="query-params")
 
@@ -53,14 +51,22 @@ if det is not None:
 elif data.task == "classification":
     m[4].metric("Training accuracy", f"{np.mean(s.predictions == data.y_train):.1%}")
 
-left, right = st.columns(2)
-with left:
-    ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
-with right:
-    ui.chart(plots.layer_share(s.layer_norms), width="stretch")
 
-if data.task == "classification":
-    ui.chart(plots.norm_histogram_by_class(s.norms, data.y_train, data.class_names, log=log), width="stretch")
+
+@st.fragment
+def histograms():
+    """The log-scale toggle reruns only these figures (st.fragment), not the whole page."""
+    log = st.toggle("Log scale", value=False, key="log", bind="query-params")
+    left, right = st.columns(2)
+    with left:
+        ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
+    with right:
+        ui.chart(plots.layer_share(s.layer_norms), width="stretch")
+    if data.task == "classification":
+        ui.chart(plots.norm_histogram_by_class(s.norms, data.y_train, data.class_names, log=log), width="stretch")
+
+
+histograms()
 
 st.subheader(f"The {k} examples with the largest gradient norm")
 top = np.argsort(-s.norms)[:k]

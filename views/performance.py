@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from gradlab import bench, engine, plots, ui
+from gradlab import bench, engine, memory, plots, ui
 from gradlab.experiment import init_model, load_data
 from gradlab.sharding import describe_devices
 
@@ -40,11 +40,12 @@ exp = ui.experiment()
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def problem(workload, exp):
-    """(loss_fn, params, xs, ys) for the workload. Timing does not depend on trained weights."""
+def problem(workload, exp, _data=None):
+    """(loss_fn, params, xs, ys) for the workload. Timing does not depend on trained weights.
+    `_data`: an upload's dataset (its hash is in `exp.dataset`)."""
     if workload == "digits_mlp":
         return bench.digits_mlp()
-    data = load_data(exp)
+    data = _data if _data is not None else load_data(exp)
     from gradlab.losses import loss_for
 
     return loss_for(data.task), init_model(exp, data), data.x_train, data.y_train
@@ -52,7 +53,8 @@ def problem(workload, exp):
 
 loss_fn = params = xs = ys = None
 with ui.guard("The workload could not be built", stop=True):
-    loss_fn, params, xs, ys = problem(workload, exp if workload == "experiment" else None)
+    upload_data = ui.fitted(exp).data if workload == "experiment" and exp.is_upload else None
+    loss_fn, params, xs, ys = problem(workload, exp if workload == "experiment" else None, upload_data)
 n_avail = int(xs.shape[0])
 P = engine.num_params(params)
 sizes = sorted({min(int(s), n_avail) for s in sizes})
@@ -64,19 +66,36 @@ if not approaches or not sizes:
     st.info("Pick at least one approach and one batch size.")
     st.stop()
 
-key = (workload, exp if workload == "experiment" else None, tuple(sizes), tuple(approaches), repeats, loop_max)
-store = st.session_state.setdefault("_perf_results", {})
-rerun = st.button("Run the sweep again", help="Timings vary with the machine's load; measure again.")
-if key not in store or rerun:
-    bar = st.progress(0.0, text="Timing…")
-    with ui.guard("The sweep failed"):
-        timings = bench.sweep(loss_fn, params, xs, ys, sizes, approaches, repeats=repeats, loop_max=loop_max,
-                              progress=lambda f, text: bar.progress(f, text=f"Timing {text}"))
-        store[key] = [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s)
-                      for t in timings]
-    bar.empty()
+# Memory budget: a cell whose approach must hold more than the budget (N × P materialized) is skipped.
+fits = lambda a, n: memory.XLA_COPIES * bench.memory_bytes(a, n, P) <= memory.BUDGET_BYTES  # noqa: E731
+cells = tuple((a, tuple(n for n in sizes if fits(a, n))) for a in approaches)
+skipped = [f"{bench.APPROACHES[a]} above N = {max(ns)}" if ns else f"{bench.APPROACHES[a]} at every N"
+           for a, ns in cells if len(ns) < len(sizes)]
+if skipped:
+    st.warning(f"Over this server's {memory.mb(memory.BUDGET_BYTES)} memory budget per computation (P = {P:,} "
+               f"parameters), these cells are skipped: {'; '.join(skipped)}. Pick a smaller model or N.", icon="⚠️")
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def timings(workload, exp, approach, ns, repeats, loop_max, attempt, _problem):
+    """One approach's rows of the sweep, shared by sessions (one cache entry per approach, so adding or
+    removing another approach reuses these); `attempt` > 0 measures again ("Run the sweep again")."""
+    with ui.progress_bar(f"Timing {bench.APPROACHES[approach]}") as progress:
+        rows = [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s)
+                for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
+                                     progress=lambda f, text: progress(int(100 * f), 100, text))]
     ui.release_memory()  # the sweep compiles one program per size and approach
-rows = store.get(key)
+    return rows
+
+
+if st.button("Run the sweep again", help="Timings vary with the machine's load; measure again."):
+    st.session_state["_perf_attempt"] = st.session_state.get("_perf_attempt", 0) + 1
+rows = []
+with ui.guard("The sweep failed"):
+    for a, ns in cells:
+        if ns:
+            rows += timings(workload, exp if workload == "experiment" else None, a, ns, repeats, loop_max,
+                            st.session_state.get("_perf_attempt", 0), (loss_fn, params, xs, ys))
 if not rows:
     st.stop()
 

@@ -1,0 +1,76 @@
+"""Export encodings for per-example results: CSV and NPZ bytes, sizes, the full gradient matrix.
+
+No Streamlit: the pages' download buttons (`gradlab.ui.widgets`) call these, and so can a notebook.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+
+#: Tables larger than this are not offered as a download (the reason is shown instead).
+EXPORT_BUDGET_BYTES = 64 * 2**20
+
+
+def _columns(table) -> dict:
+    """A DataFrame or {name: array} as {column name: 1-D array}; 2-D arrays become name[0], name[1], …"""
+    if isinstance(table, pd.DataFrame):
+        return {str(c): table[c].to_numpy() for c in table.columns}
+    cols = {}
+    for name, values in table.items():
+        a = np.asarray(values)
+        if a.ndim <= 1:
+            cols[str(name)] = a.reshape(-1)
+        else:
+            flat = a.reshape(a.shape[0], -1)
+            cols.update({f"{name}[{j}]": flat[:, j] for j in range(flat.shape[1])})
+    return cols
+
+
+def export_bytes(table) -> int:
+    """Bytes of the arrays in `table` (DataFrame or dict of arrays): what a download would hold."""
+    if isinstance(table, pd.DataFrame):
+        return int(table.memory_usage(index=False, deep=False).sum())
+    return int(sum(np.asarray(v).nbytes for v in table.values()))
+
+
+def to_csv(table) -> bytes:
+    """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry)."""
+    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
+    return frame.to_csv(index=False).encode()
+
+
+def to_npz(table) -> bytes:
+    """Compressed NPZ bytes: one array per DataFrame column, or the dict's arrays with their shapes."""
+    if isinstance(table, pd.DataFrame):
+        arrays = {}
+        for c in table.columns:
+            a = table[c].to_numpy()
+            arrays[str(c)] = a.astype(str) if a.dtype == object else a
+    else:
+        arrays = {str(k): np.asarray(v) for k, v in table.items()}
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def gradients_npz(fitted, checkpoint: int = -1) -> bytes:
+    """NPZ bytes of the full per-example gradient matrix of a `Fitted` experiment at a checkpoint.
+
+    **Returns** NPZ bytes with `grads (N, P) float32` (per-example gradients, leaves flattened in
+    `engine.leaf_names` order), `labels (N,)`, `leaf_names (L,)`, `leaf_sizes (L,)`. Holds N × P × 4
+    bytes: callers check `memory.per_example_grads_bytes` first.
+    """
+    import jax
+
+    from gradlab import engine
+
+    model = fitted.run.checkpoints[checkpoint]
+    g = engine.per_example_grads(fitted.loss_fn, model, fitted.data.x_train, fitted.data.y_train, chunk_size=256)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, grads=np.asarray(engine.flatten_per_example(g)), labels=fitted.data.y_train,
+                        leaf_names=np.array(engine.leaf_names(model)),
+                        leaf_sizes=np.array([int(np.prod(a.shape[1:])) for a in jax.tree.leaves(g)]))
+    return buf.getvalue()

@@ -1,0 +1,102 @@
+"""Memory a computation will need, stated before it runs, and a budget that refuses what does not fit.
+
+A hosted gradlab is one Python process for every visitor (Streamlit Community Cloud: 690 MB in all).
+Everything that holds N × P numbers, sweeps sizes or trains a large model asks here first; over the
+budget it raises `OverBudget` (a `ValueError`, so the pages show it as a clear message) that names
+the largest setting that fits. The estimates count the arrays the algorithm must hold by
+construction (float32), with a factor for XLA's scratch copies measured on gradlab's models; they
+are upper bounds for planning, not measurements.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable, TypeVar
+
+MB = 2**20
+
+#: Bytes one computation may hold (GRADLAB_COMPUTE_BUDGET_MB, default 96 MB): with the Python +
+#: JAX + Streamlit baseline (~300 MB) and the caches this keeps a hosted server within 690 MB.
+BUDGET_BYTES = int(float(os.environ.get("GRADLAB_COMPUTE_BUDGET_MB", "96")) * MB)
+
+#: XLA keeps about two more copies of a materialized per-example gradient (the vmapped backward
+#: pass's product and the output buffer) while it runs.
+XLA_COPIES = 3
+
+T = TypeVar("T")
+
+
+class OverBudget(ValueError):
+    """A computation would need more memory than the budget. The message says what fits."""
+
+
+def mb(nbytes: float) -> str:
+    """`nbytes` as a short string in MB (e.g. `"3,380 MB"`)."""
+    return f"{nbytes / MB:,.0f} MB" if nbytes >= MB else f"{nbytes / MB:.2f} MB"
+
+
+def per_example_grads_bytes(n: int, num_params: int, *, itemsize: int = 4) -> int:
+    """Bytes to materialize N per-example gradients of P parameters with `vmap(grad)`:
+    N × P × itemsize, times `XLA_COPIES` for XLA's working copies."""
+    return int(n) * int(num_params) * itemsize * XLA_COPIES
+
+
+def streamed_bytes(n: int, num_params: int, chunk_size: int, *, itemsize: int = 4) -> int:
+    """Bytes of a reduction streamed over chunks (norms, dot products, clipped sums): one chunk of
+    per-example gradients, min(chunk, N) × P × itemsize × `XLA_COPIES`."""
+    return per_example_grads_bytes(min(int(chunk_size), int(n)), num_params, itemsize=itemsize)
+
+
+def training_bytes(num_params: int, n_checkpoints: int) -> int:
+    """Bytes to train a model of P parameters and keep its checkpoints: the checkpoints (P floats
+    each) plus parameters, gradient and two optimizer moments (4 P floats)."""
+    return (int(n_checkpoints) + 4) * int(num_params) * 4
+
+
+def n_checkpoints(steps: int, every: int) -> int:
+    """How many checkpoints training keeps: step 0, every `every` steps, and the last step."""
+    steps, every = int(steps), max(int(every), 1)
+    return steps // every + 1 + (1 if steps % every else 0)
+
+
+def largest(candidates: Iterable[T], needed: Callable[[T], int], budget: int = BUDGET_BYTES) -> T | None:
+    """The last of `candidates` (in increasing order) whose `needed(c)` fits the budget, else None."""
+    best = None
+    for c in candidates:
+        if needed(c) <= budget:
+            best = c
+    return best
+
+
+def check(what: str, needed: int, fix: str = "", budget: int = BUDGET_BYTES) -> None:
+    """Raise `OverBudget` when `needed` bytes exceed `budget`.
+
+    **Arguments** `what`: the computation ("Materializing 1024 per-example gradients"); `needed`:
+    its estimated bytes; `fix`: the largest setting that fits, said as an instruction; `budget`.
+
+    **Raises** `OverBudget` (a ValueError) whose message gives the need, the budget and `fix`.
+    """
+    if needed > budget:
+        raise OverBudget(f"{what} would need about {mb(needed)}, over this server's {mb(budget)} budget per "
+                         f"computation (one server serves everyone who opens the link). {fix}".strip())
+
+
+def dp_sgd_bytes(n: int, sample_rate: float, num_params: int) -> int:
+    """Bytes of one DP-SGD step: the per-example gradients of its padded Poisson batch buffer
+    (`train.dp_buffer_size(N, q)` examples × P), which it must hold to clip each one."""
+    from gradlab.train import dp_buffer_size
+
+    return per_example_grads_bytes(dp_buffer_size(n, sample_rate), num_params)
+
+
+def largest_sample_rate(n: int, num_params: int, budget: int = BUDGET_BYTES) -> float:
+    """The largest sampling rate q (on a grid of 1/1000) whose DP-SGD step fits the budget (0 if none)."""
+    rates = [k / 1000 for k in range(1, 1001)]
+    return largest(rates, lambda q: dp_sgd_bytes(n, q, num_params), budget) or 0.0
+
+
+def dp_sgd_fix(n: int, num_params: int) -> str:
+    """What to change when DP-SGD does not fit: the largest sampling rate that does, or a smaller model."""
+    q = largest_sample_rate(n, num_params)
+    return f"Use a sampling rate q ≤ {q:.3g} or a smaller model." if q else \
+        f"Even q = 0.001 does not fit {num_params:,} parameters: use a smaller model."

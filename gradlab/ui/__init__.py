@@ -1,0 +1,24 @@
+"""The Streamlit glue (the only part of gradlab that imports Streamlit), one module per job:
+
+- `state`: the experiment sidebar bound to the URL, share links, presets' glue;
+- `cache`: Streamlit caches keyed on complete inputs, memory hygiene for a shared server;
+- `upload`: the CSV uploader and this session's upload;
+- `widgets`: error guard, code panel, checkpoint picker, downloads, charts.
+
+Pages import `from gradlab import ui` and use the names re-exported here.
+"""
+
+from gradlab.ui.cache import (FIT_CACHE_SIZE, HASH_FUNCS, MEMORY_BUDGET_MB, cached, fitted, progress_bar,
+                              release_memory, requested, rss_mb)
+from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
+                              experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
+from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
+from gradlab.ui.widgets import chart, checkpoint_picker, code_panel, download, download_gradients, guard, plotly_config
+
+__all__ = [
+    "DEFAULT", "FIT_CACHE_SIZE", "HASH_FUNCS", "LEARNING_RATES", "MEMORY_BUDGET_MB", "STEPS", "UPLOAD_LABEL",
+    "apply_preset", "cached", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
+    "experiment", "experiment_from_state", "experiment_sidebar", "fitted", "follow_preset", "guard",
+    "plotly_config", "preset_banner", "preset_picker", "progress_bar", "release_memory", "requested", "rss_mb",
+    "share_link", "upload_controls", "uploaded",
+]

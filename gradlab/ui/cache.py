@@ -1,0 +1,207 @@
+"""Caching on Streamlit's primitives, keyed on complete inputs, and memory hygiene for a shared server.
+
+One server serves every visitor, so every cache here is shared across sessions and its key holds
+every input that changes the result:
+
+- `fitted(exp)`: the trained experiment, `st.cache_resource` keyed on the complete `Experiment`
+  (an upload is `dataset="upload:<hash of its bytes, label column, task>"`, so a session only ever
+  gets a model trained on bytes it uploaded itself).
+- `cached`: page computations, `st.cache_data` keyed on their arguments; a `Fitted` argument is
+  hashed by its experiment (`hash_funcs`), so passing the model is enough to key on it.
+- `requested`: which button-started computations this session asked for (keys only, no results),
+  so a second visitor gets a cached result instantly by pressing the button, never unasked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+
+import streamlit as st
+
+from gradlab import memory
+from gradlab.data import load_csv
+from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data
+
+log = logging.getLogger("gradlab")
+
+#: Trained experiments kept (each at most `memory.BUDGET_BYTES` of checkpoints, in practice a few MB).
+FIT_CACHE_SIZE = 4
+
+
+def fitted_key(f: Fitted) -> str:
+    """What identifies a `Fitted` in a cache key: its complete experiment (upload hash included)."""
+    return repr(f.experiment)
+
+
+HASH_FUNCS = {Fitted: fitted_key}
+
+
+@contextlib.contextmanager
+def progress_bar(text: str, *, updates: int = 20):
+    """A progress bar created where it is used (inside a cached function: replayed as empty on a hit).
+
+    Yields `progress(done, total, detail=None)`; redraws at most `updates` times, then removes the bar.
+    """
+    bar = st.progress(0.0, text=f"{text}…")
+    shown = [-1]
+
+    def progress(done, total, detail=None):
+        tick = int(updates * done / max(total, 1))
+        if tick != shown[0]:
+            shown[0] = tick
+            bar.progress(min(1.0, done / max(total, 1)), text=f"{text}: {detail or f'{done} of {total}'}")
+
+    try:
+        yield progress
+    finally:
+        bar.empty()
+
+
+def check_training_memory(exp: Experiment, num_params: int) -> None:
+    """Refuse to train and keep more checkpoints than fit the budget; name the setting that fits."""
+    need = memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, exp.checkpoint_every))
+    every = memory.largest(
+        sorted({e for e in (10, 25, 50, 100, 250, 500, exp.steps) if e >= 1}, reverse=True),
+        lambda e: memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, e)))
+    fix = (f"Set **Checkpoint every** to {every} steps or more (Advanced), or use a smaller model."
+           if every else "Use a smaller model.")
+    memory.check(f"Training {num_params:,} parameters and keeping "
+                 f"{memory.n_checkpoints(exp.steps, exp.checkpoint_every)} checkpoints", need, fix)
+
+
+@st.cache_resource(max_entries=FIT_CACHE_SIZE, show_spinner=False)
+def _fit(exp: Experiment, _upload: dict | None) -> Fitted:
+    """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
+    if exp.is_upload:
+        data = load_csv(_upload["bytes"], _upload["label"], _upload["task"], seed=exp.seed,
+                        label_noise=exp.label_noise, test_fraction=exp.test_fraction)
+    else:
+        data = load_data(exp)
+    from gradlab import engine
+
+    check_training_memory(exp, engine.num_params(init_model(exp, data)))
+    with progress_bar("Training on your data" if exp.is_upload else "Training") as progress:
+        result = fit(exp, data=data, progress=progress)
+    release_memory()
+    return result
+
+
+def fitted(exp: Experiment) -> Fitted:
+    """The trained experiment, from the shared cache or trained now with a progress bar.
+
+    A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
+    experiment is trained on this session's upload, whose hash must match `exp.dataset`.
+    """
+    from gradlab.ui.upload import require_upload
+    from gradlab.ui.widgets import guard
+
+    upload = require_upload(exp) if exp.is_upload else None
+    with guard("These settings cannot be trained", stop=True):
+        return _fit(exp, upload)
+    raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
+
+
+def cached(fn=None, *, max_entries: int = 16):
+    """`st.cache_data` for a page computation `fn(...)` returning NumPy arrays or plain data.
+
+    Every argument is part of the key (a `Fitted` by its experiment; arguments named `_x` are not),
+    so the key must hold every input that changes the result. Memory is released after a real
+    computation (a cache miss).
+    """
+    if fn is None:
+        return functools.partial(cached, max_entries=max_entries)
+
+    @functools.wraps(fn)
+    def computed(*args, **kwargs):  # runs on a cache miss only
+        result = fn(*args, **kwargs)
+        release_memory()  # hand XLA's scratch memory back after a real computation
+        return result
+
+    return st.cache_data(max_entries=max_entries, show_spinner=False, hash_funcs=HASH_FUNCS)(computed)
+
+
+_REQUESTED = "_requested"
+
+
+def requested(name: str, key, pressed: bool, *, kept: int = 8) -> bool:
+    """Whether this session asked for computation `name` with `key` (pressed now, or before).
+
+    For results a button starts (DP-SGD runs, retraining checks): the result itself lives in a
+    shared `st.cache_resource` keyed on `key`; this remembers only which keys this session asked
+    for, so nobody is shown a result before they ask for it.
+    """
+    asked = st.session_state.setdefault(_REQUESTED, {}).setdefault(name, [])
+    if pressed and key not in asked:
+        asked.append(key)
+        del asked[:-kept]
+    return key in asked
+
+
+# ---------------------------------------------------------------- memory on a small server
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas (like `MALLOC_ARENA_MAX=2`): Streamlit runs each session's script in
+    its own thread, and every thread arena keeps the memory its frees leave behind."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-8, int(arenas))  # M_ARENA_MAX
+
+
+#: Above this resident size (MB) the compiled-function caches are dropped after a computation.
+#: Compiled XLA executables are what fills a long-running server (~280 MB for one tour of all
+#: pages); dropping them costs a recompile later, never a wrong result. Set
+#: GRADLAB_MEMORY_BUDGET_MB=0 to disable (e.g. on a laptop with plenty of memory).
+MEMORY_BUDGET_MB = float(os.environ.get("GRADLAB_MEMORY_BUDGET_MB", "400"))
+
+
+def rss_mb() -> float:
+    """This process's resident set size in MB (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _trim() -> None:
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def release_memory() -> None:
+    """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
+    leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB`, drop JAX's compiled
+    functions (`jax.clear_caches()`), which other sessions simply recompile when they need them."""
+    _trim()
+    if MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB:
+        import gc
+
+        import jax
+
+        before = rss_mb()
+        jax.clear_caches()
+        gc.collect()
+        _trim()
+        log.info("memory budget %.0f MB: dropped compiled functions, RSS %.0f -> %.0f MB",
+                 MEMORY_BUDGET_MB, before, rss_mb())
+
+
+limit_malloc_arenas()

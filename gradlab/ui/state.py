@@ -1,0 +1,161 @@
+"""The experiment sidebar, bound to the URL, and the glue that applies presets and shares links.
+
+Every sidebar control is a widget whose key is an `Experiment` field (`experiment.CONTROLS`) and
+whose value lives in the URL (`bind="query-params"`), so a shared link reproduces the experiment.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gradlab.data import DATASETS
+from gradlab.experiment import CONTROLS, UPLOAD, Experiment
+from gradlab.models import ACTIVATIONS, MODELS
+from gradlab.train import OPTIMIZERS
+from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, upload_dataset
+
+LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
+STEPS = [0, 25, 50, 100, 200, 300, 500, 1000, 2000]
+DEFAULT = Experiment()
+
+
+def _widget(kind, label, key, **kwargs):
+    """A sidebar widget whose value lives in the URL (`bind="query-params"`, key = param name)."""
+    assert key in CONTROLS, key  # the sidebar's keys are the Experiment's fields
+    return kind(label, key=key, bind="query-params", **kwargs)
+
+
+def _dataset_label(name: str) -> str:
+    return UPLOAD_LABEL if name == UPLOAD else DATASETS.get(name, name)
+
+
+def experiment_sidebar() -> Experiment:
+    """Render the shared experiment controls in the sidebar and return the current `Experiment`.
+
+    Every control is bound to a URL query parameter named after its field, so a shared link
+    reproduces the experiment.
+    """
+    d = DEFAULT
+    sb = st.sidebar
+    follow_preset()
+    banner = sb.container()
+    with sb:
+        st.header("Experiment")
+        # Bound selectboxes put the *displayed* option into the URL, so options are the short names
+        # (links read ?dataset=moons) and the long description is the caption below.
+        dataset = _widget(st.selectbox, "Dataset", "dataset", options=[*DATASETS, UPLOAD], index=0)
+        st.caption(_dataset_label(dataset))
+        if dataset == UPLOAD:
+            upload_controls()
+        model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model),
+                        help=" · ".join(f"**{k}**: {v}" for k, v in MODELS.items()))
+        if model == "mlp":
+            _widget(st.select_slider, "Hidden width", "width", options=[8, 16, 32, 64, 128, 256, 512], value=d.width)
+            _widget(st.slider, "Hidden layers", "depth", min_value=1, max_value=4, value=d.depth)
+        if model in ("mlp", "cnn"):
+            _widget(st.selectbox, "Activation", "activation", options=list(ACTIVATIONS), index=0)
+        _widget(st.select_slider, "Training steps", "steps", options=STEPS, value=d.steps)
+        _widget(st.select_slider, "Learning rate", "lr", options=LEARNING_RATES, value=d.lr, format_func=lambda v: f"{v:g}")
+        _widget(
+            st.slider, "Label noise (fraction of training labels flipped)", "label_noise",
+            min_value=0.0, max_value=1.0, value=d.label_noise, step=0.05,
+            help="Flipped examples are remembered, so the pages can show how well a score finds them.",
+        )
+        _widget(st.number_input, "Seed", "seed", min_value=0, max_value=10_000, value=d.seed, step=1)
+        with st.expander("Advanced"):
+            _widget(st.selectbox, "Optimizer (optax)", "optimizer", options=list(OPTIMIZERS),
+                    help=" · ".join(f"**{k}**: {v}" for k, v in OPTIMIZERS.items()))
+            _widget(st.select_slider, "Batch size", "batch_size", options=[16, 32, 64, 128, 256, 512, 2048], value=d.batch_size)
+            _widget(st.select_slider, "L2 penalty λ", "l2", options=[0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=d.l2, format_func=lambda v: f"{v:g}")
+            _widget(st.select_slider, "Checkpoint every k steps", "checkpoint_every", options=[10, 25, 50, 100, 250, 500], value=d.checkpoint_every)
+    exp = experiment()
+    with banner:
+        preset_banner(exp)
+    return exp
+
+
+def experiment() -> Experiment:
+    """The experiment the sidebar set on this run (app.py renders the sidebar before the page),
+    complete: an upload is named by the hash of this session's bytes (`dataset="upload:3fa9…"`)."""
+    exp = experiment_from_state(st.session_state)
+    return exp.replace(dataset=upload_dataset()) if exp.dataset == UPLOAD else exp
+
+
+def experiment_from_state(state) -> Experiment:
+    """The `Experiment` that the sidebar's widget keys in `state` (a mapping) describe; defaults
+    elsewhere (`Experiment.from_state`). An uploaded dataset reads as the bare `"upload"` here."""
+    exp = Experiment.from_state(state)
+    return exp.replace(dataset=UPLOAD) if exp.is_upload else exp
+
+
+def share_link() -> str | None:
+    """A "copy link to this view" box in the sidebar: the page URL plus the current query parameters.
+
+    Call it at the end of a run (after the page's widgets are bound), so the link holds every control.
+    """
+    from urllib.parse import urlencode
+
+    base = st.context.url
+    if not base:
+        return None
+    params = {k: v for k, v in st.query_params.to_dict().items() if not k.startswith("_")}
+    link = base + ("?" + urlencode(params) if params else "")
+    with st.sidebar:
+        st.markdown("**Copy link to this view**", help="Opens this page with the same experiment and controls. "
+                    "Uploaded data is not in the link.")
+        st.code(link, language=None, wrap_lines=True)
+    return link
+
+
+# ---------------------------------------------------------------- presets
+
+_PRESET_GOTO = "_preset_goto"
+_PRESET_ACTIVE = "_preset_active"
+
+
+def apply_preset(name: str) -> None:
+    """Set every control of preset `name` in session state and ask for its page (an `on_click` callback).
+
+    Bound widgets take session-state values over the URL, and write them into the URL.
+    """
+    from gradlab.presets import BY_NAME
+
+    preset = BY_NAME[name]
+    for key, value in preset.state().items():
+        unset = getattr(DEFAULT, key) if key in CONTROLS else object()  # an absent sidebar key is its default
+        current = st.session_state[key] if key in st.session_state else unset
+        if current != value:
+            st.session_state[key] = value
+    st.session_state[_PRESET_GOTO] = preset.page
+    st.session_state[_PRESET_ACTIVE] = name
+
+
+def follow_preset() -> None:
+    """Switch to the page a preset asked for (call it early in a run; no-op otherwise)."""
+    page = st.session_state.pop(_PRESET_GOTO, None)
+    if page:
+        st.switch_page(page)
+
+
+def preset_picker(*, columns: int = 2) -> None:
+    """The lecture scenarios as buttons, each with what to look at; a click opens the scenario."""
+    from gradlab.presets import PRESETS
+
+    follow_preset()  # the sidebar follows it first in the app; AppTest reruns only the page
+    cols = st.columns(columns)
+    for i, p in enumerate(PRESETS):
+        with cols[i % columns].container(border=True):
+            st.button(p.name, key=f"preset_{i}", on_click=apply_preset, args=(p.name,), type="primary",
+                      width="stretch")
+            st.caption(p.look_at)
+
+
+def preset_banner(exp: Experiment) -> None:
+    """While the experiment is still the one a preset set: its name and what to look at."""
+    from gradlab.presets import BY_NAME
+
+    name = st.session_state.get(_PRESET_ACTIVE)
+    if name in BY_NAME and BY_NAME[name].config == exp:
+        st.info(f"**Lecture scenario: {name}.** {BY_NAME[name].look_at}", icon="🎓")
+    elif name is not None:
+        del st.session_state[_PRESET_ACTIVE]

@@ -1,0 +1,78 @@
+"""Your own data: the CSV uploader, and the upload this session holds.
+
+The uploaded bytes live in this session's `st.session_state` only. Everything derived from them is
+cached under the experiment `dataset="upload:<hash>"` (`gradlab.experiment.upload_name`: a hash of
+the bytes, the label column and the task), so a result computed from an upload is only ever found
+by a session that uploaded the same bytes with the same choices.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gradlab.data import DataError, load_csv, read_csv
+from gradlab.experiment import UPLOAD, Experiment, upload_name
+
+UPLOAD_LABEL = "Your own data (CSV upload)"
+_UPLOAD_STATE = "_upload"  # {"bytes", "file", "label", "task", "name"} or absent
+
+
+def upload_controls() -> None:
+    """Sidebar controls for "your own data": a CSV uploader, the label column and the task.
+
+    Valid uploads are stored in this session only (`st.session_state`); a bad file shows what to fix.
+    """
+    from gradlab.data import CSV_MAX_FEATURES, CSV_MAX_ROWS, CSV_MIN_ROWS
+
+    file = st.file_uploader(
+        "CSV file (header row, numeric features, one label column)", type=["csv"], key="upload_file",
+        help=f"{CSV_MIN_ROWS}–{CSV_MAX_ROWS:,} rows, at most {CSV_MAX_FEATURES} feature columns, no missing values. "
+             "It stays in your browser session: a shared link does not carry it.",
+    )
+    if file is None:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.info("Upload a CSV to use your own data.", icon="📄")
+        return
+    raw = file.getvalue()
+    try:
+        table = read_csv(raw)
+    except DataError as err:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.error(f"**This CSV cannot be used.** {err}", icon="⚠️")
+        return
+    columns = [str(c) for c in table.columns]
+    label = st.selectbox("Label column", columns, index=len(columns) - 1, key="upload_label")
+    task = st.radio("Task", ["classification", "regression"], key="upload_task", horizontal=True)
+    try:
+        load_csv(raw, label, task)  # validate now, so the message sits next to the controls
+    except DataError as err:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.error(f"**This CSV cannot be used.** {err}", icon="⚠️")
+        return
+    st.session_state[_UPLOAD_STATE] = {"bytes": raw, "file": file.name, "label": label, "task": task,
+                                       "name": upload_name(raw, label, task)}
+    st.caption(f"{file.name}: {len(table):,} rows, {len(columns) - 1} features, label **{label}** ({task}).")
+
+
+def uploaded() -> dict | None:
+    """This session's validated upload (`bytes`, `file`, `label`, `task`, `name`), or None."""
+    return st.session_state.get(_UPLOAD_STATE)
+
+
+def upload_dataset() -> str:
+    """The experiment's `dataset` for this session's upload: `"upload:<hash>"`, or `"upload"` if none."""
+    up = uploaded()
+    return up["name"] if up else UPLOAD
+
+
+def require_upload(exp: Experiment) -> dict:
+    """This session's upload for an upload experiment; stops the page with a hint when there is none
+    (or when `exp` names other bytes than this session holds)."""
+    up = uploaded()
+    if up is None or up["name"] != exp.dataset:
+        st.info(
+            "This view uses **your own data**: upload a CSV in the sidebar. Uploaded data stays in the "
+            "uploader's browser session, so a shared link cannot carry it.", icon="📄",
+        )
+        st.stop()
+    return up

@@ -1,0 +1,117 @@
+"""Small widgets every page uses: error guard, code panel, checkpoint picker, downloads, charts."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+
+import streamlit as st
+
+from gradlab import export
+from gradlab.experiment import Fitted
+
+log = logging.getLogger("gradlab")
+
+
+@contextlib.contextmanager
+def guard(what: str = "This part of the page could not be computed", *, stop: bool = False):
+    """Show an exception as a clear message instead of a traceback.
+
+    `ValueError` carries our own messages (bad settings, diverged runs, over the memory budget) and
+    is shown as is; anything else is logged and shown briefly. With `stop=True` the page stops.
+    """
+    try:
+        yield
+    except ValueError as err:
+        st.error(f"**{what}.** {err}", icon="⚠️")
+        if stop:
+            st.stop()
+    except Exception as err:  # noqa: BLE001 - a user must never see a raw traceback
+        log.exception(what)
+        st.error(f"**{what}.** Unexpected {type(err).__name__}: {err}", icon="⚠️")
+        if stop:
+            st.stop()
+
+
+def code_panel(code: str, title: str = "The exact JAX code behind these numbers") -> None:
+    """An expander with the code that produced the page's numbers."""
+    with st.expander(title):
+        st.code(code.strip(), language="python")
+
+
+def checkpoint_picker(f: Fitted, key: str = "checkpoint") -> int:
+    """Select a checkpoint by training step (default: the last). Returns its index."""
+    steps = list(f.run.steps)
+    step = st.select_slider(
+        "Checkpoint (training step)", options=steps, value=steps[-1], key=key, bind="query-params",
+        help="The model as it was after this many training steps.",
+    )
+    return steps.index(step)
+
+
+def download(name: str, table, *, label: str | None = None, key: str | None = None) -> None:
+    """CSV and NPZ download buttons for a table of per-example results.
+
+    **Arguments** `name`: file stem, e.g. `"gradlab_norms_step300"`; `table`: a `pandas.DataFrame`
+    or `{name: array}` with the example axis first (2-D arrays such as per-example gradients
+    `(N, P)` are kept whole in the NPZ and spread over columns in the CSV). Files are built only
+    when clicked (`gradlab.export`). Over `export.EXPORT_BUDGET_BYTES` the buttons are replaced by the reason.
+    """
+    size = export.export_bytes(table)
+    what = label or name.replace("_", " ")
+    if size > export.EXPORT_BUDGET_BYTES:
+        st.caption(f"⬇️ {what}: {size / 2**20:,.0f} MB is over the {export.EXPORT_BUDGET_BYTES // 2**20} MB export "
+                   "limit; use a smaller model or dataset (or the library in a notebook) to export it.")
+        return
+    key = key or f"download_{name}"
+    c1, c2 = st.columns(2)
+    c1.download_button(f"⬇️ {what} (CSV)", lambda: export.to_csv(table), file_name=f"{name}.csv", mime="text/csv",
+                       key=f"{key}_csv", on_click="ignore", width="stretch")
+    c2.download_button(f"⬇️ {what} (NPZ)", lambda: export.to_npz(table), file_name=f"{name}.npz",
+                       mime="application/octet-stream", key=f"{key}_npz", on_click="ignore", width="stretch")
+
+
+def download_gradients(name: str, f: Fitted, checkpoint: int = -1, *, budget_bytes: int | None = None) -> None:
+    """An NPZ download of the full per-example gradient matrix (N, P) at a checkpoint, when it fits.
+
+    The matrix is built only when the button is clicked (`export.gradients_npz`), and only if
+    N × P × 4 bytes is within `budget_bytes` (default `export.EXPORT_BUDGET_BYTES`); otherwise the
+    reason is shown instead (norms and dot products never need the matrix: the pages stream them).
+    """
+    from gradlab import engine
+    from gradlab.ui.cache import release_memory
+
+    model = f.run.checkpoints[checkpoint]
+    n, p = f.data.x_train.shape[0], engine.num_params(model)
+    size = n * p * 4
+    budget = export.EXPORT_BUDGET_BYTES if budget_bytes is None else budget_bytes
+    if size > budget:
+        st.caption(f"⬇️ Per-example gradients: N × P = {n:,} × {p:,} floats = {size / 2**20:,.0f} MB is over the "
+                   f"{budget // 2**20} MB export limit, so the matrix is not built; use a smaller model.")
+        return
+
+    def build() -> bytes:
+        data = export.gradients_npz(f, checkpoint)
+        release_memory()
+        return data
+
+    st.download_button(f"⬇️ Per-example gradients, {n:,} × {p:,} (NPZ, {size / 2**20:,.1f} MB)", build,
+                       file_name=f"{name}.npz", mime="application/octet-stream", key=f"download_{name}_grads",
+                       on_click="ignore")
+
+
+def plotly_config(filename: str = "gradlab") -> dict:
+    """`st.plotly_chart(config=...)`: the modebar's camera button saves a 2× PNG named `filename`."""
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", filename).strip("_")[:80] or "gradlab"
+    return {
+        "displaylogo": False,
+        "toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2},
+    }
+
+
+def chart(fig, *, filename: str | None = None, **kwargs):
+    """`st.plotly_chart(fig, width="stretch")` whose PNG download is named after the figure's title."""
+    title = filename or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "gradlab figure")
+    kwargs.setdefault("width", "stretch")
+    return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
