@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from gradlab import ui
+from gradlab import ui, ui_lecture
 
 st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
 
@@ -13,9 +13,12 @@ PAGES = [
     st.Page("views/performance.py", title="Performance", icon=":material/timer:"),
     st.Page("views/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
     st.Page("views/influence.py", title="Influence", icon=":material/explore:"),
+    st.Page("views/geometry.py", title="Geometry", icon=":material/call_split:"),
+    st.Page("views/lecture.py", title="Lecture", icon=":material/school:"),
 ]
 
 page = st.navigation(PAGES)
+ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
 ui.experiment_sidebar()
 page.run()
 ui.share_link()
