@@ -83,7 +83,7 @@ def readable(fig: go.Figure) -> go.Figure:
     text = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
     lines = 1
     if text:
-        text = _wrap(text, 48 if big else 70)
+        text = _wrap(text, 36 if big else 50)  # a chart in half of a 1024 px page is ~450 px wide
         lines = text.count("<br>") + 1
         fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
     fig.update_layout(legend=dict(font=dict(size=legend)), font=dict(color="#111111"))
@@ -592,10 +592,10 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
     fig.add_scatter(x=[theta[0]], y=[theta[1]], mode="markers", name="current θ",
                     marker=dict(size=13, color="#111111", symbol="circle"))
     fig.update_xaxes(range=[float(a[0]), float(a[-1])])
-    fig.update_yaxes(range=[float(b[0]), float(b[-1])], scaleanchor="x", scaleratio=1)
-    fig.update_layout(legend=dict(orientation="v", x=1.02, y=1, xanchor="left"), hovermode="closest")
-    return _layout(fig, title or f"Per-example gradients at θ (arrows ×{scale:.2g}) on the loss contours",
-                   f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=560)
+    fig.update_yaxes(range=[float(b[0]), float(b[-1])])
+    fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0, yanchor="top"), hovermode="closest")
+    return _layout(fig, title or f"Per-example gradients gᵢ at θ on the loss contours (arrows ×{scale:.2g})",
+                   f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=640)
 
 
 _METHOD_NAMES = {"sgd": "SGD", "clipped": "clipped SGD", "dp": "DP-SGD"}

@@ -108,9 +108,9 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "Per-example gradients cost about one gradient",
         "A Python loop of jax.grad against one vmap(grad) call and one batch gradient, timed live from N = 4 to "
-        "64: the loop grows with N (over 10× slower than vmap(grad) at N = 64), vmap(grad) stays near the batch gradient.",
+        "256: the loop grows with N (over 10× slower than vmap(grad) at N = 256), vmap(grad) stays near the batch gradient.",
         "views/performance.py",
-        widgets={"perf_sizes": [4, 16, 64], "perf_repeats": 1},
+        widgets={"perf_sizes": [4, 16, 64, 256], "perf_repeats": 1},
     ),
     Preset(
         "Outliers pull hardest in regression",

@@ -109,7 +109,8 @@ def draw(t: int, slot, metrics_slot) -> None:
     cloud = (geometry.noise_cloud(clipped_mean if clipped_mean is not None else geometry.clip(grads, clip_norm).mean(0),
                                   clip_norm, sigma, batch) if noise_on and clip_norm > 0 else None)
     width = p.window[0][1] - p.window[0][0]
-    scale = 0.35 * width / max(float(norms.max()), float(np.linalg.norm(mean)), 1e-9)
+    shown = np.linalg.norm(clipped, axis=1) if clipped is not None else norms
+    scale = 0.35 * width / max(float(shown.max()), float(np.linalg.norm(mean)), clip_norm if clip_on else 0.0, 1e-9)
     fig = plots.gradient_field(surf, theta, grads, mean, scale=scale, labels=p.labels, marked=p.marked,
                                marked_name=p.marked_name, param_names=p.param_names,
                                clip_norm=clip_norm if clip_on else None, clipped=clipped, clipped_mean=clipped_mean,
@@ -143,8 +144,7 @@ if remove is not None and name != "scalar":
         removed = removal(name, int(remove))
 
 metrics_slot = st.empty()
-left, right = st.columns([3, 2])
-slot = left.empty()
+slot = st.empty()
 playing = False
 if play and traj:
     playing = True
@@ -154,7 +154,8 @@ if play and traj:
     playing = False
 draw(int(at), slot, metrics_slot)
 
-with right:
+left, right = st.columns([3, 2])
+with left:
     if name == "scalar":
         g = at_point(name, tuple(map(float, p.start)))[0]
         st.markdown(
@@ -169,6 +170,7 @@ with right:
         ui.chart(plots.geometry_data(p.xs, p.ys, theta, labels=p.labels, marked=p.marked, marked_name=p.marked_name,
                                      removed=removed.index if removed else None, kind=kind),
                  on_select="rerun", selection_mode="points", key=PICK)
+with right:
     st.number_input("Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
                     bind="query-params", placeholder="none (or click a point)", disabled=name == "scalar",
                     help="Retrain without it (Newton's method) and compare with the influence function.")
