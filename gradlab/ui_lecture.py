@@ -63,10 +63,14 @@ def frame(page) -> bool:
 
 def requested_step(n_steps: int) -> int:
     """The 1-based step in the URL (`?step=4`), clamped to 1..n_steps; 1 when absent or not a number."""
-    raw = st.query_params.get(STEP, "1")
+    return parse_step(st.query_params.get(STEP, "1"), n_steps)
+
+
+def parse_step(raw: str, n_steps: int) -> int:
+    """`raw` (a URL value) as a step in 1..n_steps: clamped; 1 when it is not a number."""
     try:
         step = int(float(raw))
-    except ValueError:
+    except (TypeError, ValueError, OverflowError):
         step = 1
     return min(max(step, 1), n_steps)
 
