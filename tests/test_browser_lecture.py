@@ -31,6 +31,7 @@ def _check(page, step: int) -> dict:
     return view
 
 
+@pytest.mark.timeout(2400)  # 13 steps, cold: trains four experiments and times the performance sweep
 def test_walk_the_lecture_with_next_and_back_and_reopen_each_url(tmp_path):
     from playwright.sync_api import sync_playwright
 
