@@ -29,6 +29,8 @@ PAGES = [
     ("performance", "Performance", "performance"),
     ("dp_clipping", "DP clipping", "dp clipping"),
     ("influence", "Influence", "influence"),
+    ("geometry", "Geometry", "geometry"),
+    ("lecture", "Lecture", "lecture"),
 ]
 
 
