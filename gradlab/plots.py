@@ -97,13 +97,16 @@ def readable(fig: go.Figure) -> go.Figure:
     fig.for_each_yaxis(_power_ticks)
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
+        legend = fig.layout.legend
+        if legend.orientation == "h" and legend.y is not None and legend.y < 0:  # below the axis title, not on it
+            fig.update_layout(legend_y=legend.y * 1.6, height=(fig.layout.height or 450) + 60)
     return fig
 
 
 def _power_ticks(ax) -> None:
     """A log axis labelled only at powers of ten, written 10⁻³ (not "2 3 4 5" inside a decade)."""
-    if ax.type == "log" and ax.dtick is None:
-        ax.update(dtick=1, exponentformat="power", minor=dict(ticks="outside", showgrid=True))
+    if ax.type == "log":
+        ax.update(exponentformat="power", minorloglabels="none")
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
@@ -591,8 +594,8 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
                             marker=dict(size=16, symbol=symbol, color=color, line=dict(color="#111111", width=1.5)))
     fig.add_scatter(x=[theta[0]], y=[theta[1]], mode="markers", name="current θ",
                     marker=dict(size=13, color="#111111", symbol="circle"))
-    fig.update_xaxes(range=[float(a[0]), float(a[-1])])
-    fig.update_yaxes(range=[float(b[0]), float(b[-1])])
+    fig.update_xaxes(range=[float(a[0]), float(a[-1])], constrain="domain")
+    fig.update_yaxes(range=[float(b[0]), float(b[-1])], scaleanchor="x", scaleratio=1, constrain="domain")
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0, yanchor="top"), hovermode="closest")
     return _layout(fig, title or f"Per-example gradients gᵢ at θ on the loss contours (arrows ×{scale:.2g})",
                    f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=640)
