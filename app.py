@@ -7,6 +7,7 @@ import time
 import streamlit as st
 
 from gradlab import ui
+from gradlab.ui import lecture as ui_lecture
 
 st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
 
@@ -18,11 +19,14 @@ PAGES = [
     st.Page("views/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
     st.Page("views/influence.py", title="Influence", icon=":material/explore:"),
     st.Page("views/privacy_audit.py", title="Privacy audit", icon=":material/policy:"),
+    st.Page("views/geometry.py", title="Geometry", icon=":material/call_split:"),
+    st.Page("views/lecture.py", title="Lecture", icon=":material/school:"),
 ]
 
 page = st.navigation(PAGES)
 started = time.perf_counter()
 try:
+    ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
     ui.experiment_sidebar()
     page.run()
     ui.share_link()

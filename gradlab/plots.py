@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+
 import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
@@ -16,9 +19,99 @@ def _log10(values: np.ndarray) -> np.ndarray:
     return np.log10(np.maximum(np.asarray(values, np.float64), 1e-12))
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(k: int) -> str:
+    """`10⁻³` for k = −3: a tick label of a log axis."""
+    return "10" + str(int(k)).translate(_SUPERSCRIPT)
+
+
+def _decades(fig: go.Figure, log10_values, axis: str = "x") -> go.Figure:
+    """Label an axis that shows log₁₀ values with powers of ten at every integer (10⁻², 10⁻¹, 10⁰)."""
+    v = np.asarray(log10_values, np.float64)
+    v = v[np.isfinite(v)]
+    if v.size:
+        ks = list(range(int(np.floor(v.min())), int(np.ceil(v.max())) + 1))
+        update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+        update(tickvals=ks, ticktext=[power_of_ten(k) for k in ks])
+    return fig
+
+
+# ---------------------------------------------------------------- readability (presenter mode)
+
+_STYLE = threading.local()  # Streamlit runs each session's script in its own thread
+
+
+def set_presenter(on: bool) -> None:
+    """Presenter mode for the figures built on this thread from now on: tick labels 18 px, axis titles 20 px."""
+    _STYLE.presenter = bool(on)
+
+
+def presenter() -> bool:
+    """Whether figures built on this thread use presenter-mode type sizes."""
+    return getattr(_STYLE, "presenter", False)
+
+
+#: (tick labels, axis titles, figure title, legend) in px, normal and presenter mode.
+FONT_SIZES = {False: (14, 16, 17, 14), True: (18, 20, 22, 18)}
+TICK_COLOR = "#222222"
+
+
+def _wrap(text: str, width: int) -> str:
+    """Break a long title into lines of at most about `width` characters (Plotly titles do not wrap)."""
+    if not text or len(text) <= width or "<br>" in text:
+        return text
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return "<br>".join([*lines, line])
+
+
+def readable(fig: go.Figure) -> go.Figure:
+    """Type sizes and colours readable from the back of a room; log axes labelled with powers of ten.
+
+    Applied to every figure this module builds. In presenter mode (`set_presenter(True)`) tick
+    labels are 18 px and axis titles 20 px; long titles wrap instead of being cut at 1024 px.
+    """
+    big = presenter()
+    tick, axis, title, legend = FONT_SIZES[big]
+    text = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
+    lines = 1
+    if text:
+        text = _wrap(text, 36 if big else 50)  # a chart in half of a 1024 px page is ~450 px wide
+        lines = text.count("<br>") + 1
+        fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
+    fig.update_layout(legend=dict(font=dict(size=legend)), font=dict(color="#111111"))
+    if lines > 1 and fig.layout.margin and fig.layout.margin.t is not None:
+        fig.update_layout(margin=dict(t=fig.layout.margin.t + (lines - 1) * (title + 6)))
+    fig.update_xaxes(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"),
+                     automargin=True)
+    fig.update_yaxes(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"),
+                     automargin=True)
+    fig.for_each_xaxis(_power_ticks)
+    fig.for_each_yaxis(_power_ticks)
+    if big:
+        fig.update_annotations(font_size=max(16, tick - 2))
+        legend = fig.layout.legend
+        if legend.orientation == "h" and legend.y is not None and legend.y < 0:  # below the axis title, not on it
+            fig.update_layout(legend_y=legend.y * 1.6, height=(fig.layout.height or 450) + 60)
+    return fig
+
+
+def _power_ticks(ax) -> None:
+    """A log axis labelled only at powers of ten, written 10⁻³ (not "2 3 4 5" inside a decade)."""
+    if ax.type == "log":
+        ax.update(exponentformat="power", minorloglabels="none")
+
+
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE, height=height,
-                      margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15))
+                      margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15, color="#111111"))
     return fig
 
 
@@ -32,8 +125,10 @@ def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray 
         fig.update_layout(barmode="stack")
     else:
         fig.add_histogram(x=v, name="examples", nbinsx=bins, marker_color="#1f77b4")
+    if log:
+        _decades(fig, v)
     return _layout(fig, "Distribution of per-example gradient norms",
-                   f"log₁₀ {NORM_LABEL}" if log else NORM_LABEL, "number of training examples")
+                   f"{NORM_LABEL} (log scale)" if log else NORM_LABEL, "number of training examples")
 
 
 def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, *, log: bool = False) -> go.Figure:
@@ -47,7 +142,9 @@ def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, 
     fig.update_xaxes(title_text="")
     fig.update_yaxes(title_text="")
     rows = int(np.ceil(len(order) / 5))
-    fig.update_layout(title=f"Per class ({'log₁₀ ' if log else ''}norm on x, count on y)", height=230 * rows + 80,
+    if log:
+        _decades(fig, v)
+    fig.update_layout(title=f"Per class ({'log-scale ' if log else ''}norm on x, count on y)", height=230 * rows + 80,
                       margin=dict(l=40, r=20, t=70, b=40), font=dict(size=14), showlegend=False)
     return fig
 
@@ -229,8 +326,10 @@ def clipping_histograms(norms: np.ndarray, clipped_norms: np.ndarray, clip_norm:
     fig.add_vline(x=float(f(np.array([clip_norm]))[0]), line=dict(color=FLIPPED_COLOR, width=2, dash="dash"),
                   annotation_text="C", annotation_position="top")
     fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.22))
+    if log:
+        _decades(fig, np.concatenate([v, w]))
     return _layout(fig, "Per-example norms before and after clipping at C",
-                   f"log₁₀ {NORM_LABEL}" if log else NORM_LABEL, "number of training examples", height=420)
+                   f"{NORM_LABEL} (log scale)" if log else NORM_LABEL, "number of training examples", height=420)
 
 
 def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.ndarray, clip_norm: float, *,
@@ -343,24 +442,32 @@ APPROACH_COLORS = {"loop": "#7f7f7f", "vmap": "#1f77b4", "rules": "#17becf", "ba
                    "norms_vmap": "#9467bd", "norms": "#d62728"}
 
 
-def equivalence_bars(names: list[str], rel32, rel64, *, floor: float = 1e-18) -> go.Figure:
+def equivalence_bars(names: list[str], rel32, rel64, *, reduction: str = "sum") -> go.Figure:
     """Per parameter leaf: max relative |way (a) − way (b)| in float32 and float64 (log scale).
 
-    Exact zeros are drawn at `floor` (a log axis has no zero) and labelled "0".
+    A log axis has no zero: an exact zero gets no bar, and the words "exact 0" at the bottom of
+    its group instead. `reduction` ("sum" or "mean") names the two ways in the title.
     """
     fig = go.Figure()
-    for label, vals, color in (("float32", rel32, FLOAT32_COLOR), ("float64", rel64, FLOAT64_COLOR)):
+    nonzero = [v for vals in (rel32, rel64) for v in np.asarray(vals, np.float64) if v > 0]
+    for label, vals, color, shift in (("float32", rel32, FLOAT32_COLOR, -0.2), ("float64", rel64, FLOAT64_COLOR, 0.2)):
         vals = np.asarray(vals, np.float64)
-        fig.add_bar(x=names, y=np.maximum(vals, floor), name=label, marker_color=color,
-                    text=["0" if v == 0 else f"{v:.1e}" for v in vals], textposition="outside")
+        fig.add_bar(x=names, y=np.where(vals > 0, vals, np.nan), name=label, marker_color=color,
+                    text=["" if v == 0 else f"{v:.1e}" for v in vals], textposition="outside", cliponaxis=False)
+        for i, v in enumerate(vals):
+            if v == 0:
+                fig.add_annotation(x=i + shift, xref="x", y=0.02, yref="paper", text="exact 0", showarrow=False,
+                                   textangle=-90, yanchor="bottom", font=dict(color=color))
     for label, eps, color in (("float32 ε ≈ 1.2e-7", np.finfo(np.float32).eps, FLOAT32_COLOR),
                               ("float64 ε ≈ 2.2e-16", np.finfo(np.float64).eps, FLOAT64_COLOR)):
         fig.add_scatter(x=[names[0], names[-1]] if names else [], y=[eps, eps], mode="lines", name=label,
                         line=dict(dash="dot", color=color))
-    fig.update_yaxes(type="log", exponentformat="e", dtick=3)
-    fig.update_layout(barmode="group")
-    return _layout(fig, "vmap(grad(f)).sum() vs grad(sum(vmap(f))): max relative difference per leaf",
-                   "parameter leaf", "max |a − b| / max |b| (log)")
+    lo = min([*nonzero, np.finfo(np.float64).eps]) / 10
+    hi = max([*nonzero, np.finfo(np.float32).eps]) * 100
+    fig.update_yaxes(type="log", range=[np.log10(lo), np.log10(hi)], exponentformat="power", dtick=2)
+    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.3))
+    return _layout(fig, f"vmap(grad(f)).{reduction}(0) vs grad({reduction}(vmap(f))): max relative difference per leaf",
+                   "parameter leaf", "max |a − b| / max |b|")
 
 
 def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
@@ -407,3 +514,137 @@ def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
     fig.update_yaxes(type="log")
     fig.update_layout(barmode="group")
     return _layout(fig, "Memory each approach needs", "approach", "MB (log)")
+
+
+# ---------------------------------------------------------------- geometry: two parameters on the screen
+
+CLASS_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c")
+METHOD_COLORS = {"sgd": "#1f77b4", "clipped": "#9467bd", "dp": "#2ca02c"}
+CLIPPED_COLOR = "#9467bd"
+
+
+def _arrows(fig: go.Figure, start, ends, color: str, width: float, name: str, *, opacity: float = 1.0,
+            legend: bool = True) -> None:
+    """Arrows from `start (2,)` to each row of `ends (K, 2)` as ONE trace: segments with an arrowhead
+    marker at the tip (`angleref="previous"` turns it along the segment); 60 annotations take seconds."""
+    ends = np.atleast_2d(np.asarray(ends, np.float64))
+    if not len(ends):
+        return
+    x, y, size = [], [], []
+    for e in ends:
+        x += [float(start[0]), float(e[0]), None]
+        y += [float(start[1]), float(e[1]), None]
+        size += [0, 9 + 2.5 * width, 0]
+    fig.add_scatter(x=x, y=y, mode="lines+markers", name=name, opacity=opacity, showlegend=legend,
+                    line=dict(color=color, width=width), hoverinfo="skip",
+                    marker=dict(symbol="arrow", angleref="previous", size=size, color=color))
+
+
+def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked, marked_name: str = "",
+                   param_names=("w", "b"), clip_norm: float | None = None, clipped=None, clipped_mean=None,
+                   cloud=None, trajectories: dict | None = None, removal=None, title: str = "") -> go.Figure:
+    """The loss surface over two parameters with every example's gradient as an arrow from `theta`.
+
+    **Arguments**
+    - `surface`: `(θ₀ (R,), θ₁ (R,), mean loss (R, R))` from `gradlab.geometry.loss_surface`.
+    - `theta (2,)`: the current point; `grads (N, 2)`: per-example gradients; `mean (2,)` their mean.
+    - `scale`: arrows are drawn from θ to θ + scale·gᵢ (one scale for every arrow, the clipping ball and the cloud).
+    - `labels (N,)` class index for the colour; `marked (N,) bool` drawn red and thicker (outliers, flipped labels).
+    - `clip_norm` C with `clipped (N, 2)` and `clipped_mean (2,)`: the ball of radius C and the clipped arrows.
+    - `cloud (S, 2)`: possible noisy DP steps (clipped mean + noise) as dots.
+    - `trajectories`: `{method: (T, 2) path}`; `removal`: a `gradlab.geometry.Removal`.
+    """
+    a, b, z = surface
+    theta = np.asarray(theta, np.float64)
+    fig = go.Figure(go.Contour(x=a, y=b, z=np.log10(np.maximum(z, 1e-12)), colorscale="Blues", reversescale=True,
+                               opacity=0.55, ncontours=18, showscale=False, name="mean loss (log₁₀)",
+                               contours=dict(showlabels=False), hovertemplate="%{x:.2f}, %{y:.2f}<extra>loss surface</extra>"))
+    if clip_norm is not None:
+        t = np.linspace(0, 2 * np.pi, 120)
+        r = scale * clip_norm
+        fig.add_scatter(x=theta[0] + r * np.cos(t), y=theta[1] + r * np.sin(t), mode="lines", name=f"clipping ball ‖g‖ ≤ C = {clip_norm:g}",
+                        line=dict(color=CLIPPED_COLOR, width=2, dash="dash"), hoverinfo="skip")
+    if cloud is not None:
+        c = theta + scale * np.asarray(cloud)
+        fig.add_scatter(x=c[:, 0], y=c[:, 1], mode="markers", name="DP noise: possible noisy clipped means",
+                        marker=dict(size=4, color="#2ca02c", opacity=0.45), hoverinfo="skip")
+    marked = np.asarray(marked, bool)
+    labels = np.asarray(labels, int)
+    shown = np.asarray(clipped if clipped is not None else grads, np.float64)
+    word = "clipped gᵢ" if clipped is not None else "per-example gradient gᵢ"
+    classes = sorted(set(labels.tolist()))
+    for k in classes:
+        sel = (labels == k) & ~marked
+        _arrows(fig, theta, theta + scale * shown[sel], CLASS_COLORS[k % len(CLASS_COLORS)], 1.6,
+                f"{word}, class {k}" if len(classes) > 1 else word, opacity=0.7)
+    if marked.any():
+        _arrows(fig, theta, theta + scale * shown[marked], FLIPPED_COLOR, 2.8, f"{word} of a {marked_name}")
+    _arrows(fig, theta, theta + scale * np.asarray(mean)[None, :], "#000000", 5, "mean gradient (batch_grad)")
+    if clipped_mean is not None:
+        _arrows(fig, theta, theta + scale * np.asarray(clipped_mean)[None, :], CLIPPED_COLOR, 5, "clipped mean")
+    for method, path in (trajectories or {}).items():
+        path = np.asarray(path)
+        fig.add_scatter(x=path[:, 0], y=path[:, 1], mode="lines+markers", name=f"{_METHOD_NAMES.get(method, method)} path",
+                        line=dict(color=METHOD_COLORS.get(method, "#444"), width=3), marker=dict(size=5))
+    if removal is not None:
+        for point, name, symbol, color in ((removal.optimum, "optimum θ*", "star", "gold"),
+                                           (removal.retrained, f"θ* without #{removal.index} (retrained)", "x", "#d62728"),
+                                           (removal.predicted, "influence-function prediction", "diamond-open", "#111111")):
+            fig.add_scatter(x=[point[0]], y=[point[1]], mode="markers", name=name,
+                            marker=dict(size=16, symbol=symbol, color=color, line=dict(color="#111111", width=1.5)))
+    fig.add_scatter(x=[theta[0]], y=[theta[1]], mode="markers", name="current θ",
+                    marker=dict(size=13, color="#111111", symbol="circle"))
+    fig.update_xaxes(range=[float(a[0]), float(a[-1])], constrain="domain")
+    fig.update_yaxes(range=[float(b[0]), float(b[-1])], scaleanchor="x", scaleratio=1, constrain="domain")
+    fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0, yanchor="top"), hovermode="closest")
+    return _layout(fig, title or f"Per-example gradients gᵢ at θ on the loss contours (arrows ×{scale:.2g})",
+                   f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=640)
+
+
+_METHOD_NAMES = {"sgd": "SGD", "clipped": "clipped SGD", "dp": "DP-SGD"}
+
+
+def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", removed: int | None = None,
+                  kind: str = "line", title: str = "Training examples: click one to remove it") -> go.Figure:
+    """The training data of a two-parameter problem, clickable (`customdata` = example index).
+
+    `kind="line"`: points (x, y) and the line y = θ₀·x + θ₁; `kind="logistic"`: 2-D inputs coloured
+    by label and the decision boundary θ·x = 0. `removed` is crossed out.
+    """
+    xs, ys, theta = np.asarray(xs, np.float64), np.asarray(ys, np.float64), np.asarray(theta, np.float64)
+    marked, labels = np.asarray(marked, bool), np.asarray(labels, int)
+    pts = np.stack([xs, ys], 1) if kind == "line" else xs
+    colors = [FLIPPED_COLOR if m else CLASS_COLORS[c % 3] for m, c in zip(marked, labels)]
+    fig = go.Figure(go.Scatter(x=pts[:, 0], y=pts[:, 1], mode="markers", customdata=np.arange(len(pts)),
+                               marker=dict(size=11, color=colors, line=dict(color="#111111", width=0.8)),
+                               name="training examples (red: " + (marked_name or "marked") + ")",
+                               hovertemplate="example %{customdata}<extra></extra>"))
+    lo, hi = float(pts[:, 0].min()) - 0.3, float(pts[:, 0].max()) + 0.3
+    if kind == "line":
+        fig.add_scatter(x=[lo, hi], y=[theta[0] * lo + theta[1], theta[0] * hi + theta[1]], mode="lines",
+                        name="fit y = w·x + b at θ", line=dict(color="#111111", width=3))
+    elif abs(theta[1]) > 1e-9:
+        fig.add_scatter(x=[lo, hi], y=[-theta[0] * lo / theta[1], -theta[0] * hi / theta[1]], mode="lines",
+                        name="decision boundary θ·x = 0", line=dict(color="#111111", width=3))
+        fig.update_yaxes(range=[float(pts[:, 1].min()) - 0.5, float(pts[:, 1].max()) + 0.5])
+    if removed is not None and 0 <= removed < len(pts):
+        fig.add_scatter(x=[pts[removed, 0]], y=[pts[removed, 1]], mode="markers", name=f"removed #{removed}",
+                        marker=dict(size=22, symbol="x-open", color="#111111", line=dict(width=3)))
+    fig.update_layout(clickmode="event+select", legend=dict(orientation="h", y=-0.25))
+    names = ("x", "y") if kind == "line" else ("x₁", "x₂")
+    return _layout(fig, title, names[0], names[1], height=460)
+
+
+# every public figure builder returns a figure made `readable` (type sizes, presenter mode, log ticks)
+def _styled(builder):
+    @functools.wraps(builder)
+    def build(*args, **kwargs):
+        return readable(builder(*args, **kwargs))
+
+    return build
+
+
+for _name, _fn in list(globals().items()):
+    if callable(_fn) and not _name.startswith("_") and _name != "readable" and getattr(_fn, "__module__", None) == __name__ \
+            and _fn.__annotations__.get("return") in ("go.Figure", go.Figure):
+        globals()[_name] = _styled(_fn)

@@ -31,6 +31,8 @@ PAGES = [
     ("dp_clipping", "DP clipping", "dp clipping"),
     ("influence", "Influence", "influence"),
     ("privacy_audit", "Privacy audit", "privacy audit"),
+    ("geometry", "Geometry", "geometry"),
+    ("lecture", "Lecture", "lecture"),
 ]
 
 

@@ -13,7 +13,7 @@ from gradlab import ui
 from gradlab.data import DATASETS
 from gradlab.experiment import Experiment, fit
 from gradlab.models import ACTIVATIONS, MODELS
-from gradlab.presets import BY_NAME, PRESETS, SIDEBAR_KEYS, Preset
+from gradlab.presets import BY_NAME, LINE_OUTLIERS_IN_TRAIN, PAGE_WIDGETS, PRESETS, SIDEBAR_KEYS, Preset
 from gradlab.train import OPTIMIZERS
 
 # what each sidebar control accepts (a preset value outside these would be silently dropped by the widget)
@@ -83,7 +83,9 @@ def test_clicking_a_preset_opens_its_page_with_every_control_set(preset: Preset)
     titles = " ".join(t.value for t in at.title).lower().replace("_", " ")
     assert _page_title(preset.page) in titles, titles
     assert ui.experiment_from_state(at.session_state) == preset.config
+    assert preset.widgets, "a preset must set its page's controls"
     for key, value in preset.widgets.items():
+        assert value != PAGE_WIDGETS[preset.page][key], f"{key} = {value!r} is the page's default"
         assert at.session_state[key] == value, key
     assert "_preset_goto" not in at.session_state
 
@@ -116,3 +118,111 @@ def test_preset_link_reproduces_the_preset():
             at.query_params[k] = v
         at.run()
         assert ui.experiment_from_state(at.session_state) == preset.config, preset.name
+
+
+def test_every_preset_view_differs_from_its_page_defaults():
+    """A preset that leaves every page control at its default opens a view anyone gets by clicking the page."""
+    for preset in PRESETS:
+        defaults = PAGE_WIDGETS[preset.page]
+        changed = {k for k, v in preset.widgets.items() if defaults[k] != v}
+        assert changed, preset.name
+        assert set(preset.widgets) <= set(defaults), preset.name
+
+
+# ------------------------------------------------------------------ each preset's "look at", with a number
+
+
+def _norms(f, checkpoint=-1):
+    from gradlab import engine
+
+    return np.asarray(engine.per_example_norms(f.loss_fn, f.run.checkpoints[checkpoint], f.data.x_train, f.data.y_train))
+
+
+def test_scalar_preset_shows_the_seeds_numbers():
+    preset = BY_NAME["The seeds' scalar example"]
+    assert "[2, 8]" in preset.look_at and "10" in preset.look_at
+    at = _home()
+    _click(at, preset.name)
+    assert_clean(at)
+    radio = at.radio(key="eq_example")
+    assert radio.value == "scalar"
+    text = " ".join(m.value for m in at.markdown)
+    assert "Way (a) = **10**, way (b) = **10**" in text
+    assert "[2., 8.]" in text
+
+
+def test_mislabeled_digits_top16_are_mostly_flipped_and_shown_on_a_log_scale():
+    import re
+
+    preset = BY_NAME["Mislabeled digits stand out"]
+    assert preset.widgets["log"] is True
+    n_said, k_said = map(int, re.search(r"(\d+) of (\d+)", preset.look_at).groups())
+    f = fit(preset.config)
+    top = np.argsort(-_norms(f))[:k_said]
+    assert int(f.data.flipped[top].sum()) == n_said  # 14 of 16
+    assert n_said > k_said // 2
+
+
+def test_outliers_preset_circles_exactly_the_outliers():
+    preset = BY_NAME["Outliers pull hardest in regression"]
+    f = fit(preset.config)
+    x, y = f.data.x_train[:, 0].astype(np.float64), f.data.y_train.astype(np.float64)
+    # outliers found independently: far from a least-squares line fitted to the points within 1 std of a first fit
+    resid = y - np.polyval(np.polyfit(x, y, 1), x)
+    inner = np.abs(resid) < resid.std()
+    resid = y - np.polyval(np.polyfit(x[inner], y[inner], 1), x)
+    outliers = np.abs(resid) > 1.0
+    assert outliers.sum() == LINE_OUTLIERS_IN_TRAIN == preset.widgets["topk"]
+    top = np.argsort(-_norms(f))[:preset.widgets["topk"]]
+    assert set(top) == set(np.flatnonzero(outliers))
+
+
+def test_clipping_preset_clips_the_minority_class_more():
+    import re
+
+    preset = BY_NAME["Clipping bias hits a rare class"]
+    f = fit(preset.config)
+    y, c = f.data.y_train, preset.widgets["dp_clip_c"]
+    counts = np.bincount(y)
+    minority = int(np.argmin(counts))
+    assert f.data.class_names[minority] == "malignant" and f"{counts[minority]} of {len(y)}" in preset.look_at
+    norms = _norms(f)
+    frac = [float(np.mean(norms[y == k] > c)) for k in range(2)]
+    assert frac[minority] > frac[1 - minority]
+    said = [int(v) / 100 for v in re.findall(r"(\d+)%", preset.look_at)]  # "about 16% against 10%"
+    assert abs(said[0] - frac[minority]) < 0.03 and abs(said[1] - frac[1 - minority]) < 0.03
+
+
+def test_influence_preset_most_self_influential_are_flipped():
+    from gradlab.influence import self_influence
+
+    preset = BY_NAME["Who influenced this prediction?"]
+    f = fit(preset.config)
+    s = np.asarray(self_influence(f.loss_fn, f.model, f.data.x_train, f.data.y_train, method="grad_norm"))
+    top = np.argsort(-s)[:preset.widgets["infl_k"]]
+    assert f.data.flipped[top].mean() > 0.5          # "mostly flipped labels"
+    assert f.data.flipped.mean() == pytest.approx(0.1, abs=0.01)
+
+
+def test_performance_preset_loop_is_much_slower_than_vmap():
+    """The one timing check: the loop at N = 256 against one vmap(grad) call (a generous 3× on a shared
+    machine; the text says over 10×, measured 30× here)."""
+    from gradlab import bench
+    from gradlab.experiment import init_model, load_data
+    from gradlab.losses import loss_for
+
+    preset = BY_NAME["Per-example gradients cost about one gradient"]
+    data = load_data(preset.config)
+    n = max(preset.widgets["perf_sizes"])
+    rows = bench.sweep(loss_for(data.task), init_model(preset.config, data), data.x_train, data.y_train, [n],
+                       ["loop", "vmap"], repeats=2)
+    t = {r.approach: r.run_s for r in rows}
+    assert t["loop"] / t["vmap"] > 3
+
+
+def test_diverging_preset_says_so():
+    preset = BY_NAME["A learning rate of 100 diverges"]
+    at = _home()
+    _click(at, preset.name)
+    assert_clean(at)
+    assert any("learning rate" in e.value.lower() for e in at.error), [e.value for e in at.error]

@@ -66,7 +66,7 @@ if result is not None:
                     f"(the seeds: per-example gradients `[2., 8.]`, summed 10).")
 
     names = [l.name for l in cmp.leaves]
-    ui.chart(plots.equivalence_bars(names, [l.rel32 for l in cmp.leaves], [l.rel64 for l in cmp.leaves]),
+    ui.chart(plots.equivalence_bars(names, [l.rel32 for l in cmp.leaves], [l.rel64 for l in cmp.leaves], reduction=reduction),
                     width="stretch")
     table = pd.DataFrame({
         "leaf": names,

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from gradlab import ui
+from gradlab.presets import LECTURE, PRESETS
 
 st.title("gradlab: per-example gradients, made visible")
 
@@ -39,7 +40,19 @@ with right:
     st.page_link("views/dp_clipping.py", label="**DP clipping**: clipping bias, DP-SGD, real ε", icon=":material/lock:")
     st.page_link("views/influence.py", label="**Influence**: who helped this prediction?", icon=":material/explore:")
     st.page_link("views/privacy_audit.py", label="**Privacy audit**: what ε means; audit DP-SGD, spot the bug", icon=":material/policy:")
+    st.page_link("views/geometry.py", label="**Geometry**: every example's gradient is an arrow", icon=":material/call_split:")
+    st.page_link("views/lecture.py", label="**Lecture**: the whole story, step by step", icon=":material/school:",
+                 query_params={"step": "1"})
 
 st.subheader("Lecture scenarios")
-st.caption("One click sets the experiment and the page's controls and opens the page; the link in the sidebar shares it.")
+st.caption("One click sets the experiment and the page's controls and opens the page; the link in the sidebar shares it. "
+           "Each scenario is also a step of the **Lecture**: the step link opens it inside the story, with Back and Next.")
 ui.preset_picker(columns=3)
+
+# the presets as entry points into the lecture's story
+entries = {s.preset.name: i for i, s in enumerate(LECTURE, start=1)}
+cols = st.columns(3)
+for i, p in enumerate(PRESETS):
+    if p.name in entries:
+        cols[i % 3].page_link("views/lecture.py", label=f"Lecture step {entries[p.name]}: {p.name}",
+                              icon=":material/school:", query_params={"step": str(entries[p.name])})

@@ -1,0 +1,57 @@
+"""Screenshots of the Geometry page and lecture steps, normal and presenter mode, at a projector's
+1024×768 and at 1400×900 (headless Chromium). Writes PNGs to screenshots/ (gitignored, never committed).
+
+    python -m benchmarks.screenshots                 # Geometry + lecture step 8, both modes, both sizes
+    python -m benchmarks.screenshots --steps 1,7,9   # other lecture steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from browser_helpers import launch, page_errors, streamlit_server, wait_until_idle  # noqa: E402
+
+SIZES = {"1024x768": (1024, 768), "1400x900": (1400, 900)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", default="8")
+    parser.add_argument("--out", default=str(ROOT / "screenshots"))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(exist_ok=True)
+    views = [("geometry", "geometry?geo_clip=true&geo_noise=true&geo_paths=true&geo_c=2&geo_t=20")]
+    views += [(f"lecture_step{s}", f"lecture?step={s}") for s in args.steps.split(",") if s.strip()]
+    from playwright.sync_api import sync_playwright
+
+    with streamlit_server() as (base, _), sync_playwright() as pw:
+        browser = launch(pw)
+        for size, (w, h) in SIZES.items():
+            page = browser.new_page(viewport={"width": w, "height": h})
+            for name, path in views:
+                for mode, extra in (("normal", ""), ("presenter", "&presenter=true")):
+                    page.goto(f"{base}/{path}{extra}")
+                    wait_until_idle(page, timeout=600)
+                    page.wait_for_timeout(1500)
+                    file = out / f"{name}_{mode}_{size}.png"
+                    page.screenshot(path=str(file))
+                    # the app scrolls inside its own container: a tall window of the same width shows it all
+                    page.set_viewport_size({"width": w, "height": 3200})
+                    page.wait_for_timeout(1500)
+                    page.screenshot(path=str(out / f"{name}_{mode}_{size}_full.png"))
+                    page.set_viewport_size({"width": w, "height": h})
+                    errors = page_errors(page)
+                    print(file, "errors:", errors[:1] if errors else "none")
+            page.close()
+        browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Streamlit glue for teaching: presenter mode (bound to `?presenter=true`) and the lecture's steps.
+
+Presenter mode hides the sidebar, the intro paragraph under each page title and the captions,
+and enlarges type, metrics and figure text (through `gradlab.plots.set_presenter`) for a projector.
+A lecture step sets every control of its view before the sidebar is drawn (`follow_lecture`), so
+`/lecture?step=4` reproduces step 4 in a fresh session.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gradlab import plots
+
+PRESENTER = "presenter"
+STEP = "step"
+_APPLIED = "_lecture_applied"
+
+# The element right after a page's h1 is its "what you are looking at" paragraph: hidden in presenter mode.
+_PRESENTER_CSS = """
+<style>
+html { font-size: 21px; }
+[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"] { display: none; }
+.stElementContainer:has(h1) + .stElementContainer:has([data-testid="stMarkdown"]) { display: none; }
+[data-testid="stCaptionContainer"] { display: none; }
+[data-testid="stMetricValue"] { font-size: 2.1rem; }
+[data-testid="stMetricLabel"] p { font-size: 1.0rem; }
+[data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; }
+</style>
+"""
+
+# Both modes: metric labels and values wrap instead of being cut with "…" at 1024 px.
+_READABLE_CSS = """
+<style>
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; }
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; overflow-wrap: anywhere; }
+[data-testid="stDownloadButton"] button p { white-space: normal; }
+</style>
+"""
+
+
+def presenter_mode() -> bool:
+    """Whether presenter mode is on in this session (the toggle's state, or `?presenter=true` on first load)."""
+    if PRESENTER in st.session_state:
+        return bool(st.session_state[PRESENTER])
+    return st.query_params.get(PRESENTER, "false").lower() == "true"
+
+
+def frame(page) -> bool:
+    """Draw the presenter-mode toggle and its styles, follow a lecture step when `page` is the lecture.
+
+    Call it in app.py after `st.navigation` and before the sidebar. Returns whether presenter mode is on.
+    """
+    if getattr(page, "url_path", "") == "lecture":
+        follow_lecture()
+    on = st.toggle("Presenter mode", key=PRESENTER, bind="query-params",
+                   help="For a projector: hides the sidebar and long prose, enlarges text and figures. "
+                        "The URL keeps it (?presenter=true).")
+    plots.set_presenter(on)
+    st.html(_READABLE_CSS + (_PRESENTER_CSS if on else ""))
+    return on
+
+
+def requested_step(n_steps: int) -> int:
+    """The 1-based step in the URL (`?step=4`), clamped to 1..n_steps; 1 when absent or not a number."""
+    return parse_step(st.query_params.get(STEP, "1"), n_steps)
+
+
+def parse_step(raw: str, n_steps: int) -> int:
+    """`raw` (a URL value) as a step in 1..n_steps: clamped; 1 when it is not a number."""
+    try:
+        step = int(float(raw))
+    except (TypeError, ValueError, OverflowError):
+        step = 1
+    return min(max(step, 1), n_steps)
+
+
+def follow_lecture() -> None:
+    """Set every control of the step in the URL, once per step change (before any widget is drawn)."""
+    from gradlab.presets import LECTURE
+
+    step = requested_step(len(LECTURE))
+    if st.session_state.get(_APPLIED) != step:
+        apply_step(step)
+
+
+def apply_step(step: int) -> None:
+    """Put step `step`'s controls (every sidebar key and its page's widgets) into session state and the URL.
+
+    Page widgets the step does not name go back to their page's defaults (session state wins over the URL).
+    """
+    from gradlab.presets import LECTURE, PAGE_WIDGETS
+
+    s = LECTURE[step - 1]
+    for defaults in PAGE_WIDGETS.values():
+        for key, default in defaults.items():
+            st.session_state[key] = s.preset.widgets.get(key, default)
+    for key, value in s.preset.state().items():
+        st.session_state[key] = value
+    st.query_params[STEP] = str(step)
+    st.session_state[_APPLIED] = step
+
+
+def go(step: int) -> None:
+    """`on_click` of Next / Back: apply step `step` now (callbacks run before the script)."""
+    apply_step(step)

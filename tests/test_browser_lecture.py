@@ -1,0 +1,67 @@
+"""Browser: walk the whole lecture with Next in headless Chromium. Every step shows a chart and no
+traceback, differs from the step before, Back returns, and each step's URL reproduces it in a new tab."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from browser_helpers import launch, page_errors, streamlit_server, wait_until_idle
+
+from gradlab.presets import LECTURE
+
+pytestmark = pytest.mark.slow
+
+
+def _view(page) -> dict:
+    """What identifies a rendered step: its h1 titles, the URL's query and the page's metric labels."""
+    heads = page.locator('[data-testid="stMainBlockContainer"] h1').all_inner_texts()
+    labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+    return {"titles": heads, "query": parse_qs(urlparse(page.url).query), "metrics": sorted(labels)}
+
+
+def _check(page, step: int) -> dict:
+    wait_until_idle(page, timeout=600)
+    assert not page_errors(page), (step, page_errors(page))
+    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    view = _view(page)
+    assert view["titles"][0].startswith(f"Lecture {step}/"), view["titles"]
+    assert view["query"].get("step") == [str(step)], page.url
+    return view
+
+
+@pytest.mark.timeout(2400)  # 13 steps, cold: trains four experiments and times the performance sweep
+def test_walk_the_lecture_with_next_and_back_and_reopen_each_url(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    n = len(LECTURE)
+    with streamlit_server(log_path=tmp_path / "server.log") as (base, _), sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{base}/lecture?step=1")
+        views, urls, seconds = [_check(page, 1)], [page.url], []
+        for step in range(2, n + 1):
+            start = time.perf_counter()
+            page.get_by_role("button", name="Next", exact=True).click()
+            page.wait_for_function(f"() => location.search.includes('step={step}')", timeout=60_000)
+            views.append(_check(page, step))
+            seconds.append(time.perf_counter() - start)
+            urls.append(page.url)
+            assert views[-1] != views[-2], step
+        assert page.get_by_role("button", name="Next", exact=True).is_disabled()
+
+        page.get_by_role("button", name="Back", exact=True).click()
+        page.wait_for_function(f"() => location.search.includes('step={n - 1}')", timeout=60_000)
+        assert _check(page, n - 1)["titles"] == views[n - 2]["titles"]
+
+        # each step's URL, opened in a fresh tab (a new session), shows the same view
+        for step, url in enumerate(urls, start=1):
+            fresh = browser.new_page(viewport={"width": 1400, "height": 900})
+            fresh.goto(url)
+            again = _check(fresh, step)
+            assert again["titles"] == views[step - 1]["titles"], step
+            assert {k: v for k, v in again["query"].items()} == views[step - 1]["query"], step
+            fresh.close()
+        browser.close()
+    print("Next -> step rendered, seconds (browser wall clock, shared machine):", [round(s, 1) for s in seconds])

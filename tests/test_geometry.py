@@ -1,0 +1,88 @@
+"""Geometry: arrows are the engine's per-example gradients, checked against a Python loop of jax.grad;
+their mean is engine.batch_grad; clipping, noise, trajectories and the remove-an-example check."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from gradlab import engine, geometry
+
+
+@pytest.mark.parametrize("name", list(geometry.PROBLEMS))
+def test_arrows_are_per_example_gradients_and_their_mean_is_the_batch_gradient(name):
+    p = geometry.problem(name)
+    a = geometry.arrows(p, p.start)
+    loop = np.stack([np.asarray(jax.grad(p.loss_fn)(p.start, x, y)) for x, y in zip(p.xs, p.ys)])
+    np.testing.assert_allclose(a, loop, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a, np.asarray(engine.per_example_grads(p.loss_fn, p.start, p.xs, p.ys)), rtol=1e-6)
+    np.testing.assert_allclose(geometry.mean_arrow(p, p.start),
+                               np.asarray(engine.batch_grad(p.loss_fn, p.start, p.xs, p.ys, reduction="mean")), rtol=1e-6)
+    np.testing.assert_allclose(geometry.mean_arrow(p, p.start), loop.mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_scalar_example_is_the_seeds():
+    p = geometry.problem("scalar")
+    a = geometry.arrows(p, p.start)
+    assert a[:, 0].tolist() == [2.0, 8.0] and a[:, 0].sum() == 10.0  # dℓ/dw, seed 002
+    assert a[:, 1].tolist() == [2.0, 4.0]                              # dℓ/db = 2(w·x + b − y)
+
+
+def test_clipping_and_noise_cloud():
+    g = np.array([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])
+    c = geometry.clip(g, 1.0)
+    np.testing.assert_allclose(c, [[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]])
+    with pytest.raises(ValueError, match="C must be > 0"):
+        geometry.clip(g, 0.0)
+    cloud = geometry.noise_cloud(np.array([1.0, -1.0]), 2.0, 1.5, 10, samples=20_000)
+    np.testing.assert_allclose(cloud.std(0), [0.3, 0.3], rtol=0.03)       # σ·C/B
+    np.testing.assert_allclose(cloud.mean(0), [1.0, -1.0], atol=0.01)
+
+
+def test_trajectories_share_batches_and_differ_by_clipping_and_noise():
+    p = geometry.problem("line")
+    kw = dict(lr=p.lr, steps=5, batch_size=p.batch_size, clip_norm=1.0, noise_multiplier=1.0)
+    sgd, clipped, dp = (geometry.trajectory(p, m, **kw) for m in geometry.METHODS)
+    # SGD by hand: the same minibatches (rng from seed 0), mean of the loop gradients
+    rng, theta = np.random.default_rng(0), p.start.astype(np.float64)
+    for _ in range(5):
+        idx = rng.choice(p.n, p.batch_size, replace=False)
+        theta = theta - p.lr * np.mean([np.asarray(jax.grad(p.loss_fn)(p.start * 0 + theta.astype(np.float32), p.xs[i], p.ys[i]))
+                                        for i in idx], 0)
+    np.testing.assert_allclose(sgd[-1], theta, rtol=1e-4)
+    # clipped SGD moves at most η·C per step
+    assert np.all(np.linalg.norm(np.diff(clipped, axis=0), axis=1) <= p.lr * 1.0 + 1e-6)
+    assert not np.allclose(dp, clipped)
+    assert sgd.shape == (6, 2)
+    with pytest.raises(ValueError, match="batch size"):
+        geometry.trajectory(p, "sgd", lr=0.1, steps=2, batch_size=p.n + 1)
+
+
+@pytest.mark.parametrize("name", ["line", "logistic"])
+def test_removing_an_example_matches_retraining_and_influence_is_close(name):
+    p = geometry.problem(name)
+    i = int(np.flatnonzero(p.marked)[0])
+    r = geometry.remove_example(p, i)
+    # the retrained optimum has zero gradient on the other N − 1 examples
+    keep = np.arange(p.n) != i
+    assert np.abs(geometry.arrows(p, r.retrained)[keep].mean(0)).max() < 1e-4
+    if name == "line":  # least squares in closed form (float64) as the oracle
+        X = np.stack([p.xs, np.ones(p.n)], 1).astype(np.float64)
+        sol = np.linalg.lstsq(X[keep], p.ys[keep].astype(np.float64), rcond=None)[0]
+        np.testing.assert_allclose(r.retrained, sol, rtol=1e-4, atol=1e-4)
+    assert np.linalg.norm(r.retrained - r.optimum) > 0.01      # removing an outlier/flip moves the optimum
+    assert r.error < 0.2                                        # and the influence function predicts where
+
+
+def test_scalar_removal_has_no_unique_optimum():
+    with pytest.raises(ValueError, match="no unique minimum"):
+        geometry.remove_example(geometry.problem("scalar"), 0)
+
+
+def test_loss_surface_is_the_mean_loss():
+    p = geometry.problem("scalar")
+    a, b, z = geometry.loss_surface(p, resolution=7)
+    j, i = 2, 5
+    expected = np.mean([(a[i] * x + b[j] - y) ** 2 for x, y in zip(p.xs, p.ys)])
+    np.testing.assert_allclose(z[j, i], expected, rtol=1e-5)
