@@ -12,13 +12,10 @@ import dataclasses
 import types
 from typing import Any
 
-from gradlab.experiment import Experiment
+from gradlab.experiment import CONTROLS, Experiment
 
-#: The sidebar widget keys: the `Experiment` fields a user can set (test_fraction is not a control).
-SIDEBAR_KEYS = (
-    "dataset", "model", "width", "depth", "activation", "steps", "lr", "label_noise", "seed",
-    "optimizer", "batch_size", "l2", "checkpoint_every",
-)
+#: The sidebar widget keys: the `Experiment` fields a user can set, listed once in `experiment.CONTROLS`.
+SIDEBAR_KEYS = CONTROLS
 
 
 @dataclasses.dataclass(frozen=True)
