@@ -59,9 +59,10 @@ def trak_models(data_key, n_models, _fitted):
 
 
 @ui.cached(max_entries=32)
-def point_scores(exp, token, test_index, l2, damping, solver, n_models, proj_dim, _fitted):
+def point_scores(exp, token, test_index, l2, damping, solver, lissa_scale, n_models, proj_dim, _fitted):
     base = optimum(DATA_KEY, l2, _fitted)
-    return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver,
+    extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
+    return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver, **extra,
                                  tracin=tracin_run(DATA_KEY, _fitted)[0],
                                  trak=trak_models(DATA_KEY, n_models, _fitted), proj_dim=proj_dim)
 
@@ -116,6 +117,11 @@ with c4:
                           help="\n".join(f"- **{k_}**: {v_}" for k_, v_ in inf.SOLVERS.items()))
 with c5:
     k = st.number_input("Top-k", min_value=1, max_value=24, value=8, key="infl_k", bind="query-params")
+lissa_scale = 0.0
+if solver == "lissa":
+    lissa_scale = st.number_input("LiSSA scale (0 = 2 × the largest Hessian eigenvalue, by power iteration)",
+                                  min_value=0.0, value=0.0, step=1.0, key="infl_lissa_scale", bind="query-params")
+solver_args = {"lissa_scale": float(lissa_scale)} if lissa_scale > 0 else {}
 with st.expander("TRAK settings"):
     t1, t2 = st.columns(2)
     n_models = int(t1.number_input("Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
@@ -175,7 +181,8 @@ with right:
 with st.spinner("Scoring every training example with every method…"):
     res = None
     with ui.guard("Could not score the training examples"):
-        res = point_scores(exp, token, test_index, float(l2), float(damping), solver, n_models, proj_dim, fitted)
+        res = point_scores(exp, token, test_index, float(l2), float(damping), solver, float(lissa_scale), n_models,
+                         proj_dim, fitted)
 if res is None:
     st.stop()
 for m_, err in res.errors.items():
@@ -311,10 +318,11 @@ st.markdown(
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
-def retraining(data_key, test_index, l2, damping, solver, k, _fitted, _bar):
+def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted, _bar):
     base_ = optimum(data_key, l2, _fitted)
+    extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
     return ifit.retraining_check(
-        _fitted, base_, test_index, damping=damping, k=k, solver=solver, max_iter=RETRAIN_ITERS,
+        _fitted, base_, test_index, damping=damping, k=k, solver=solver, max_iter=RETRAIN_ITERS, **extra,
         progress=lambda i, n: _bar.progress(i / n, text=f"Retrained {i} of {n} models without one example"))
 
 
@@ -324,12 +332,13 @@ with c1:
                          bind="query-params")
     go = st.button("Check against retraining", type="primary", key="infl_retrain")
 ran = st.session_state.setdefault("_infl_ran", set())
-check_key = (DATA_KEY, test_index, float(l2), float(damping), solver, int(rk))
+check_key = (DATA_KEY, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk))
 chk = None
 if go or check_key in ran:
     bar = st.progress(0.0, text="Retraining…")
     with ui.guard("The retraining check failed"):
-        chk = retraining(DATA_KEY, test_index, float(l2), float(damping), solver, int(rk), fitted, bar)
+        chk = retraining(DATA_KEY, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk), fitted,
+                         bar)
         ran.add(check_key)
     bar.empty()
 if chk is None:

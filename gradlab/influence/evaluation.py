@@ -167,7 +167,8 @@ def train_on_subsets(model, loss_fn: LossFn, xs, ys, subsets: np.ndarray, *, opt
                      steps: int = 300, batch_size: int = 128, l2: float = 0.0, seed: int = 0) -> PyTree:
     """Train one model per subset with the recipe of `gradlab.train.train` (same initialization `model`,
     optimizer, steps, minibatches of `batch_size` drawn without replacement from the subset, L2 λ), all M
-    at once: `vmap` over subsets of a jitted `lax.scan` over steps. Minibatch keys differ per subset.
+    at once: `vmap` over subsets of a jitted `lax.scan` over steps. Subset m's model is the one
+    `train(model, loss_fn, xs[S_m], ys[S_m], seed=seed + m, …)` returns.
 
     **Arguments** `subsets (M, H)` int (`random_subsets`). **Returns** the differentiable leaves of the
     M trained models stacked on a leading axis (combine with `eqx.partition(model, …)[1]`).
@@ -175,8 +176,8 @@ def train_on_subsets(model, loss_fn: LossFn, xs, ys, subsets: np.ndarray, *, opt
     diff, static = eqx.partition(engine.as_params(model), eqx.is_inexact_array)
     opt = make_optimizer(optimizer, lr)
     subsets = jnp.asarray(subsets)
-    keys = jax.vmap(lambda k: jax.random.split(k, max(steps, 1))[:steps])(
-        jax.random.split(jax.random.key(seed), subsets.shape[0]))
+    # subset m draws its minibatches as `train(…, seed=seed + m)` would on the subset's examples
+    keys = jnp.stack([jax.random.split(jax.random.key(seed + m), max(steps, 1))[:steps] for m in range(len(subsets))])
     bs = int(min(batch_size, subsets.shape[1]))
     return _train_subsets(loss_fn, diff, static, opt.update, opt.init(diff), jnp.asarray(xs), jnp.asarray(ys), subsets,
                           keys, bs, jnp.float32(l2))
