@@ -49,13 +49,21 @@ def optimum(data_key, l2, _fitted):
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def tracin_run(data_key, _fitted):
-    run, note = ifit.tracin_run(_fitted)
-    return inf.tracin_checkpoints(run), note
+    """((checkpoints, lrs), note), or (None, why) when there is no SGD run to follow (no steps, diverged)."""
+    try:
+        run, note = ifit.tracin_run(_fitted)
+        return inf.tracin_checkpoints(run), note
+    except ValueError as err:
+        return None, f"TracIn is unavailable: {err}"
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def trak_models(data_key, n_models, _fitted):
-    return ifit.trak_models(_fitted, n_models)
+    """TRAK's ensemble, or None when one of its extra models cannot be trained (the message is shown)."""
+    try:
+        return ifit.trak_models(_fitted, n_models), None
+    except ValueError as err:
+        return None, f"TRAK is unavailable: training its ensemble failed: {err}"
 
 
 @ui.cached(max_entries=32)
@@ -64,7 +72,7 @@ def point_scores(exp, token, test_index, l2, damping, solver, lissa_scale, n_mod
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
     return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver, **extra,
                                  tracin=tracin_run(DATA_KEY, _fitted)[0],
-                                 trak=trak_models(DATA_KEY, n_models, _fitted), proj_dim=proj_dim)
+                                 trak=trak_models(DATA_KEY, n_models, _fitted)[0], proj_dim=proj_dim)
 
 
 @ui.cached
@@ -121,7 +129,6 @@ lissa_scale = 0.0
 if solver == "lissa":
     lissa_scale = st.number_input("LiSSA scale (0 = 2 × the largest Hessian eigenvalue, by power iteration)",
                                   min_value=0.0, value=0.0, step=1.0, key="infl_lissa_scale", bind="query-params")
-solver_args = {"lissa_scale": float(lissa_scale)} if lissa_scale > 0 else {}
 with st.expander("TRAK settings"):
     t1, t2 = st.columns(2)
     n_models = int(t1.number_input("Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
@@ -150,9 +157,12 @@ if not base.converged:
                + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
                   if exp.model != "linear" and exp.activation == "relu" else "."))
 
-tr_note = None
-with ui.guard("Could not prepare TracIn's run"):
-    _, tr_note = tracin_run(DATA_KEY, fitted)
+with st.spinner("Training the runs TracIn and TRAK follow…"):
+    tr_ckpts, tr_note = tracin_run(DATA_KEY, fitted)
+    trak_ok, trak_note = trak_models(DATA_KEY, n_models, fitted)
+for missing, why in ((tr_ckpts, tr_note), (trak_ok, trak_note)):
+    if missing is None:
+        st.warning(why, icon="⚠️")
 
 # ------------------------------------------------------------------ the test point
 st.subheader("The test point")
@@ -193,7 +203,7 @@ if res.ihvp is not None:
     st.caption(f"Influence function at θ̂: (H + δI)⁻¹∇L_test solved by **{res.ihvp.method}**"
                + (f" in {res.ihvp.iterations} iterations" if res.ihvp.iterations else "")
                + f"; relative residual {res.ihvp.residual:.1e}; λ = {l2:g}, δ = {damping:g}.")
-if method == "tracin" and tr_note:
+if method == "tracin" and tr_ckpts is not None and tr_note:
     st.info(tr_note, icon="ℹ️")
 scores = res.scores
 if method not in scores:
@@ -374,7 +384,7 @@ st.markdown(
 def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, _say):
     base_ = optimum(data_key, l2, _fitted)
     table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
-                            tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, _fitted),
+                            tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, _fitted)[0],
                             proj_dim=proj_dim_, progress=_say)
     return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
 
