@@ -635,6 +635,23 @@ def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", remov
     return _layout(fig, title, names[0], names[1], height=460)
 
 
+# ---------------------------------------------------------------- influence: the linear datamodeling score
+
+
+def lds_bars(names: list[str], means, per_test: list, *, m: int) -> go.Figure:
+    """Each method's LDS (mean over test points) as a bar, with every test point's Spearman ρ as dots."""
+    fig = go.Figure(go.Bar(x=names, y=np.asarray(means, np.float64), name="LDS (mean over test points)",
+                           marker_color="#1f77b4", text=[f"{v:.3f}" for v in means], textposition="outside"))
+    for name, rho in zip(names, per_test):
+        rho = np.asarray(rho, np.float64)
+        fig.add_trace(go.Box(x=[name] * len(rho), y=rho, name=name, boxpoints="all", jitter=0.4, pointpos=0,
+                             marker=dict(size=4, color="#7f7f7f"), line=dict(width=0), fillcolor="rgba(0,0,0,0)",
+                             showlegend=False, hovertemplate="Spearman ρ %{y:.3f}<extra></extra>"))
+    fig.update_yaxes(range=[-1, 1.1])
+    return _layout(fig, f"Linear datamodeling score over {m} models trained on random halves",
+                   "attribution method", "Spearman ρ(predicted, actual output)", height=420)
+
+
 # every public figure builder returns a figure made `readable` (type sizes, presenter mode, log ticks)
 def _styled(builder):
     @functools.wraps(builder)

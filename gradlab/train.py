@@ -148,6 +148,7 @@ def train(
     batch_size = int(min(batch_size, n))
     keys = jax.random.split(jax.random.key(seed), max(steps, 1))
     checkpoints, at, losses, done = [params], [0], [], 0
+    lrs = [_lr_in_use(opt_state, lr)]  # TracIn weights: the learning rate the optimizer used at each checkpoint
     while done < steps:
         k = min(checkpoint_every, steps - done)
         params, opt_state, seg = _segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], batch_size, jnp.float32(l2))
@@ -162,14 +163,21 @@ def train(
         losses.append(seg)
         checkpoints.append(params)
         at.append(done)
+        lrs.append(_lr_in_use(opt_state, lr))
         if progress is not None:
             progress(done, steps)
     return TrainResult(
         checkpoints=tuple(checkpoints),
         steps=tuple(at),
         losses=np.concatenate(losses) if losses else np.zeros(0),
-        lrs=tuple(float(lr) for _ in at),
+        lrs=tuple(lrs),
     )
+
+
+def _lr_in_use(opt_state, default: float) -> float:
+    """The learning rate in the optimizer state (`inject_hyperparams`), else `default`."""
+    hyper = getattr(opt_state, "hyperparams", None)
+    return float(hyper["learning_rate"]) if hyper and "learning_rate" in hyper else float(default)
 
 
 # ---------------------------------------------------------------- DP-SGD (Abadi et al. 2016)

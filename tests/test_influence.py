@@ -87,7 +87,7 @@ def test_predicted_loo_change_matches_actual_retraining(x64):
     xs, ys, xt, yt = problem()
     theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
     pred = np.asarray(inf.predicted_loo_change(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
-                                               jnp.asarray(xt), yt, damping=lam, method="exact"))
+                                               jnp.asarray(xt), yt, l2=lam, method="exact"))
     assert pred.shape == (len(xs),) and pred.dtype == np.float64
     idx = inf.extreme_indices(pred, 8)
     base = np_test_loss(theta, xt, yt)
@@ -107,9 +107,9 @@ def test_own_retraining_agrees_with_scipy(x64):
     lam = 0.05
     xs, ys, xt, yt = problem(n=50, seed=3)
     theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
-    chk = inf.check_against_retraining(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
-                                       jnp.asarray(xt), yt, damping=lam, k=3)
-    assert chk.base.grad_norm < 1e-8
+    base = inf.minimize(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys), l2=lam)
+    chk = inf.check_against_retraining(softmax_loss, base, jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(xt), yt, k=3)
+    assert chk.base is base and base.converged and chk.base.grad_norm < 1e-8
     for i, m in zip(chk.indices, chk.retrained):
         keep = np.arange(len(xs)) != i
         np.testing.assert_allclose(np.asarray(m.params), np_fit(xs[keep], ys[keep], lam, theta), atol=1e-6)
@@ -132,11 +132,11 @@ def test_influence_methods_agree_with_brute_force(x64):
 
     hl = h + lam * np.eye(len(theta))
     np.testing.assert_allclose(inf.hessian(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
-                                           damping=lam, chunk_size=16), hl, rtol=1e-9, atol=1e-12)
+                                           l2=lam, chunk_size=16), hl, rtol=1e-9, atol=1e-12)
     s = np.linalg.solve(hl, gt)
     brute = (grads @ s + lam * theta @ s) / len(xs)
     for method, tol in [("exact", 1e-9), ("cg", 1e-7), ("lissa", 1e-3)]:
-        got = inf.predicted_loo_change(*args, damping=lam, method=method, lissa_depth=4000, lissa_batch_size=len(xs))
+        got = inf.predicted_loo_change(*args, l2=lam, method=method, lissa_depth=4000, lissa_batch_size=len(xs))
         np.testing.assert_allclose(got, brute, rtol=tol, atol=tol * np.abs(brute).max(), err_msg=method)
 
     # TracIn: Σ_c η_c g_i(θ_c)·g(θ_c) over two checkpoints with different learning rates
@@ -152,7 +152,11 @@ def test_influence_methods_agree_with_brute_force(x64):
                                np.sum(grads**2, 1), rtol=1e-10)
     quad = np.einsum("np,pq,nq->n", grads, np.linalg.inv(hl), grads) / len(xs)
     np.testing.assert_allclose(inf.self_influence(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys),
-                                                  method="influence", damping=lam), quad, rtol=1e-8)
+                                                  method="influence", l2=lam), quad, rtol=1e-8)
+    # the damping δ is added to the Hessian only: (H + λI + δI)⁻¹, no δθ term
+    s_d = np.linalg.solve(hl + 0.3 * np.eye(len(theta)), gt)
+    got = inf.predicted_loo_change(*args, l2=lam, damping=0.3, method="exact")
+    np.testing.assert_allclose(got, (grads @ s_d + lam * theta @ s_d) / len(xs), rtol=1e-9)
     tr = inf.self_influence(softmax_loss, None, jnp.asarray(xs), jnp.asarray(ys), method="tracin",
                             checkpoints=[jnp.asarray(theta0), jnp.asarray(theta)], lrs=[0.5, 0.1])
     np.testing.assert_allclose(tr, 0.5 * np.sum(g0**2, 1) + 0.1 * np.sum(grads**2, 1), rtol=1e-10)
@@ -166,13 +170,16 @@ def test_equinox_model_auto_switches_to_cg_with_a_note():
     ys = jnp.asarray(rng.integers(0, 3, 64))
     model = build_model(ModelSpec("linear"), 5, 3, key=jax.random.key(0))
     args = (losses.cross_entropy, model, xs, ys, xs[0], ys[0])
-    exact = inf.loo_influence(*args, damping=0.1, method="exact")
-    auto = inf.loo_influence(*args, damping=0.1, method="auto", exact_max_params=10)
-    assert exact.ihvp.method == "exact" and exact.ihvp.note is None
-    assert auto.ihvp.method == "cg" and "conjugate gradient" in auto.ihvp.note and "18" in auto.ihvp.note
-    assert auto.ihvp.residual < 1e-4
-    np.testing.assert_allclose(auto.scores, exact.scores, rtol=1e-3, atol=1e-6)
-    assert inf.resolve_method(5_000) == ("cg", inf.resolve_method(5_000)[1])
+    one = lambda a: a[None]
+    exact, e_info = inf.influence_scores(*args[:4], one(xs[0]), one(ys[0]), l2=0.1, method="exact")
+    auto, a_info = inf.influence_scores(*args[:4], one(xs[0]), one(ys[0]), l2=0.1, method="auto", exact_max_params=10)
+    assert e_info.method == "exact" and e_info.note is None
+    assert a_info.method == "cg" and "conjugate gradient" in a_info.note and "18" in a_info.note
+    assert a_info.residual < 1e-4
+    np.testing.assert_allclose(auto, exact, rtol=1e-3, atol=1e-6)
+    method, note = inf.resolve_method(5_000)
+    assert method == "cg" and "P = 5,000" in note and "1,000" in note
+    assert inf.resolve_method(5_000, "lissa") == ("lissa", None) and inf.resolve_method(999) == ("exact", None)
     with pytest.raises(ValueError, match="unknown"):
         inf.resolve_method(10, "newton")
 
@@ -187,8 +194,9 @@ def test_lissa_divergence_says_raise_damping_or_scale():
     with pytest.raises(inf.InfluenceError, match="LiSSA diverged.*raise the damping.*scale"):
         inf.predicted_loo_change(*args, damping=0.01, method="lissa", lissa_scale=0.01, lissa_depth=300)
     # with a scale above the largest eigenvalue it converges
-    ok = inf.loo_influence(*args, damping=0.5, method="lissa", lissa_depth=300)
-    assert ok.ihvp.residual < 1e-2
+    _, info = inf.inverse_hvp(*args[:4], jnp.ones((D + 1) * K, jnp.float32), damping=0.5, method="lissa",
+                              lissa_depth=300)
+    assert info.method == "lissa" and info.residual < 1e-2
 
 
 def negative_curvature(theta, x, y):
@@ -205,6 +213,9 @@ def test_cg_on_non_convex_objective_says_raise_damping():
                                  lissa_scale=1.0, lissa_depth=200)
     with pytest.raises(inf.InfluenceError, match="damping must be"):
         inf.inverse_hvp(negative_curvature, jnp.ones(2), xs, ys, jnp.ones(2), damping=-1.0)
+    # enough damping makes H + δI positive definite (H = -2 diag(x²) = -2I here): CG solves it exactly
+    x, info = inf.inverse_hvp(negative_curvature, jnp.ones(2), xs, ys, jnp.ones(2), damping=3.0, method="cg")
+    np.testing.assert_allclose(x, [1.0, 1.0], rtol=1e-5)
 
 
 # ---------------------------------------------------------------- self-influence on a planted mislabel
@@ -223,7 +234,7 @@ def test_self_influence_finds_a_planted_mislabel(x64):
     theta = thetas[-1]
     xs_j, ys_j = jnp.asarray(xs), jnp.asarray(ys)
     for method in ("grad_norm", "influence", "tracin"):
-        s = np.asarray(inf.self_influence(softmax_loss, jnp.asarray(theta), xs_j, ys_j, method=method, damping=lam,
+        s = np.asarray(inf.self_influence(softmax_loss, jnp.asarray(theta), xs_j, ys_j, method=method, l2=lam,
                                           checkpoints=[jnp.asarray(t) for t in thetas], lrs=[0.2] * len(thetas)))
         assert int(np.argmax(s)) == planted, method
     # and the clean labels score lower under every method
@@ -246,3 +257,80 @@ def test_method_agreement_and_extremes():
     np.testing.assert_allclose(m, [[1, 1, -1], [1, 1, -1], [-1, -1, 1]])
     np.testing.assert_array_equal(inf.extreme_indices(np.array([3.0, -1.0, 5.0, 0.0]), 1), [2, 1])
     assert np.isnan(inf.correlations([1.0, 2.0], [1.0, 2.0])[0])
+
+
+# ---------------------------------------------------------------- TracIn as trained, TRAK, LDS
+
+
+def test_tracin_uses_checkpoints_after_steps_with_the_learning_rate_used():
+    from gradlab.train import train
+
+    xs, ys, _, _ = problem(n=40)
+    model = build_model(ModelSpec("linear"), D, K, key=jax.random.key(0))
+    run = train(model, losses.cross_entropy, xs, ys, optimizer="sgd", lr=0.05, steps=20, checkpoint_every=10)
+    assert run.steps == (0, 10, 20) and run.lrs == pytest.approx((0.05, 0.05, 0.05))
+    ckpts, lrs = inf.tracin_checkpoints(run)
+    assert len(ckpts) == 2 and ckpts[0] is run.checkpoints[1] and ckpts[1] is run.checkpoints[2]  # no initialization
+    assert lrs == pytest.approx((0.05, 0.05))
+    with pytest.raises(ValueError, match="no training steps"):
+        inf.tracin_checkpoints(train(model, losses.cross_entropy, xs, ys, steps=0))
+
+
+def test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel(x64):
+    """k = P, one model, no damping: TRAK equals g(z)ᵀ(GᵀG)⁻¹GᵀQ with G the margin gradients, in NumPy."""
+    xs, ys, xt, yt = problem(n=60, seed=4)
+    theta = np_fit(xs, ys, 0.1, np.zeros((D + 1) * K))
+    p_dim = theta.size
+    grads, _ = np_parts(theta, xs, ys)                                  # loss gradients (N, P)
+    xtt = np.hstack([xs, np.ones((len(xs), 1))])
+    p_y = softmax(xtt @ theta.reshape(D + 1, K), axis=1)[np.arange(len(ys)), ys]
+    g_margin = -grads / (1 - p_y)[:, None]                              # ∇(log p − log(1 − p)) = ∇log p / (1 − p)
+    test_xs, test_ys = xs[:5] + 0.3, ys[:5]
+    gt, _ = np_parts(theta, test_xs, test_ys)
+    pt = softmax(np.hstack([test_xs, np.ones((5, 1))]) @ theta.reshape(D + 1, K), axis=1)[np.arange(5), test_ys]
+    gt_margin = -gt / (1 - pt)[:, None]
+    expected = gt_margin @ np.linalg.solve(g_margin.T @ g_margin, g_margin.T) * (1 - p_y)[None]
+    got = inf.trak(softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs),
+                   jnp.asarray(test_ys), proj_dim=p_dim, chunk_size=16)
+    assert got.shape == (5, len(xs))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
+    # a smaller projection is an approximation, not the same numbers
+    approx = inf.trak(softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs),
+                      jnp.asarray(test_ys), proj_dim=6)
+    assert not np.allclose(approx, expected, rtol=1e-3)
+    with pytest.raises(ValueError, match="at least one model"):
+        inf.trak(softmax_loss, [], xs, ys, test_xs, test_ys)
+
+
+def test_lds_of_an_oracle_is_one_and_of_random_scores_about_zero():
+    n, m, t = 40, 200, 30
+    rng = np.random.default_rng(0)
+    subsets = inf.random_subsets(n, m, seed=1)
+    assert subsets.shape == (m, n // 2) and all(len(set(r)) == n // 2 for r in subsets)
+    mask = inf.subset_masks(subsets, n)
+    np.testing.assert_array_equal(mask.sum(1), n // 2)
+    w = rng.normal(size=(t, n))                                            # a linear datamodel per test point
+    outputs = mask @ w.T                                                   # (M, T): the actual outputs
+    assert inf.lds_of_predictions(outputs, outputs).mean == pytest.approx(1.0)
+    assert inf.lds(w, subsets, outputs).mean == pytest.approx(1.0)        # the datamodel's own weights
+    assert inf.lds(-w, subsets, outputs).mean == pytest.approx(-1.0)
+    rand = inf.lds(rng.normal(size=(t, n)), subsets, outputs)
+    assert abs(rand.mean) < 0.05 and rand.per_test.shape == (t,)
+    with pytest.raises(ValueError, match="outputs"):
+        inf.lds(w, subsets, outputs[:, :3])
+
+
+def test_subset_models_are_the_models_train_returns_on_each_subset():
+    from gradlab.train import train
+
+    xs, ys, _, _ = problem(n=40)
+    xs = jnp.asarray(xs, jnp.float32)
+    model = build_model(ModelSpec("mlp", width=8), D, K, key=jax.random.key(0))
+    subsets = inf.random_subsets(40, 3, seed=2)
+    kw = dict(optimizer="adam", lr=0.05, steps=30, batch_size=8, l2=1e-3)
+    stacked = inf.train_on_subsets(model, losses.cross_entropy, xs, jnp.asarray(ys), subsets, seed=5, **kw)
+    outputs = inf.subset_outputs(losses.cross_entropy, model, stacked, xs[:4], jnp.asarray(ys[:4]))
+    for j, s in enumerate(subsets):
+        ref = train(model, losses.cross_entropy, xs[s], ys[s], seed=5 + j, checkpoint_every=30, **kw).final
+        want = -np.asarray(losses.per_example_losses(losses.cross_entropy, ref, xs[:4], jnp.asarray(ys[:4])))
+        np.testing.assert_allclose(outputs[j], want, rtol=1e-4, atol=1e-5)

@@ -1,6 +1,6 @@
 """Influence: which training examples helped or hurt one test prediction (proponents and opponents),
-how four methods agree, self-influence as a mislabel detector, and a live check against actual
-leave-one-out retraining (Koh & Liang 2017, Fig. 2)."""
+five attribution methods side by side, self-influence as a mislabel detector, a live check against
+actual leave-one-out retraining (Koh & Liang 2017, Fig. 2) and the linear datamodeling score (LDS)."""
 
 import numpy as np
 import pandas as pd
@@ -8,17 +8,19 @@ import streamlit as st
 
 from gradlab import influence as inf
 from gradlab import losses, plots, ui
+from gradlab.influence import fitted as ifit
 from gradlab.metrics import detection_roc, fraction_in_top
 
 st.title("Influence")
 st.markdown(
-    "Pick a test point. Every training example gets a **score**: how much it helped (**proponent**, "
-    "positive) or hurt (**opponent**, negative) that prediction. The gradient dot product ⟨∇ℓ(zᵢ), ∇ℓ(z)⟩ "
-    "says how a gradient step on zᵢ moves the test loss; **TracIn** sums it over the saved checkpoints "
-    "(Pruthi et al. 2020); the **influence function** predicts the change of the test loss if zᵢ were "
-    "removed and the model retrained (Koh & Liang 2017). Scores alone can mean nothing, so the bottom of "
-    "the page **retrains without the top examples** and plots predicted against actual change. "
-    "All dot products are streamed over chunks of examples: the N × P matrix is never built."
+    "Pick a test point. Every training example gets a **score**: how much it helped (**proponent**, positive) or "
+    "hurt (**opponent**, negative) that prediction. The gradient dot product ⟨∇ℓ(zᵢ), ∇ℓ(z)⟩ says how a gradient "
+    "step on zᵢ moves the test loss; **TracIn** sums it over the checkpoints of an SGD run, weighted by the "
+    "learning rate used (Pruthi et al. 2020); the **influence function** predicts the change of the test loss if "
+    "zᵢ were removed and the model retrained to the optimum θ̂ (Koh & Liang 2017); **TRAK** projects per-example "
+    "gradients and solves a kernel regression over an ensemble of models (Park et al. 2023). Scores alone can mean "
+    "nothing, so the bottom of the page **retrains** without the top examples, and scores every method by the "
+    "**linear datamodeling score**: how well it predicts models trained on random halves of the data."
 )
 
 exp = ui.experiment()
@@ -26,28 +28,58 @@ fitted = ui.fitted(exp)
 data = fitted.data
 classify = data.task == "classification"
 n_test = len(data.y_test)
+pixels = (lambda rows: data.raw(rows))  # digits are drawn in raw pixels, never standardized ones
 
 
 @ui.cached
 def test_summary(exp, _fitted):
-    """Test losses and predictions at the last checkpoint."""
+    """Test losses and predictions at the trained model."""
     d = _fitted.data
     loss = np.asarray(losses.per_example_losses(_fitted.loss_fn, _fitted.model, d.x_test, d.y_test))
-    pred = np.asarray(losses.predict(_fitted.model, d.x_test, d.task))
-    return loss, pred
+    return loss, np.asarray(losses.predict(_fitted.model, d.x_test, d.task))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def optimum(data_key, l2, _fitted):
+    """θ̂ for (experiment, λ): converged once, shared by the ranking, self-influence and the check."""
+    return ifit.optimum(_fitted, l2, max_iter=OPTIMUM_ITERS)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def tracin_run(data_key, _fitted):
+    """((checkpoints, lrs), note), or (None, why) when there is no SGD run to follow (no steps, diverged)."""
+    try:
+        run, note = ifit.tracin_run(_fitted)
+        return inf.tracin_checkpoints(run), note
+    except ValueError as err:
+        return None, f"TracIn is unavailable: {err}"
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def trak_models(data_key, n_models, _fitted):
+    """TRAK's ensemble, or None when one of its extra models cannot be trained (the message is shown)."""
+    try:
+        return ifit.trak_models(_fitted, n_models), None
+    except ValueError as err:
+        return None, f"TRAK is unavailable: training its ensemble failed: {err}"
 
 
 @ui.cached(max_entries=32)
-def point_scores(exp, test_index, damping, solver, lissa_scale, _fitted):
-    extra = {"lissa_scale": lissa_scale} if (solver == "lissa" and lissa_scale > 0) else {}
-    return inf.score_test_point(_fitted, test_index, damping=damping, method=solver, **extra)
+def point_scores(exp, test_index, l2, damping, solver, lissa_scale, n_models, proj_dim, _fitted):
+    base = optimum(exp, l2, _fitted)
+    extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
+    return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver, **extra,
+                                 tracin=tracin_run(exp, _fitted)[0],
+                                 trak=trak_models(exp, n_models, _fitted)[0], proj_dim=proj_dim)
 
 
 @ui.cached
-def self_scores(exp, damping, _fitted):
-    return inf.self_influence_all(_fitted, damping=damping)
+def self_scores(exp, l2, damping, _fitted):
+    base = optimum(exp, l2, _fitted)
+    return ifit.self_influence_scores(_fitted, base, damping=damping, tracin=tracin_run(exp, _fitted)[0])
 
 
+OPTIMUM_ITERS = 500
 test_loss, test_pred = test_summary(exp, fitted)
 correct = (test_pred == data.y_test) if classify else (np.abs(test_pred - data.y_test) < 0.5)
 
@@ -64,41 +96,82 @@ if points:
         st.session_state["_infl_last_pick"] = picked
 
 # ------------------------------------------------------------------ controls
-SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn", "influence": "influence function"}
-c1, c2, c3, c4 = st.columns([2, 2, 1, 1])
+SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn", "influence": "influence function",
+         "trak": "TRAK"}
+SHORT = {m_: SHORT.get(m_, m_) for m_ in inf.METHODS}  # the library's list; short names go into the URL
+c1, c2, c3, c4, c5 = st.columns([2, 1, 1, 1, 1])
 with c1:
-    # options are the short names themselves: a bound selectbox writes the shown text into the URL
     picked_method = st.selectbox("Scoring method", list(SHORT.values()), key="infl_method", bind="query-params",
-                                 index=3, help="\n".join(f"- **{SHORT[m_]}**: {label}" for m_, label in inf.METHODS.items()))
+                                 index=list(SHORT).index("influence"),
+                                 help="\n".join(f"- **{SHORT[m_]}**: {label}" for m_, label in inf.METHODS.items()))
     method = {v: k for k, v in SHORT.items()}[picked_method]
 with c2:
-    damping = st.select_slider(
-        "Damping λ (influence function, retraining)", options=[1e-4, 1e-3, 1e-2, 1e-1, 1.0], value=1e-2,
-        format_func=lambda v: f"{v:g}", key="infl_damping", bind="query-params",
-        help="The objective is mean loss + λ/2‖θ‖²: λ is added to the Hessian (H + λI) and used when retraining. "
-             "Raise it when a non-convex model makes the Hessian indefinite.")
+    l2 = st.select_slider(
+        "Regularization λ", options=[1e-4, 1e-3, 1e-2, 1e-1], value=1e-2, format_func=lambda v: f"{v:g}",
+        key="infl_l2", bind="query-params",
+        help="Part of the objective F(θ) = mean loss + λ/2‖θ‖² that θ̂ minimizes: it moves θ̂ and what retraining "
+             "converges to. The influence function, its self-influence and the retraining check all use this θ̂.")
 with c3:
-    solver = st.selectbox("H⁻¹v solver", ["auto", "exact", "cg", "lissa"], key="infl_solver", bind="query-params",
-                          help=f"auto: the exact Hessian up to {inf.EXACT_MAX_PARAMS:,} parameters, conjugate gradient above. "
-                               "LiSSA: a stochastic Neumann series on Hessian-vector products.")
+    damping = st.select_slider(
+        "Damping δ", options=[0.0, 1e-3, 1e-2, 1e-1, 1.0], value=1e-2, format_func=lambda v: f"{v:g}",
+        key="infl_damping", bind="query-params",
+        help="Added to the Hessian only: (H + δI)⁻¹. A network's Hessian has negative eigenvalues where θ̂ is not an "
+             "exact minimum; δ > 0 makes H + δI positive definite. It does not change θ̂.")
 with c4:
+    solver = st.selectbox("H⁻¹v solver", list(inf.SOLVERS), key="infl_solver", bind="query-params",
+                          help="\n".join(f"- **{k_}**: {v_}" for k_, v_ in inf.SOLVERS.items()))
+with c5:
     k = st.number_input("Top-k", min_value=1, max_value=24, value=8, key="infl_k", bind="query-params")
 lissa_scale = 0.0
 if solver == "lissa":
     lissa_scale = st.number_input("LiSSA scale (0 = 2 × the largest Hessian eigenvalue, by power iteration)",
                                   min_value=0.0, value=0.0, step=1.0, key="infl_lissa_scale", bind="query-params")
+with st.expander("TRAK settings"):
+    t1, t2 = st.columns(2)
+    n_models = int(t1.number_input("Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
+                                   key="infl_trak_models", bind="query-params",
+                                   help="The trained model plus models trained with seeds seed+1, … on the same data."))
+    proj_dim = int(t2.select_slider("Projection dimension k", options=[64, 128, 256, 512, 1024],
+                                    value=ifit.TRAK_PROJ_DIM, key="infl_trak_k", bind="query-params",
+                                    help="Per-example gradients are projected to k dimensions by a Gaussian matrix."))
+
+# ------------------------------------------------------------------ the one optimum
+with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} iterations)…"):
+    base = None
+    with ui.guard("Could not converge the objective"):
+        base = optimum(exp, float(l2), fitted)
+if base is None:
+    st.stop()
+o = st.columns(3)
+o[0].metric("‖∇F(θ̂)‖ at the point used", f"{base.grad_norm:.1e}",
+            help=f"Gradient norm of F(θ) = mean loss + {l2:g}/2‖θ‖² at θ̂; the target is {base.tol:.0e}.")
+o[1].metric("L-BFGS iterations", f"{base.iterations}")
+o[2].metric("Converged", "yes" if base.converged else "no",
+            help="Whether ‖∇F‖ reached the target. A ReLU network's F has kinks, where L-BFGS stalls near 1e-3: "
+                 "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions.")
+if not base.converged:
+    st.caption(f"θ̂ stopped at ‖∇F‖ = {base.grad_norm:.1e} after {base.iterations} iterations (target {base.tol:.0e})"
+               + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
+                  if exp.model != "linear" and exp.activation == "relu" else "."))
+
+with st.spinner("Training the runs TracIn and TRAK follow…"):
+    tr_ckpts, tr_note = tracin_run(exp, fitted)
+    trak_ok, trak_note = trak_models(exp, n_models, fitted)
+for missing, why in ((tr_ckpts, tr_note), (trak_ok, trak_note)):
+    if missing is None:
+        st.warning(why, icon="⚠️")
 
 # ------------------------------------------------------------------ the test point
 st.subheader("The test point")
 left, right = st.columns([1, 2])
+name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
 with left:
     test_index = st.number_input("Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
                                  bind="query-params", help="Or click a point in the chart.")
     test_index = int(min(max(int(test_index), 0), n_test - 1))
-    name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
     if data.image_shape is not None:
-        ui.chart(plots.image_grid(data.x_test[[test_index]], [f"test #{test_index}"], cols=1,
-                                         image_shape=data.image_shape), width="stretch")
+        ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{test_index}"], cols=1,
+                                  image_shape=data.image_shape), width="stretch")
     m = st.columns(3)
     m[0].metric("Label", name(data.y_test[test_index]))
     m[1].metric("Prediction", name(test_pred[test_index]), delta="correct" if correct[test_index] else "wrong",
@@ -108,24 +181,27 @@ with right:
     if data.n_features == 2:
         xy, axes = data.x_test, data.feature_names
     else:
-        xy, axes = np.stack([np.arange(n_test), test_loss], 1), ("test point index", "test loss at the last checkpoint")
+        xy, axes = np.stack([np.arange(n_test), test_loss], 1), ("test point index", "test loss at the trained model")
     ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes), width="stretch",
-                    on_select="rerun", selection_mode="points", key=PICK)
+             on_select="rerun", selection_mode="points", key=PICK)
 
-with st.spinner("Scoring every training example…"):
+with st.spinner("Scoring every training example with every method…"):
     res = None
     with ui.guard("Could not score the training examples"):
-        res = point_scores(exp, test_index, float(damping), solver, float(lissa_scale), fitted)
+        res = point_scores(exp, test_index, float(l2), float(damping), solver, float(lissa_scale), n_models,
+                         proj_dim, fitted)
 if res is None:
     st.stop()
-if res.error:
-    st.error(f"**Influence function unavailable.** {res.error}", icon="⚠️")
-elif res.ihvp is not None:
+for m_, err in res.errors.items():
+    st.error(f"**{inf.METHODS[m_]} unavailable.** {err}", icon="⚠️")
+if res.ihvp is not None:
     if res.ihvp.note:
         st.info(res.ihvp.note, icon="ℹ️")
-    st.caption(f"H⁻¹∇L_test solved by **{res.ihvp.method}**"
+    st.caption(f"Influence function at θ̂: (H + δI)⁻¹∇L_test solved by **{res.ihvp.method}**"
                + (f" in {res.ihvp.iterations} iterations" if res.ihvp.iterations else "")
-               + f"; relative residual ‖(H+λI)x − ∇L_test‖/‖∇L_test‖ = {res.ihvp.residual:.1e}.")
+               + f"; relative residual {res.ihvp.residual:.1e}; λ = {l2:g}, δ = {damping:g}.")
+if method == "tracin" and tr_ckpts is not None and tr_note:
+    st.info(tr_note, icon="ℹ️")
 scores = res.scores
 if method not in scores:
     st.warning(f"{inf.METHODS[method]} is not available here; showing the gradient dot product.")
@@ -141,139 +217,134 @@ flipped = data.flipped
 
 
 def tag(i):
-    lab = f"y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
-    return f"#{i} {lab}"
+    return f"#{i} y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
 
 
 if data.image_shape is not None:
     st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
-    ui.chart(plots.image_grid(data.x_train[props], [f"{tag(i)}<br>{s[i]:.2g}" for i in props],
-                                     image_shape=data.image_shape), width="stretch")
+    ui.chart(plots.image_grid(pixels(data.x_train[props]), [f"{tag(i)}<br>{s[i]:.2g}" for i in props],
+                              image_shape=data.image_shape), width="stretch")
     st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
-    ui.chart(plots.image_grid(data.x_train[opps], [f"{tag(i)}<br>{s[i]:.2g}" for i in opps],
-                                     image_shape=data.image_shape), width="stretch")
+    ui.chart(plots.image_grid(pixels(data.x_train[opps]), [f"{tag(i)}<br>{s[i]:.2g}" for i in opps],
+                              image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
-    ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index],
-                                               score_label="score", axis_names=data.feature_names,
-                                               title=f"Training set coloured by {inf.METHODS[method].lower()} "
-                                                     "(blue helps, red hurts)"), width="stretch")
+    ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score",
+                                        axis_names=data.feature_names,
+                                        title=f"Training set coloured by {inf.METHODS[method].lower()} "
+                                              "(blue helps, red hurts)"), width="stretch")
 elif data.n_features == 1:
-    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score",
-                                     highlight=np.concatenate([props, opps]),
-                                     axis_names=(data.feature_names[0], "target (standardized)"),
-                                     title="Training set coloured by score (top proponents and opponents circled)"),
-                    width="stretch")
-table = pd.DataFrame({"example": np.arange(len(s)),
-                      "label": [name(v) for v in data.y_train],
-                      "flipped label": flipped,
+    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score", highlight=np.concatenate([props, opps]),
+                              axis_names=(data.feature_names[0], "target (standardized)"),
+                              title="Training set coloured by score (top proponents and opponents circled)"),
+             width="stretch")
+table = pd.DataFrame({"example": np.arange(len(s)), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{SHORT[m_]: v for m_, v in scores.items()}})
 st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
 # ------------------------------------------------------------------ agreement between methods
 st.subheader("Do the methods agree?")
-names = [inf.METHODS[m_] for m_ in scores]
 rho = inf.method_agreement(scores)
 a, b = st.columns([3, 2])
 with a:
-    short = [m_.replace("_", " ") for m_ in scores]
-    ui.chart(plots.agreement_heatmap(rho, short, title="Spearman rank correlation over all training examples"),
-                    width="stretch")
+    ui.chart(plots.agreement_heatmap(rho, [SHORT[m_] for m_ in scores],
+                                     title="Spearman rank correlation over all training examples"), width="stretch")
 with b:
     st.markdown("Rank correlations (`scipy.stats.spearmanr`) between the methods' scores for this test point. "
-                "Cosine discounts large-gradient examples; TracIn adds early checkpoints; the influence function "
-                "reweights directions by the inverse Hessian.")
+                "Cosine discounts large-gradient examples; TracIn adds earlier checkpoints of an SGD run; the influence "
+                "function reweights directions by the inverse Hessian at θ̂; TRAK averages a projected kernel over models. "
+                "Agreement is not correctness: the LDS below measures that.")
     me = list(scores).index(method)
     for j, m_ in enumerate(scores):
         if j != me:
-            st.metric(f"ρ({method.replace('_', ' ')}, {m_.replace('_', ' ')})", f"{rho[me, j]:.2f}")
+            st.metric(f"ρ({SHORT[method]}, {SHORT[m_]})", f"{rho[me, j]:.2f}")
 
 # ------------------------------------------------------------------ self-influence
 st.subheader("Self-influence: which training examples look suspicious")
 with st.spinner("Computing self-influence…"):
     selfs = None
     with ui.guard("Could not compute self-influence"):
-        selfs, self_note = self_scores(exp, float(damping), fitted)
+        selfs, self_note = self_scores(exp, float(l2), float(damping), fitted)
 if selfs is not None:
-    SELF = {"grad_norm": "‖∇ℓᵢ‖² at the last checkpoint", "tracin": "TracIn self-influence Σ_c η_c‖∇ℓᵢ(θ_c)‖²",
-            "influence": "influence function ∇ℓᵢᵀH⁻¹∇ℓᵢ / N"}
+    SELF_SHORT = {"grad_norm": "gradient norm", "tracin": "TracIn", "influence": "influence function"}
     st.markdown(
         "An example that supports mostly itself (large gradient, or large effect of removing it on its own loss) is "
-        "often mislabeled or atypical. The last checkpoint's gradient norm forgets examples the model has "
-        "**memorized**; TracIn sums over the checkpoints and remembers how hard they were to fit."
+        "often mislabeled or atypical. The trained model's gradient norm forgets examples it has **memorized**; "
+        "TracIn sums over the checkpoints and remembers how hard they were to fit."
     )
     c1, c2 = st.columns([2, 1])
     with c1:
-        SELF_SHORT = {"grad_norm": "gradient norm", "tracin": "TracIn", "influence": "influence function"}
         picked_self = st.selectbox("Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self", bind="query-params",
-                                   help="\n".join(f"- **{SELF_SHORT[m_]}**: {SELF[m_]}" for m_ in selfs))
-        self_method = {v: k for k, v in SELF_SHORT.items()}[picked_self]
+                                   help="\n".join(f"- **{SELF_SHORT[m_]}**: {inf.SELF_INFLUENCE[m_]}" for m_ in selfs))
+        self_method = {v: k_ for k_, v in SELF_SHORT.items()}[picked_self]
     with c2:
         top_pct = st.slider("Top x% to inspect", 1, 50, 10, key="infl_top_pct", bind="query-params")
     if self_note:
         st.caption(self_note)
     v = selfs[self_method]
     top = np.argsort(-v, kind="stable")[: max(1, int(round(top_pct / 100 * len(v))))]
-    noisy = bool(flipped.any())
-    if noisy:
+    if flipped.any():
         dets = {m_: detection_roc(selfs[m_], flipped) for m_ in selfs}
         row1, row2 = st.columns(len(selfs)), st.columns(len(selfs))
         for j, m_ in enumerate(selfs):
-            row1[j].metric(f"AUC · {m_.replace('_', ' ')}", f"{dets[m_].auc:.3f}",
-                           help=f"ROC AUC of {SELF[m_]} as a detector of the flipped labels.")
-            row2[j].metric(f"Flipped in top {top_pct}% · {m_.replace('_', ' ')}",
+            row1[j].metric(f"AUC · {SELF_SHORT[m_]}", f"{dets[m_].auc:.3f}",
+                           help=f"ROC AUC of {inf.SELF_INFLUENCE[m_]} as a detector of the flipped labels.")
+            row2[j].metric(f"Flipped in top {top_pct}% · {SELF_SHORT[m_]}",
                            f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
-                           help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}% "
-                                "by this score.")
-        ui.chart(plots.roc_figure({SELF[m_]: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
-                                         "Self-influence as a detector of flipped labels"), width="stretch")
+                           help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}%.")
+        ui.chart(plots.roc_figure({inf.SELF_INFLUENCE[m_]: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
+                                  "Self-influence as a detector of flipped labels"), width="stretch")
     else:
         st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
     shown = top[:24]
     if data.image_shape is not None:
-        ui.chart(plots.image_grid(data.x_train[shown], [f"{tag(i)}<br>{v[i]:.2g}" for i in shown],
-                                         image_shape=data.image_shape), width="stretch")
+        ui.chart(plots.image_grid(pixels(data.x_train[shown]), [f"{tag(i)}<br>{v[i]:.2g}" for i in shown],
+                                  image_shape=data.image_shape), width="stretch")
     elif data.n_features == 2:
         ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top,
-                                         axis_names=data.feature_names,
-                                         title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
-                        width="stretch")
+                                  axis_names=data.feature_names,
+                                  title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
+                 width="stretch")
     st.dataframe(pd.DataFrame({"example": top, "label": [name(data.y_train[i]) for i in top],
-                               "flipped label": flipped[top], **{SELF[m_]: selfs[m_][top] for m_ in selfs}}),
+                               "flipped label": flipped[top], **{inf.SELF_INFLUENCE[m_]: selfs[m_][top] for m_ in selfs}}),
                  hide_index=True, width="stretch", height=240)
     ui.download(f"gradlab_self_influence_{exp.dataset}",
-                {"example": np.arange(len(flipped)), "flipped label": flipped, **{SELF[m_]: v for m_, v in selfs.items()}},
+                {"example": np.arange(len(flipped)), "flipped label": flipped,
+                 **{inf.SELF_INFLUENCE[m_]: v_ for m_, v_ in selfs.items()}},
                 label="Self-influence of every training example")
 
 # ------------------------------------------------------------------ check against retraining
+RETRAIN_ITERS = 300
 st.subheader("Check against retraining")
 st.markdown(
-    "First converge the objective mean loss + λ/2‖θ‖² from the trained model (full-batch L-BFGS), then for each "
-    "of the k most positive and k most negative influence-function predictions **retrain without that example** "
-    "(warm-started) and measure the actual change of this test loss. Points on the diagonal mean the "
-    "prediction is right. Koh & Liang (2017, Fig. 2) report Pearson 0.86 for a CNN and 0.95 for a smooth SVM."
+    f"At the same θ̂ the ranking above used (‖∇F‖ = {base.grad_norm:.1e}), take the k most positive and k most "
+    "negative influence-function predictions, **retrain without each example** (L-BFGS warm-started from θ̂, same λ, "
+    f"up to {RETRAIN_ITERS} iterations) and measure the actual change of this test loss. Points on the diagonal mean "
+    "the prediction is right. Koh & Liang (2017, Fig. 2) report Pearson 0.86 for a CNN and 0.95 for a smooth SVM."
 )
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted, _bar):
+    base_ = optimum(data_key, l2, _fitted)
+    extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
+    return ifit.retraining_check(
+        _fitted, base_, test_index, damping=damping, k=k, solver=solver, max_iter=RETRAIN_ITERS, **extra,
+        progress=lambda i, n: _bar.progress(i / n, text=f"Retrained {i} of {n} models without one example"))
+
+
 c1, c2 = st.columns([1, 3])
 with c1:
     rk = st.number_input("k (retrains 2k models)", min_value=2, max_value=25, value=8, key="infl_retrain_k",
                          bind="query-params")
     go = st.button("Check against retraining", type="primary", key="infl_retrain")
-ck = (test_index, float(damping), solver, float(lissa_scale), int(rk))
-
-
-@st.cache_resource(max_entries=4, show_spinner=False, hash_funcs=ui.HASH_FUNCS)
-def retraining(fitted, test_index, damping, solver, lissa_scale, k):
-    """The leave-one-out retraining check, shared by sessions (keyed on the complete experiment)."""
-    extra = {"lissa_scale": lissa_scale} if (solver == "lissa" and lissa_scale > 0) else {}
-    with ui.progress_bar("Retraining models without one example") as progress:
-        return inf.retraining_check(fitted, test_index, damping=damping, k=k, method=solver,
-                                    progress=progress, **extra)
-
-
+check_key = (exp, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk))
 chk = None
-if ui.requested("infl_retrain", (exp, *ck), go, kept=1):
+if ui.requested("infl_retrain", check_key, go, kept=1):
+    bar = st.progress(0.0, text="Retraining…")
     with ui.guard("The retraining check failed"):
-        chk = retraining(fitted, *ck)
+        chk = retraining(*check_key, fitted, bar)
+    bar.empty()
 if chk is None:
     st.caption("Press the button to retrain (a few seconds for linear models, longer for an MLP).")
 else:
@@ -285,42 +356,95 @@ else:
                      f"final gradient norm ≤ {max(r.grad_norm for r in chk.retrained):.1e}.")
     if method != "influence" and method in scores:
         _, rho_m = inf.correlations(scores[method][chk.indices], chk.actual)
-        m[3].metric(f"Spearman ρ({method.replace('_', ' ')}, actual)", f"{rho_m:.3f}",
-                    help="How well the chosen method's scores (at the trained model) rank the actual changes.")
+        m[3].metric(f"Spearman ρ({SHORT[method]}, actual)", f"{rho_m:.3f}",
+                    help="How well the chosen method's scores rank the actual changes of these examples.")
     else:
-        m[3].metric("Full-objective gradient norm", f"{chk.base.grad_norm:.1e}", help="How well θ̂ was converged.")
-    ui.chart(plots.loo_scatter(chk.predicted, chk.actual, chk.indices, pearson=chk.pearson,
-                                      spearman=chk.spearman, n_top=len(chk.indices) // 2), width="stretch")
+        m[3].metric("‖∇F(θ̂)‖", f"{chk.base.grad_norm:.1e}", help="The gradient norm at the θ̂ both used.")
+    ui.chart(plots.loo_scatter(chk.predicted, chk.actual, chk.indices, pearson=chk.pearson, spearman=chk.spearman,
+                               n_top=len(chk.indices) // 2), width="stretch")
+
+# ------------------------------------------------------------------ the linear datamodeling score
+st.subheader("Which method ranks training data best? The linear datamodeling score")
+st.markdown(
+    "Train **M models on random halves** of the training set with this experiment's own recipe (all M at once: "
+    "`vmap` over subsets of one jitted training scan), record each test point's output −ℓ (ranked like the margin), "
+    "and ask each method to predict it as the sum of its scores over the half kept. The **LDS** is the Spearman "
+    "correlation between predicted and actual outputs over the M models, averaged over test points "
+    "(Ilyas et al. 2022; Park et al. 2023). Every method is scored on the same subsets; 1 is perfect, 0 is chance."
+)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, _say):
+    base_ = optimum(data_key, l2, _fitted)
+    table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
+                            tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, _fitted)[0],
+                            proj_dim=proj_dim_, progress=_say)
+    return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
+
+
+c1, c2, c3 = st.columns([1, 1, 2])
+lds_m = int(c1.select_slider("Models M", options=[20, 50, 100], value=50, key="infl_lds_m", bind="query-params"))
+lds_t = int(c2.select_slider("Test points", options=[16, 32, 64], value=32, key="infl_lds_t", bind="query-params"))
+with c3:
+    go_lds = st.button("Compute the LDS of every method", key="infl_lds")
+lds_key = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim)
+lds_out = None
+if ui.requested("infl_lds", lds_key, go_lds, kept=1):
+    bar = st.progress(0.0, text="Starting…")
+    with ui.guard("The LDS could not be computed"):
+        lds_out = lds_results(*lds_key, fitted, lambda frac, what: bar.progress(frac, text=what))
+    bar.empty()
+if lds_out is None:
+    st.caption(f"Press the button: {lds_m} models train in one vmapped scan, then every method scores "
+               f"{lds_t} test points (tens of seconds on a laptop for the digits MLP).")
+else:
+    res_lds, errs = lds_out
+    for m_, err in errs.items():
+        st.error(f"**{inf.METHODS[m_]}: no LDS.** {err}", icon="⚠️")
+    names = list(res_lds)
+    ui.chart(plots.lds_bars([SHORT[m_] for m_ in names], [res_lds[m_][0] for m_ in names],
+                            [res_lds[m_][1] for m_ in names], m=lds_m), width="stretch")
+    cols = st.columns(len(names))
+    best = max(names, key=lambda m_: res_lds[m_][0])
+    for j, m_ in enumerate(names):
+        cols[j].metric(f"LDS · {SHORT[m_]}", f"{res_lds[m_][0]:.3f}", delta="best" if m_ == best else None,
+                       delta_color="off")
+    lds_table_ = pd.DataFrame({"method": [inf.METHODS[m_] for m_ in names],
+                               "LDS": [res_lds[m_][0] for m_ in names],
+                               "std over test points": [float(np.nanstd(res_lds[m_][1])) for m_ in names]})
+    ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")
 
 ui.code_panel(
     """
-import jax, jax.numpy as jnp
+import jax, jax.numpy as jnp, optax
 from jax.flatten_util import ravel_pytree
+from gradlab import influence as inf
 
-def loss(model, x, y):                                  # the loss of ONE example
-    logits = model(x)
-    return jax.nn.logsumexp(logits) - logits[y]
-
-g_test = jax.grad(loss)(model, x_test, y_test)           # ∇ℓ(z_test), a pytree like the model
+# one optimum: converge F(θ) = mean loss + λ/2‖θ‖² from the trained model (optax.lbfgs), used everywhere
+base = inf.minimize(loss, model, xs, ys, l2=lam, max_iter=500)      # base.grad_norm: ‖∇F(θ̂)‖
 
 # gradient dot product with every training example, streamed in chunks (never N x P)
-def dot(xy):
-    g = jax.grad(loss)(model, *xy)
-    return sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_test)))
-grad_dot = jax.lax.map(dot, (xs, ys), batch_size=256)                       # (N,)
+g_test = jax.grad(loss)(model, x_test, y_test)
+grad_dot = gradlab.per_example_dots(loss, model, xs, ys, g_test)           # (N,)
 
-# TracIn (Pruthi et al. 2020): the same at every checkpoint, weighted by the learning rate
-tracin = sum(lr * grad_dot_at(ckpt) for ckpt, lr in zip(checkpoints, lrs))
+# TracIn (Pruthi et al. 2020): checkpoints after SGD steps, each weighted by the learning rate used there
+ckpts, lrs = inf.tracin_checkpoints(sgd_run)                               # the initialization is not one
+tracin = sum(lr * per_example_dots(loss, c, xs, ys, jax.grad(loss)(c, x_test, y_test)) for c, lr in zip(ckpts, lrs))
 
-# influence function (Koh & Liang 2017): s = (H + λI)⁻¹ ∇L_test with Hessian-vector products
-flat, unravel = ravel_pytree(model)
+# influence function (Koh & Liang 2017) at θ̂: s = (H + δI)⁻¹ ∇L_test by CG on jvp-of-grad HVPs
+flat, unravel = ravel_pytree(base.params)
 F = lambda th: jax.vmap(loss, (None, 0, 0))(unravel(th), xs, ys).mean() + lam / 2 * th @ th
-hvp = lambda v: jax.jvp(jax.grad(F), (flat,), (v,))[1]    # forward-over-reverse
-s, _ = jax.scipy.sparse.linalg.cg(hvp, ravel_pytree(g_test)[0])   # or jnp.linalg.solve(jax.hessian(F)(flat), ...)
-# removing z_i from the mean over N moves θ by ≈ +(1/N) H⁻¹∇ℓ_i, so
-predicted = (jax.lax.map(dot_with(unravel(s)), (xs, ys), batch_size=256) + lam * flat @ s) / N
+hvp = lambda v: jax.jvp(jax.grad(F), (flat,), (v,))[1] + delta * v
+s, _ = jax.scipy.sparse.linalg.cg(hvp, ravel_pytree(jax.grad(loss)(base.params, x_test, y_test))[0])
+predicted = (per_example_dots(loss, base.params, xs, ys, unravel(s)) + lam * flat @ s) / N
 
-# self-influence: ‖∇ℓ_i‖² at the last checkpoint, or summed over checkpoints (TracIn)
-self_tracin = sum(lr * per_example_norms(ckpt) ** 2 for ckpt, lr in zip(checkpoints, lrs))
+# TRAK (Park et al. 2023): Φ = G R (R: P x k Gaussian, streamed), τ = φ(z)(ΦᵀΦ)⁻¹Φᵀ Q, averaged over models
+trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=512)      # (T, N)
+
+# LDS: M models on random halves, trained at once with vmap over the subsets
+subsets = inf.random_subsets(N, 50)
+outputs = inf.subset_outputs(loss, init, inf.train_on_subsets(init, loss, xs, ys, subsets), x_tests, y_tests)
+inf.lds(scores_T_by_N, subsets, outputs).mean
 """
 )

@@ -1,0 +1,315 @@
+"""Attribution scores: which training examples helped or hurt a test prediction.
+
+Convention throughout: **high = proponent** (the example lowers the test loss / raises the test
+output; removing it would hurt), **low = opponent**.
+
+- `grad_dot`, `grad_cosine`: ⟨∇ℓ(z_i), ∇ℓ(z)⟩ at one model, raw or divided by both norms.
+- `tracin`: TracInCP (Pruthi et al. 2020, eq. 3): Σ_c η_c ⟨∇ℓ(θ_c, z_i), ∇ℓ(θ_c, z)⟩ over the
+  checkpoints saved *after* training steps, each weighted by the learning rate used there.
+- `predicted_loo_change`: influence functions (Koh & Liang 2017, eq. 2) at a converged θ̂.
+- `trak`: TRAK (Park et al. 2023, eq. 7-8): projected per-example gradients of the margin, the
+  after-kernel solve, averaged over an ensemble of independently trained models.
+- `self_influence`: each example's support for itself; high = suspicious (mislabeled, atypical).
+
+Everything streams over chunks of training examples through `gradlab.engine`; nothing holds N × P.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Float
+
+from gradlab import engine
+from gradlab.influence.solvers import (
+    EXACT_MAX_PARAMS, InfluenceError, InverseHVP, LossFn, Method, PyTree, hessian, inverse_hvp_batch, split,
+)
+
+#: The scoring methods, name -> label. The page's method list is this dict.
+METHODS = {
+    "grad_dot": "Gradient dot product",
+    "grad_cosine": "Gradient cosine",
+    "tracin": "TracIn (checkpoints × learning rate used)",
+    "influence": "Influence function (predicted leave-one-out change)",
+    "trak": "TRAK (projected after-kernel, ensemble)",
+}
+
+#: Self-influence variants, name -> formula.
+SELF_INFLUENCE = {
+    "grad_norm": "‖∇ℓᵢ‖² at the model",
+    "tracin": "TracIn self-influence Σ_c η_c ‖∇ℓᵢ(θ_c)‖²",
+    "influence": "influence function ∇ℓᵢᵀ(H + δI)⁻¹∇ℓᵢ / N",
+}
+
+
+def _one(a):
+    return jax.tree.map(lambda v: jnp.asarray(v)[None], a)
+
+
+def point_gradient(loss_fn: LossFn, params: PyTree, x, y) -> PyTree:
+    """∇θ ℓ(θ, x, y) of ONE example: a pytree like the differentiable part of `params`."""
+    return jax.tree.map(lambda a: a[0], engine.per_example_grads(loss_fn, params, _one(x), _one(y)))
+
+
+def flat_gradients(loss_fn: LossFn, params: PyTree, xs, ys) -> Float[Array, "T P"]:
+    """Per-example gradients of a FEW examples (test points) as a `(T, P)` matrix (`ravel_pytree` order)."""
+    return engine.flatten_per_example(engine.per_example_grads(loss_fn, params, xs, ys))
+
+
+def project(loss_fn: LossFn, params: PyTree, xs, ys, matrix: Float[Array, "P K"], *,
+            chunk_size: int = engine.DEFAULT_CHUNK) -> Float[Array, "N K"]:
+    """Projected per-example gradients: row i is ravel(∇θℓ(θ, z_i)) @ `matrix`, streamed over chunks of examples.
+
+    Peak memory ≈ chunk_size × P + P × K; the N × P matrix G is never built. The last chunk is padded
+    (by repeating example 0) so one compiled shape serves every chunk.
+
+    **Arguments** `matrix (P, K)`: K test gradients as columns (then this is K gradient dot products per
+    example) or a random projection (TRAK). **Returns** `(N, K)`.
+    """
+    n = engine._check_batch(xs, ys)
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    chunk = int(min(chunk_size, n))
+    out = []
+    for s in range(0, n, chunk):
+        idx = jnp.minimum(jnp.arange(s, s + chunk), n - 1)
+        g = flat_gradients(loss_fn, params, xs[idx], ys[idx])
+        out.append((g @ matrix)[: min(chunk, n - s)])
+    return jnp.concatenate(out)
+
+
+def grad_dot(loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *,
+             chunk_size: int | None = engine.DEFAULT_CHUNK) -> Float[Array, "N"]:
+    """⟨∇θℓ(θ, z_i), ∇θℓ(θ, z)⟩ for every training example z_i and ONE test point z (no example axis).
+
+    One SGD step of size η on z_i changes the test loss by ≈ −η·grad_dot. Streamed
+    (`engine.per_example_dots`). **Returns** `(N,)` (loss² per parameter²). **Raises** as the engine.
+    """
+    g = point_gradient(loss_fn, params, test_x, test_y)
+    return engine.per_example_dots(loss_fn, params, train_xs, train_ys, g, chunk_size=chunk_size)
+
+
+def grad_cosine(loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *,
+                chunk_size: int | None = engine.DEFAULT_CHUNK) -> Float[Array, "N"]:
+    """⟨g_i, g⟩ / (‖g_i‖‖g‖): `grad_dot` without the norms, in [−1, 1] (0 where a gradient is 0).
+
+    Keeps large-gradient (often mislabeled) examples from dominating every test point.
+    """
+    g = point_gradient(loss_fn, params, test_x, test_y)
+    dots = engine.per_example_dots(loss_fn, params, train_xs, train_ys, g, chunk_size=chunk_size)
+    norms = engine.per_example_norms(loss_fn, params, train_xs, train_ys, chunk_size=chunk_size)
+    denom = norms * jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(g)))
+    return jnp.where(denom > 0, dots / jnp.maximum(denom, 1e-30), 0.0)
+
+
+def _check_checkpoints(checkpoints: Sequence, lrs: Sequence[float]) -> None:
+    if len(checkpoints) == 0:
+        raise ValueError("TracIn needs at least one checkpoint taken after training steps")
+    if len(checkpoints) != len(lrs):
+        raise ValueError(f"got {len(checkpoints)} checkpoints but {len(lrs)} learning rates")
+
+
+def tracin_checkpoints(run) -> tuple[tuple, tuple[float, ...]]:
+    """The checkpoints TracIn sums over and their learning rates, from a `gradlab.train.TrainResult`.
+
+    The initialization (step 0) is not a checkpoint of training: no step was taken there. Each later
+    checkpoint carries the learning rate the optimizer actually used at it (`run.lrs`).
+
+    **Returns** `(checkpoints, lrs)`. **Raises** `ValueError` for a run with no training steps.
+    """
+    pairs = [(c, lr) for c, s, lr in zip(run.checkpoints, run.steps, run.lrs) if s > 0]
+    if not pairs:
+        raise ValueError("the run has no training steps, so TracIn has no checkpoint: train for at least one step")
+    return tuple(c for c, _ in pairs), tuple(float(lr) for _, lr in pairs)
+
+
+def tracin(loss_fn: LossFn, checkpoints: Sequence[PyTree], lrs: Sequence[float], train_xs, train_ys, test_x, test_y,
+           *, chunk_size: int | None = engine.DEFAULT_CHUNK) -> Float[Array, "N"]:
+    """TracInCP: Σ_c η_c ⟨∇θℓ(θ_c, z_i), ∇θℓ(θ_c, z)⟩ (Pruthi et al. 2020, eq. 3).
+
+    Derived for SGD: a step of size η_c on z_i changes the test loss by −η_c⟨∇ℓ_i, ∇ℓ(z)⟩. Under Adam
+    the step is preconditioned and this is not the first-order effect of the run (use an SGD-trained run).
+
+    **Arguments** `checkpoints` after training steps (see `tracin_checkpoints`), `lrs` the learning rate
+    used at each; the rest as `grad_dot`. **Returns** `(N,)`. **Raises** `ValueError` if there are no
+    checkpoints or the lengths differ.
+    """
+    _check_checkpoints(checkpoints, lrs)
+    total = 0.0
+    for params, lr in zip(checkpoints, lrs):
+        total = total + lr * grad_dot(loss_fn, params, train_xs, train_ys, test_x, test_y, chunk_size=chunk_size)
+    return total
+
+
+# ------------------------------------------------------------------ influence functions
+
+
+def influence_scores(
+    loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_xs, test_ys, *, l2: float = 0.0, damping: float = 0.0,
+    method: Method = "auto", chunk_size: int = engine.DEFAULT_CHUNK, **solver,
+) -> tuple[Float[Array, "T N"], InverseHVP]:
+    """Influence functions for T test points at once: predicted L_test(θ̂₋ᵢ) − L_test(θ̂).
+
+    θ̂ minimizes F(θ) = (1/N) Σ_j ℓ(θ, z_j) + λ/2‖θ‖² (λ = `l2`; see `solvers.minimize`). Removing z_i
+    (ε = −1/N, Koh & Liang 2017, eq. 1) moves θ by ≈ (1/N)(H_F + δI)⁻¹(∇ℓᵢ + λθ̂), so
+
+        ΔL_test,i ≈ (1/N) ∇L_testᵀ (H_F + δI)⁻¹ (∇ℓᵢ + λθ̂)
+
+    (the λθ̂ term: the retrained mean is over N − 1 examples; it shifts every i by one constant).
+    δ = `damping` is added to the Hessian only. Positive = proponent. One batched inverse HVP
+    (`solvers.inverse_hvp_batch`) and one streamed pass (`project`).
+
+    **Arguments** `test_xs (T, ...)`, `test_ys (T,)`; `l2` λ ≥ 0, `damping` δ ≥ 0; `method` and
+    `**solver` as `inverse_hvp_batch`. **Returns** `((T, N) loss units, InverseHVP)`.
+    **Raises** `InfluenceError` as `inverse_hvp_batch`.
+    """
+    n = engine._check_batch(train_xs, train_ys)
+    params = engine.as_params(params)
+    g_test = flat_gradients(loss_fn, params, test_xs, test_ys)
+    s, info = inverse_hvp_batch(loss_fn, params, train_xs, train_ys, g_test, l2=l2, damping=damping, method=method,
+                                **solver)
+    theta = ravel_pytree(split(params)[0])[0]
+    dots = project(loss_fn, params, train_xs, train_ys, s.T, chunk_size=chunk_size)  # (N, T)
+    return (dots.T + l2 * (s @ theta)[:, None]) / n, info
+
+
+def predicted_loo_change(
+    loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, l2: float = 0.0, damping: float = 0.0,
+    method: Method = "auto", chunk_size: int = engine.DEFAULT_CHUNK, **solver,
+) -> Float[Array, "N"]:
+    """Influence function for ONE test point: predicted L_test(θ̂₋ᵢ) − L_test(θ̂) (Koh & Liang 2017).
+
+    `influence_scores` with T = 1; `params` should be the minimum θ̂ of mean ℓ + λ/2‖θ‖² (λ = `l2`),
+    `damping` δ is added to the Hessian only. **Returns** `(N,)`, positive = proponent, loss units,
+    typically O(1/N). **Raises** `InfluenceError` when the inverse HVP fails (raise the damping).
+    """
+    scores, _ = influence_scores(loss_fn, params, train_xs, train_ys, _one(test_x), _one(test_y), l2=l2,
+                                 damping=damping, method=method, chunk_size=chunk_size, **solver)
+    return scores[0]
+
+
+# ------------------------------------------------------------------ TRAK
+
+
+def margin(loss_fn: LossFn, task: str = "classification") -> LossFn:
+    """TRAK's model output f(θ, z): for classification the margin log p_y − log(1 − p_y) with
+    p_y = exp(−ℓ) (ℓ a cross-entropy); for regression −ℓ. Higher = better fit."""
+    if task == "classification":
+        def f(params, x, y):
+            ell = loss_fn(params, x, y)
+            return -ell - jnp.log(-jnp.expm1(-jnp.maximum(ell, 1e-12)))
+    else:
+        def f(params, x, y):
+            return -loss_fn(params, x, y)
+    return f
+
+
+def _projection(key, p: int, k: int, dtype) -> Array:
+    """A P × K Gaussian (Johnson–Lindenstrauss) projection, entries N(0, 1/K)."""
+    return jax.random.normal(key, (p, k), dtype) / jnp.sqrt(k)
+
+
+def trak(
+    loss_fn: LossFn, models: Sequence[PyTree], train_xs, train_ys, test_xs, test_ys, *, proj_dim: int = 512,
+    task: str = "classification", damping: float = 0.0, seed: int = 0, chunk_size: int = engine.DEFAULT_CHUNK,
+) -> Float[Array, "T N"]:
+    """TRAK scores (Park et al. 2023, Algorithm 1 without sparsification) for T test points.
+
+    For each model θ_m of the ensemble: Φ_m = G_m R_m with G_m the per-example gradients of the
+    output f (`margin`) and R_m a P × k Gaussian projection (streamed, `project`: never N × P);
+    the after-kernel solve gives φ_m(z)ᵀ(Φ_mᵀΦ_m + δI)⁻¹Φ_mᵀ. Averaged over models and multiplied by
+    Q = diag(1 − p_i) averaged over models (for regression Q = I):
+
+        τ(z) = (1/M Σ_m φ_m(z)ᵀ(Φ_mᵀΦ_m + δI)⁻¹Φ_mᵀ) · (1/M Σ_m Q_m).
+
+    With k = P, one model and δ = 0 this is the exact after-kernel g(z)ᵀ(GᵀG)⁻¹GᵀQ (R is invertible).
+
+    **Arguments** `models`: independently trained models of one architecture; `train_xs (N, ...)`,
+    `test_xs (T, ...)`; `proj_dim` k (≤ N for an invertible ΦᵀΦ without damping); `damping` δ ≥ 0
+    relative to the mean diagonal of ΦᵀΦ; `seed` for the projections.
+
+    **Returns** `(T, N)`; high = proponent (raises the test output).
+
+    **Raises** `ValueError` for no models or k < 1; `InfluenceError` if ΦᵀΦ is singular (raise the damping).
+    """
+    if len(models) == 0 or proj_dim < 1:
+        raise ValueError(f"TRAK needs at least one model and a projection dimension ≥ 1, got {len(models)} and {proj_dim}")
+    f = margin(loss_fn, task)
+    kernel_sum, q_sum = 0.0, 0.0
+    for m, params in enumerate(models):
+        params = engine.as_params(params)
+        p = engine.num_params(params)
+        dtype = ravel_pytree(split(params)[0])[0].dtype
+        r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), dtype)
+        phi = project(f, params, train_xs, train_ys, r, chunk_size=chunk_size)                # (N, k)
+        phi_test = flat_gradients(f, params, test_xs, test_ys) @ r                             # (T, k)
+        k = phi.T @ phi
+        k = k + damping * jnp.mean(jnp.diag(k)) * jnp.eye(k.shape[0], dtype=k.dtype)
+        sol = jnp.linalg.solve(k, phi_test.T)                                                  # (k, T)
+        if not bool(jnp.all(jnp.isfinite(sol))):
+            raise InfluenceError("TRAK's kernel ΦᵀΦ is singular: lower the projection dimension below N or raise the damping")
+        kernel_sum = kernel_sum + sol.T @ phi.T                                                # (T, N)
+        if task == "classification":
+            ell = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, jnp.asarray(train_xs), jnp.asarray(train_ys))
+            q_sum = q_sum + (-jnp.expm1(-ell))
+        else:
+            q_sum = q_sum + 1.0
+    return (kernel_sum / len(models)) * (q_sum / len(models))
+
+
+# ------------------------------------------------------------------ self-influence
+
+
+def _quad_forms(loss_fn, params, xs, ys, a, chunk_size):
+    """gᵢᵀ A gᵢ for every example, streamed over chunks (A is P × P)."""
+    n = engine._check_batch(xs, ys)
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    chunk = int(min(chunk_size, n))
+    out = []
+    for s in range(0, n, chunk):
+        idx = jnp.minimum(jnp.arange(s, s + chunk), n - 1)
+        g = flat_gradients(loss_fn, params, xs[idx], ys[idx])
+        out.append(jnp.sum((g @ a) * g, axis=1)[: min(chunk, n - s)])
+    return jnp.concatenate(out)
+
+
+def self_influence(
+    loss_fn: LossFn, params: PyTree, xs, ys, *, method: Literal["grad_norm", "tracin", "influence"] = "grad_norm",
+    checkpoints: Sequence[PyTree] | None = None, lrs: Sequence[float] | None = None, l2: float = 0.0,
+    damping: float = 0.0, exact_max_params: int = EXACT_MAX_PARAMS, chunk_size: int = engine.DEFAULT_CHUNK,
+) -> Float[Array, "N"]:
+    """Self-influence of every training example: high = suspicious (mislabeled, atypical, memorized).
+
+    - `"grad_norm"`: ‖∇θℓ(θ, z_i)‖² at `params`.
+    - `"tracin"`: Σ_c η_c ‖∇θℓ(θ_c, z_i)‖² over `checkpoints` / `lrs` (Pruthi et al. 2020, §4.1);
+      `params` unused.
+    - `"influence"`: (1/N) ∇ℓᵢᵀ(H_F + δI)⁻¹∇ℓᵢ, the predicted rise of example i's own loss if removed
+      (Koh & Liang 2017, §5.4); exact Hessian only, `params` should be θ̂.
+
+    **Returns** `(N,)` ≥ 0. **Raises** `ValueError` for an unknown method or missing checkpoints;
+    `InfluenceError` when P > `exact_max_params` or H_F + δI is singular.
+    """
+    if method == "grad_norm":
+        return jnp.square(engine.per_example_norms(loss_fn, params, xs, ys, chunk_size=chunk_size))
+    if method == "tracin":
+        if checkpoints is None or lrs is None:
+            raise ValueError("TracIn self-influence needs checkpoints= and lrs=")
+        _check_checkpoints(checkpoints, lrs)
+        return sum(lr * jnp.square(engine.per_example_norms(loss_fn, c, xs, ys, chunk_size=chunk_size))
+                   for c, lr in zip(checkpoints, lrs))
+    if method == "influence":
+        n = engine._check_batch(xs, ys)
+        p = engine.num_params(params)
+        if p > exact_max_params:
+            raise InfluenceError(f"influence-function self-influence needs the exact Hessian; P = {p:,} > "
+                                 f"{exact_max_params:,}. Use TracIn or gradient-norm self-influence for this model.")
+        h = hessian(loss_fn, params, xs, ys, l2=l2, damping=damping)
+        hinv = jnp.linalg.inv(h)
+        if not bool(jnp.all(jnp.isfinite(hinv))):
+            raise InfluenceError(f"H + δI is singular at damping δ = {damping:g}: raise the damping")
+        hinv = 0.5 * (hinv + hinv.T)
+        return _quad_forms(loss_fn, params, xs, ys, hinv, chunk_size) / n
+    raise ValueError(f"unknown self-influence method {method!r}; choose {', '.join(SELF_INFLUENCE)}")

@@ -1,0 +1,351 @@
+"""The one optimum θ̂ and inverse Hessian-vector products at it.
+
+Two numbers with two names: **λ (`l2`)** is part of the objective F(θ) = mean_j ℓ(θ, z_j) + λ/2 ‖θ‖²
+(`gradlab.train.objective`), so it changes θ̂ and what retraining converges to; **damping δ** is added
+to the Hessian only, (H_F + δI) x = v, where H_F = ∇²F(θ̂) already contains λI. A non-convex model
+needs δ > 0 where H_F has negative eigenvalues; a converged convex model needs none.
+
+- `minimize`: converge F (or F without one example, or on a subset) with full-batch L-BFGS
+  (`optax.lbfgs`, zoom line search), warm-started, to a stated gradient norm.
+- `hessian`, `hvp`: the exact P × P Hessian (small models) and Hessian-vector products (`jvp` of
+  `grad`; Pearlmutter 1994).
+- `inverse_hvp`: exact solve, conjugate gradient or LiSSA (Agarwal et al. 2017); `inverse_hvp_batch`
+  solves for many right-hand sides at once (vmapped conjugate gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax.tree_utils as otu
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Float
+
+from gradlab import engine
+from gradlab.train import objective
+
+LossFn = Callable[[Any, Any, Any], Any]
+PyTree = Any
+Method = Literal["auto", "exact", "cg", "lissa"]
+
+#: Largest P for which the exact P × P Hessian is built (≈ 4 MB in float32); above it "auto"
+#: switches to conjugate gradient.
+EXACT_MAX_PARAMS = 1000
+
+#: Inverse-HVP solvers the page offers, name -> description.
+SOLVERS = {
+    "auto": f"exact Hessian up to {EXACT_MAX_PARAMS:,} parameters, conjugate gradient above",
+    "exact": "build the P × P Hessian and solve",
+    "cg": "conjugate gradient on Hessian-vector products (jvp of grad)",
+    "lissa": "LiSSA: a stochastic Neumann series on minibatch Hessian-vector products",
+}
+
+
+class InfluenceError(ValueError):
+    """An inverse Hessian-vector product could not be computed; the message says what to change."""
+
+
+def split(params: PyTree) -> tuple[PyTree, PyTree]:
+    """(differentiable leaves, the rest) of `params`, as `eqx.partition(…, eqx.is_inexact_array)`."""
+    return eqx.partition(engine.as_params(params), eqx.is_inexact_array)
+
+
+def without(n: int, i) -> Array:
+    """Indices 0..N−1 without `i`, shape (N − 1,): one compiled shape for every left-out example."""
+    k = jnp.arange(n - 1)
+    return k + (k >= i)
+
+
+# ------------------------------------------------------------------ the optimum
+
+
+@eqx.filter_jit
+def _minimize(loss_fn, params, xs, ys, l2, tol, max_iter):
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    f = lambda d: objective(loss_fn, eqx.combine(d, static), xs, ys, l2)
+    opt = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(f)
+
+    def step(carry):
+        d, s = carry
+        value, g = value_and_grad(d, state=s)
+        updates, s = opt.update(g, s, d, value=value, grad=g, value_fn=f)
+        return optax.apply_updates(d, updates), s
+
+    def cond(carry):
+        _, s = carry
+        k = otu.tree_get(s, "count")
+        return (k == 0) | ((k < max_iter) & (otu.tree_norm(otu.tree_get(s, "grad")) >= tol))
+
+    d, s = jax.lax.while_loop(cond, step, (diff, opt.init(diff)))
+    return eqx.combine(d, static), otu.tree_get(s, "count"), otu.tree_norm(jax.grad(f)(d))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Minimum:
+    """A converged model: `params`, L-BFGS `iterations`, the objective's `grad_norm` ‖∇F(θ̂)‖ there,
+    the `tol` asked for and the `l2` λ of the objective. `converged` is `grad_norm < tol`."""
+
+    params: PyTree
+    iterations: int
+    grad_norm: float
+    tol: float
+    l2: float
+
+    @property
+    def converged(self) -> bool:
+        return self.grad_norm < self.tol
+
+
+def default_tol(params: PyTree) -> float:
+    """The gradient-norm target of `minimize`: 1e-6 in float32, 1e-10 in float64."""
+    return 1e-10 if ravel_pytree(split(params)[0])[0].dtype == jnp.float64 else 1e-6
+
+
+def minimize(
+    loss_fn: LossFn, params: PyTree, xs, ys, *, l2: float = 0.0, exclude: int | None = None,
+    tol: float | None = None, max_iter: int = 2000,
+) -> Minimum:
+    """Minimize F(θ) = mean_j ℓ(θ, z_j) + l2/2 ‖θ‖² over all examples (or all but `exclude`) from `params`.
+
+    Full-batch L-BFGS (`optax.lbfgs`, zoom line search), warm-started at `params`, until ‖∇F‖ < `tol`
+    (default `default_tol`) or `max_iter` iterations. Compiled once per shape: leaving out example i
+    gathers the other N − 1 (one shape for every i). A ReLU network's F has kinks, where ‖∇F‖ stalls
+    (≈ 1e-3 on the digits MLP): read `Minimum.converged`.
+
+    **Arguments** `loss_fn(params, x, y) -> scalar`; `params` any pytree; `xs (N, ...)`, `ys (N,)`;
+    `l2` λ ≥ 0; `exclude` an example index or None.
+
+    **Returns** a `Minimum`. **Raises** `ValueError` if `exclude` is out of range or the batch is empty.
+    """
+    n = engine._check_batch(xs, ys)
+    params = engine.as_params(params)
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    if exclude is not None:
+        if not 0 <= int(exclude) < n:
+            raise ValueError(f"example {exclude} does not exist (N = {n})")
+        idx = without(n, int(exclude))
+        xs, ys = xs[idx], ys[idx]
+    dtype = ravel_pytree(split(params)[0])[0].dtype
+    tol = default_tol(params) if tol is None else float(tol)
+    p, k, g = _minimize(loss_fn, params, xs, ys, jnp.asarray(l2, dtype), jnp.asarray(tol, dtype), jnp.asarray(max_iter))
+    return Minimum(p, int(k), float(g), tol, float(l2))
+
+
+# ------------------------------------------------------------------ Hessian and HVPs
+
+
+@eqx.filter_jit
+def _hessian(loss_fn, params, xs, ys, shift, chunk):
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    flat, unravel = ravel_pytree(diff)
+    n = xs.shape[0]
+    pad = (-n) % chunk
+    w = jnp.ones(n, flat.dtype)
+    split_ = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape((-1, chunk) + a.shape[1:])
+
+    def part(z, x, y, wc):
+        return jnp.sum(wc * jax.vmap(loss_fn, in_axes=(None, 0, 0))(eqx.combine(unravel(z), static), x, y)) / n
+
+    def step(h, batch):
+        return h + jax.hessian(part)(flat, *batch), None
+
+    h, _ = jax.lax.scan(step, jnp.eye(flat.size, dtype=flat.dtype) * shift, (split_(xs), split_(ys), split_(w)))
+    return h
+
+
+def hessian(loss_fn: LossFn, params: PyTree, xs, ys, *, l2: float = 0.0, damping: float = 0.0,
+            chunk_size: int = 128) -> Float[Array, "P P"]:
+    """Exact H_F + δI = (1/N) Σ_i ∇²ℓ(θ, z_i) + (λ + δ) I, flattened as `ravel_pytree` of the
+    differentiable leaves, accumulated over chunks of examples (`jax.hessian`).
+
+    **Returns** `(P, P)` symmetric. **Raises** `ValueError` for an empty batch.
+    """
+    n = engine._check_batch(xs, ys)
+    params = engine.as_params(params)
+    dtype = ravel_pytree(split(params)[0])[0].dtype
+    return _hessian(loss_fn, params, jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(l2 + damping, dtype), int(min(chunk_size, n)))
+
+
+def _hvp_fn(loss_fn, diff, static, xs, ys, shift):
+    """v -> (H_F + δI) v on raveled vectors (forward-over-reverse), shift = λ + δ."""
+    flat, unravel = ravel_pytree(diff)
+    g = jax.grad(lambda z: objective(loss_fn, eqx.combine(unravel(z), static), xs, ys, 0.0))
+    return lambda v: jax.jvp(g, (flat,), (v,))[1] + shift * v
+
+
+@eqx.filter_jit
+def _hvp(loss_fn, params, xs, ys, vector, shift):
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    flat_v, unravel = ravel_pytree(vector)
+    return unravel(_hvp_fn(loss_fn, diff, static, xs, ys, shift)(flat_v))
+
+
+def hvp(loss_fn: LossFn, params: PyTree, xs, ys, vector: PyTree, *, l2: float = 0.0, damping: float = 0.0) -> PyTree:
+    """(H_F + δI) v for F = mean ℓ + λ/2‖θ‖²: `jax.jvp` of `jax.grad` (Pearlmutter 1994), about two
+    gradient evaluations, never builds H. **Returns** a pytree like `vector`."""
+    return _hvp(loss_fn, engine.as_params(params), jnp.asarray(xs), jnp.asarray(ys), vector, jnp.asarray(l2 + damping))
+
+
+def _cg_solve(A, b, tol, maxiter):
+    """Conjugate gradient for A x = b; stops on pᵀAp ≤ 0 (returns the flag)."""
+    bnorm = jnp.linalg.norm(b)
+
+    def cond(c):
+        x, r, p, rr, k, neg = c
+        return (k < maxiter) & (jnp.sqrt(rr) > tol * bnorm) & (~neg)
+
+    def body(c):
+        x, r, p, rr, k, neg = c
+        ap = A(p)
+        pap = jnp.vdot(p, ap)
+        neg = pap <= 0
+        alpha = jnp.where(neg, 0.0, rr / jnp.where(neg, 1.0, pap))
+        x = x + alpha * p
+        r = r - alpha * ap
+        rr_new = jnp.vdot(r, r)
+        return x, r, r + (rr_new / jnp.maximum(rr, 1e-30)) * p, rr_new, k + 1, neg
+
+    init = (jnp.zeros_like(b), b, b, jnp.vdot(b, b), jnp.asarray(0), jnp.asarray(False))
+    x, _, _, rr, k, neg = jax.lax.while_loop(cond, body, init)
+    return x, k, jnp.sqrt(rr) / jnp.maximum(bnorm, 1e-30), neg
+
+
+@eqx.filter_jit
+def _cg(loss_fn, params, xs, ys, bs, shift, tol, maxiter):
+    """Vmapped conjugate gradient: bs (T, P) right-hand sides."""
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    A = _hvp_fn(loss_fn, diff, static, xs, ys, shift)
+    return jax.vmap(lambda b: _cg_solve(A, b, tol, maxiter))(bs)
+
+
+@eqx.filter_jit
+def _lissa(loss_fn, params, xs, ys, b, shift, scale, depth, batch_size, key):
+    """LiSSA recursion v_j = b + v_{j-1} − (H_B + δI) v_{j-1} / scale, H_B on a random minibatch."""
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    n = xs.shape[0]
+
+    def step(v, k):
+        idx = jax.random.choice(k, n, (batch_size,), replace=False)
+        v = b + v - _hvp_fn(loss_fn, diff, static, xs[idx], ys[idx], shift)(v) / scale
+        return v, jnp.linalg.norm(v)
+
+    v, norms = jax.lax.scan(step, b, jax.random.split(key, depth))
+    return v / scale, norms
+
+
+@eqx.filter_jit
+def _top_eigenvalue(loss_fn, params, xs, ys, shift, iters, key):
+    """Power iteration for the largest eigenvalue of H_F + δI (LiSSA's scale must exceed it)."""
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    flat, _ = ravel_pytree(diff)
+    A = _hvp_fn(loss_fn, diff, static, xs, ys, shift)
+    v = jax.lax.fori_loop(0, iters, lambda _, v: A(v / jnp.linalg.norm(v)), jax.random.normal(key, flat.shape, flat.dtype))
+    u = v / jnp.linalg.norm(v)
+    return jnp.vdot(u, A(u))
+
+
+@dataclasses.dataclass(frozen=True)
+class InverseHVP:
+    """How x = (H_F + δI)⁻¹ v was obtained: `method` that ran (`"exact"`, `"cg"`, `"lissa"`), `note`
+    when `"auto"` switched (else None), `iterations` (max over right-hand sides; 0 for exact), and
+    `residual` ‖(H_F + δI) x − v‖ / ‖v‖ (max over right-hand sides), checked with extra HVPs."""
+
+    method: str
+    note: str | None
+    iterations: int
+    residual: float
+
+
+def resolve_method(num_params: int, method: Method = "auto", *, exact_max_params: int = EXACT_MAX_PARAMS) -> tuple[str, str | None]:
+    """Which solver runs for P parameters, and a note when `"auto"` switched. **Raises** `ValueError`
+    for an unknown method."""
+    if method not in SOLVERS:
+        raise ValueError(f"unknown inverse-HVP method {method!r}; choose {', '.join(SOLVERS)}")
+    if method != "auto":
+        return method, None
+    if num_params <= exact_max_params:
+        return "exact", None
+    return "cg", (f"The model has P = {num_params:,} parameters: the exact P × P Hessian (more than "
+                  f"{exact_max_params:,}) is not built; conjugate gradient on Hessian-vector products solves instead.")
+
+
+def inverse_hvp_batch(
+    loss_fn: LossFn, params: PyTree, xs, ys, vectors: Float[Array, "T P"], *, l2: float = 0.0, damping: float = 0.0,
+    method: Method = "auto", exact_max_params: int = EXACT_MAX_PARAMS, cg_tol: float | None = None,
+    cg_maxiter: int = 1000, lissa_depth: int = 2000, lissa_scale: float | None = None,
+    lissa_batch_size: int | None = None, seed: int = 0,
+) -> tuple[Float[Array, "T P"], InverseHVP]:
+    """Solve (H_F + δI) X = V for T raveled right-hand sides at once (H_F the Hessian of
+    mean ℓ + λ/2‖θ‖², δ = `damping`).
+
+    **Arguments** `vectors (T, P)` in `ravel_pytree` order of the differentiable leaves; `l2` λ ≥ 0,
+    `damping` δ ≥ 0; `method` as `resolve_method`; solver settings as named.
+
+    **Returns** `(X (T, P), InverseHVP)`.
+
+    **Raises** `InfluenceError` when H_F + δI is singular (exact), conjugate gradient meets
+    non-positive curvature or NaN, or LiSSA diverges: each message says to raise the damping δ.
+    """
+    n = engine._check_batch(xs, ys)
+    if damping < 0 or l2 < 0:
+        raise InfluenceError(f"λ and the damping must be ≥ 0, got λ = {l2:g}, damping = {damping:g}")
+    params = engine.as_params(params)
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    flat = ravel_pytree(split(params)[0])[0]
+    bs = jnp.asarray(vectors, flat.dtype).reshape(-1, flat.size)
+    shift = jnp.asarray(l2 + damping, flat.dtype)
+    kind, note = resolve_method(flat.size, method, exact_max_params=exact_max_params)
+    iterations = 0
+    if kind == "exact":
+        x = jnp.linalg.solve(hessian(loss_fn, params, xs, ys, l2=l2, damping=damping), bs.T).T
+        if not bool(jnp.all(jnp.isfinite(x))):
+            raise InfluenceError(f"H + δI is singular at λ = {l2:g}, damping δ = {damping:g}: raise the damping")
+    elif kind == "cg":
+        tol = cg_tol if cg_tol is not None else (1e-10 if flat.dtype == jnp.float64 else 1e-5)
+        x, k, _, neg = _cg(loss_fn, params, xs, ys, bs, shift, jnp.asarray(tol, flat.dtype), jnp.asarray(cg_maxiter))
+        iterations = int(jnp.max(k))
+        if bool(jnp.any(neg)):
+            raise InfluenceError(
+                f"conjugate gradient met a direction of non-positive curvature after {iterations} iterations: H + δI is "
+                f"not positive definite at λ = {l2:g}, damping δ = {damping:g} (a non-convex model, or θ not at a "
+                "minimum). Raise the damping δ.")
+        if not bool(jnp.all(jnp.isfinite(x))):
+            raise InfluenceError(f"conjugate gradient produced NaN at damping δ = {damping:g}: raise the damping")
+    else:
+        key = jax.random.key(seed)
+        if lissa_scale is None:
+            lissa_scale = 2.0 * max(float(_top_eigenvalue(loss_fn, params, xs, ys, shift, 30, key)), 1e-8)
+        if not lissa_scale > 0:
+            raise InfluenceError(f"the LiSSA scale must be > 0, got {lissa_scale:g}")
+        size = int(min(n, lissa_batch_size or 256))
+        rows = []
+        for b in bs:
+            v, norms = _lissa(loss_fn, params, xs, ys, b, shift, jnp.asarray(lissa_scale, flat.dtype), lissa_depth, size,
+                              jax.random.fold_in(key, 1))
+            norms = np.asarray(norms, np.float64)
+            half = norms[len(norms) // 2 - 1] if len(norms) > 1 else norms[0]
+            if not np.all(np.isfinite(norms)) or not bool(jnp.all(jnp.isfinite(v))) or norms[-1] > 4.0 * half:
+                raise InfluenceError(
+                    f"LiSSA diverged (scale {lissa_scale:g}, damping δ = {damping:g}): raise the damping (H + δI must be "
+                    "positive definite) or the scale (it must exceed the largest Hessian eigenvalue)")
+            rows.append(v)
+        x, iterations = jnp.stack(rows), lissa_depth
+    diff, static = split(params)
+    A = jax.vmap(_hvp_fn(loss_fn, diff, static, xs, ys, shift))
+    res = jnp.linalg.norm(A(x) - bs, axis=1) / jnp.maximum(jnp.linalg.norm(bs, axis=1), 1e-30)
+    return x, InverseHVP(kind, note, iterations, float(jnp.max(res)))
+
+
+def inverse_hvp(loss_fn: LossFn, params: PyTree, xs, ys, vector: PyTree, **kwargs) -> tuple[PyTree, InverseHVP]:
+    """(H_F + δI)⁻¹ v for one pytree `vector` (like the differentiable leaves of `params`);
+    keyword arguments and errors as `inverse_hvp_batch`. **Returns** `(x pytree, InverseHVP)`."""
+    flat, unravel = ravel_pytree(vector)
+    x, info = inverse_hvp_batch(loss_fn, params, xs, ys, flat[None], **kwargs)
+    return unravel(x[0]), info
