@@ -31,7 +31,8 @@ SETTLE = 1.0  # wait_until_idle's quiet period, subtracted from browser times
 #: page path -> (the control changed, how): one control per page, changed in the second session.
 WIDGETS = {
     "norms": ("Log scale toggle", lambda page: page.get_by_text("Log scale", exact=True).click()),
-    "equivalence": ("Reduction: mean", lambda page: page.get_by_text("mean", exact=True).click()),
+    "equivalence": ("Reduction: mean", lambda page: page.locator('[data-testid="stRadio"]').filter(has_text="Reduction")
+                    .get_by_text("mean", exact=True).click()),
     "dp_clipping": ("Log-scale norms toggle", lambda page: page.get_by_text("Log-scale norms", exact=True).click()),
     "influence": ("Top-k + 1", lambda page: page.locator('[data-testid="stNumberInput"]').filter(has_text="Top-k")
                   .locator('[data-testid="stNumberInputStepUp"]').click()),

@@ -37,6 +37,11 @@ MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
 #: (the `?model=cnn` crash). Chunks of 4 keep it bounded (chunks of 16 still peaked ~180 MB over the baseline).
 FLOAT64_CHUNK = 4
 
+#: Largest model the hosted page compares (parameters). Measured on the 512×4 MLP (P = 826,378) over
+#: the 1437 digits: more than 10 minutes and a server peak of 1.4 GB, the cause not yet found;
+#: the 256×2 MLP (P = 85,002) and everything smaller stay well inside. The library has no limit.
+PAGE_MAX_PARAMS = 100_000
+
 
 def scalar_loss(w, x, y):
     """The seeds' scalar example `(w·x)²` (seed 002; seed 000 uses `(w·x − y)²` with y = 0)."""

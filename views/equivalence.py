@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import equivalence, plots, ui
+from gradlab import engine, equivalence, plots, ui
 
 st.title("Equivalence")
 st.markdown(
@@ -49,6 +49,11 @@ def pitfalls():
 fitted = ui.fitted(exp) if example == "experiment" else None
 result = None
 with ui.guard("The two ways could not be compared"):
+    if fitted is not None and engine.num_params(fitted.model) > equivalence.PAGE_MAX_PARAMS:
+        raise ValueError(f"This model has {engine.num_params(fitted.model):,} parameters; this page compares both "
+                         f"ways in float64 over every example and allows at most {equivalence.PAGE_MAX_PARAMS:,} "
+                         "on a shared server. Use a hidden width of 256 with 2 layers or smaller, or the "
+                         "seeds' scalar example above.")
     with st.spinner("Computing both ways in float32 and float64…"):
         cmp, scaling, shape_rows = comparison(exp if example == "experiment" else None, example, reduction, fitted)
     result = cmp
