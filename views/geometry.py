@@ -172,8 +172,8 @@ with left:
                  on_select="rerun", selection_mode="points", key=PICK)
 with right:
     st.number_input("Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
-                    bind="query-params", placeholder="none (or click a point)", disabled=name == "scalar",
-                    help="Retrain without it (Newton's method) and compare with the influence function.")
+                    bind="query-params", placeholder="none", disabled=name == "scalar",
+                    help="Or click a point in the chart. Retrain without it (Newton's method) and compare with the influence function.")
     if removed is not None:
         moved = np.linalg.norm(removed.retrained - removed.optimum)
         r = st.columns(2)
