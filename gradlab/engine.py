@@ -44,6 +44,8 @@ DEFAULT_CHUNK = 256
 #: to stay in cache and in the allocator's reused memory (fresh pages cost a fault each).
 CHUNK_BYTES = 8 * 2**20
 GHOST_CHUNK_BYTES = CHUNK_BYTES  # the name the first engine used
+#: ... and at most this many examples: bigger chunks of small examples measured slower (cache).
+MAX_CHUNK = 256
 
 Method = Literal["auto", "ghost", "vmap"]
 METHODS = ("auto", "ghost", "vmap")
@@ -209,7 +211,7 @@ def _bytes_chunk(n: int, chunk: int | None, per_example: int) -> int | None:
     """An explicit chunk, or one sized so a chunk takes about CHUNK_BYTES."""
     if chunk is not None:
         return chunk
-    return _chunk(n, max(1, CHUNK_BYTES // max(per_example, 1)))
+    return _chunk(n, max(1, min(MAX_CHUNK, CHUNK_BYTES // max(per_example, 1))))
 
 
 def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:

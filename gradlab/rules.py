@@ -201,7 +201,7 @@ def _gather_simple(e: Eqn, table_shape) -> bool:
 
 
 def _gather_rows(e: Eqn, table_shape, ids_shape):
-    dn = e.params["dimension_numbers"]
+    """(T lookups, D elements per looked-up slice) of a gather."""
     t = _size(ids_shape[:-1])
     d = _size(e.out_avals[0].shape) // max(t, 1)
     return t, d
@@ -309,7 +309,6 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
             for leaf in leaves:
                 del rules[leaf]
                 fallback[leaf] = "both operands of one product are parameters"
-    # the other operand must not depend on the ruled weight's op itself (it cannot: one use)
     return Plan(graph, len(diff_refs), rules, fallback)
 
 
