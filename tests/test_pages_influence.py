@@ -7,7 +7,7 @@ import pytest
 
 from conftest import FAST, assert_clean, open_page
 
-LINEAR_NOISY = dict(FAST, model="linear", label_noise=0.1)
+LINEAR_NOISY = dict(FAST, model="linear", label_noise=0.1, infl_trak_models=2)  # a small TRAK ensemble keeps the test quick
 
 
 def _metric(at, label_start):
@@ -79,7 +79,7 @@ def test_influence_page_lissa_divergence_shows_a_message():
 
 
 def test_influence_page_2d_mlp_damping_click_and_auto_cg_note():
-    at = open_page("influence", **dict(FAST, dataset="moons", width=256))
+    at = open_page("influence", **dict(FAST, dataset="moons", width=256, infl_trak_models=2))
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     # the MLP has more parameters than the exact-Hessian limit: a note says CG runs instead

@@ -144,7 +144,7 @@ with a2:
     c_a = st.number_input("Clipping norm C", value=1.0, min_value=0.01, step=0.5, format="%.3g", key="audit_c",
                           bind="query-params", help="'Noise not scaled by C' only shows for C > 1.")
 with a3:
-    trials = st.select_slider("Trials", options=[4096, 16384, 65536, 131072, 262144], value=65536, key="audit_trials",
+    trials = st.select_slider("Trials", options=[4096, 16384, 65536, 131072, 262144], value=16384, key="audit_trials",
                               bind="query-params", help="Each trial is one training run's worth of canary; 2048 run at once.")
     canary = st.radio("Canary", list(audit.CANARIES), format_func=lambda k: audit.CANARIES[k].split(" (")[0],
                       horizontal=True, key="audit_canary", bind="query-params")
