@@ -99,7 +99,7 @@ def _sq_norm(tree: PyTree) -> float:
 
 
 def grad_dot(
-    loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, chunk_size: int | None = engine.DEFAULT_CHUNK
+    loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, chunk_size: int | None = None
 ) -> Float[Array, "N"]:
     """Gradient dot product ⟨∇θℓ(θ, x_i, y_i), ∇θℓ(θ, x, y)⟩ of every training example with a test point.
 
@@ -118,7 +118,7 @@ def grad_dot(
 
 
 def grad_cosine(
-    loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, chunk_size: int | None = engine.DEFAULT_CHUNK
+    loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, chunk_size: int | None = None
 ) -> Float[Array, "N"]:
     """Gradient cosine ⟨g_i, g⟩ / (‖g_i‖ ‖g‖): `grad_dot` without the norms (in [−1, 1]).
 
@@ -150,7 +150,7 @@ def tracin(
     test_x,
     test_y,
     *,
-    chunk_size: int | None = engine.DEFAULT_CHUNK,
+    chunk_size: int | None = None,
 ) -> Float[Array, "N"]:
     """TracInCP: Σ_c η_c ⟨∇θℓ(θ_c, z_i), ∇θℓ(θ_c, z)⟩ over saved checkpoints (Pruthi et al. 2020, eq. 3).
 
@@ -446,7 +446,7 @@ def predicted_loo_change(
     *,
     damping: float = 0.0,
     method: Method = "auto",
-    chunk_size: int | None = engine.DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     **solver,
 ) -> Float[Array, "N"]:
     """Influence functions: predicted L_test(θ̂₋ᵢ) − L_test(θ̂) for removing each training example.
@@ -494,7 +494,7 @@ class LOOInfluence:
 
 def loo_influence(
     loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, damping: float = 0.0,
-    method: Method = "auto", chunk_size: int | None = engine.DEFAULT_CHUNK, **solver,
+    method: Method = "auto", chunk_size: int | None = None, **solver,
 ) -> LOOInfluence:
     """`predicted_loo_change` that also returns how H⁻¹∇L_test was solved (method, note, residual)."""
     n = engine._check_batch(train_xs, train_ys)
@@ -516,12 +516,12 @@ def _quad_forms(loss_fn, params, xs, ys, hinv, chunk):
         v = ravel_pytree(g)[0]
         return v @ (hinv @ v)
 
-    return jax.lax.map(one, (xs, ys), batch_size=chunk)
+    return engine._map(one, (xs, ys), chunk)  # None: one vmap (lax.map(batch_size=None) would be sequential)
 
 
 def influence_self(
     loss_fn: LossFn, params: PyTree, xs, ys, *, damping: float = 0.0, exact_max_params: int = EXACT_MAX_PARAMS,
-    chunk_size: int | None = engine.DEFAULT_CHUNK,
+    chunk_size: int | None = None,
 ) -> Float[Array, "N"]:
     """Influence-function self-influence (1/N) ∇ℓᵢᵀ (H + λI)⁻¹ ∇ℓᵢ: the predicted rise of example i's
     own loss if it were removed (Koh & Liang 2017, §5.4). Exact Hessian only.
@@ -542,12 +542,12 @@ def influence_self(
     if not bool(jnp.all(jnp.isfinite(hinv))):
         raise InfluenceError(f"the Hessian is singular at damping {damping:g}: raise the damping")
     hinv = 0.5 * (hinv + hinv.T)
-    return _quad_forms(loss_fn, params, xs, ys, hinv, engine._chunk(n, chunk_size)) / n
+    return _quad_forms(loss_fn, params, xs, ys, hinv, engine._chunk(n, chunk_size or engine.DEFAULT_CHUNK)) / n
 
 
 def tracin_self_influence(
     loss_fn: LossFn, checkpoints: Sequence[PyTree], lrs: Sequence[float], xs, ys, *,
-    chunk_size: int | None = engine.DEFAULT_CHUNK,
+    chunk_size: int | None = None,
 ) -> Float[Array, "N"]:
     """TracIn self-influence Σ_c η_c ‖∇θℓ(θ_c, z_i)‖² over saved checkpoints (Pruthi et al. 2020, §4.1).
 
@@ -573,7 +573,7 @@ def self_influence(
     checkpoints: Sequence[PyTree] | None = None,
     lrs: Sequence[float] | None = None,
     damping: float = 0.0,
-    chunk_size: int | None = engine.DEFAULT_CHUNK,
+    chunk_size: int | None = None,
 ) -> Float[Array, "N"]:
     """Self-influence of every training example: high = suspicious (mislabeled, atypical, memorized).
 
@@ -798,7 +798,7 @@ class PointScores:
 
 
 def score_test_point(fitted, test_index: int, *, damping: float, method: Method = "auto",
-                     chunk_size: int | None = engine.DEFAULT_CHUNK, **solver) -> PointScores:
+                     chunk_size: int | None = None, **solver) -> PointScores:
     """Gradient dot, gradient cosine and TracIn at the last checkpoint / over all checkpoints, and the
     influence function (damping λ) for test point `test_index` of a `gradlab.experiment.Fitted`.
 
@@ -821,7 +821,7 @@ def score_test_point(fitted, test_index: int, *, damping: float, method: Method 
     return PointScores(out, r.ihvp, None)
 
 
-def self_influence_all(fitted, *, damping: float, chunk_size: int | None = engine.DEFAULT_CHUNK) -> tuple[dict, str | None]:
+def self_influence_all(fitted, *, damping: float, chunk_size: int | None = None) -> tuple[dict, str | None]:
     """Self-influence of every training example of a fitted experiment by each available method.
 
     **Returns** `({"grad_norm": (N,), "tracin": (N,)[, "influence": (N,)]}, note)`: the
