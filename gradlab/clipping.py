@@ -7,27 +7,26 @@ mislabeled) are scaled down the most (Chen, Wu, Hong 2020, "Understanding gradie
 private SGD"; Bagdasaryan, Poursaeed, Shmatikov 2019, "Differential privacy has disparate impact
 on model accuracy"). Abadi et al. (2016) suggest C near the median per-example norm.
 
-`clipping_analysis` computes, in ONE streamed pass over the training set (chunks of examples,
-never the N × P matrix), the clipped means for a whole grid of C values, flat and per-layer, and
-per-class means at the chosen C: peak extra memory ≈ (chunk + 2·G + 2·K) × P floats.
+`clipping_analysis` takes the per-example norms (whole and per leaf) from the engine's rules path,
+then every clipped sum it needs (a whole grid of C values, flat and per-layer, and per-class sums
+at the chosen C) as weighted gradients Σᵢ wᵢ·gᵢ = Jᵀw, one weight column each
+(`engine.weighted_grads`): no per-example gradient is built. Memory ≈ (2·G + 2·K) × P floats.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gradlab import engine
-from gradlab.engine import _grad_one, _split, as_params
+from gradlab.engine import as_params
 from gradlab.privacy import check_batch_size, check_clip_norm, check_noise_multiplier, noise_std_of_mean
 
 DEFAULT_GRID = 40
-#: bytes allowed for one chunk of flattened per-example gradients, and for the (G, P) accumulators.
-CHUNK_BYTES = 64 * 2**20
+#: bytes allowed for the (G, P) sums of clipped gradients; flops allowed for the grid's backward passes.
 GRID_BYTES = 128 * 2**20
 MAX_FLOPS = 2e10
 
@@ -90,48 +89,9 @@ def default_grid(norms: np.ndarray, size: int = DEFAULT_GRID) -> np.ndarray:
     return np.geomspace(max(lo, 1e-12), max(hi, lo * 10), size)
 
 
-@eqx.filter_jit
-def _clip_pass(loss_fn, params, xs, ys, labels, grid, clip_norm, n_classes, chunk):
-    """Sums over examples: G·N (P,), Ḡ_C·N for every C in grid (G, P) flat and per layer, per class (K, P)."""
-    engine.TRACES["clipping_analysis"] += 1
-    diff, static = _split(params)
-    g = _grad_one(loss_fn, static)
-    n_leaves = len(jax.tree.leaves(diff))
-    sizes = [int(np.size(a)) for a in jax.tree.leaves(diff)]
-    bounds = np.cumsum([0] + sizes)
-
-    def one(x, y):
-        leaves = jax.tree.leaves(g(diff, x, y))
-        flat = jnp.concatenate([a.ravel() for a in leaves])
-        return flat, jnp.stack([jnp.sum(jnp.square(a)) for a in leaves])
-
-    def step(acc, batch):
-        (x, y, lab), m = batch
-        flat, lsq = jax.vmap(one)(x, y)  # (c, P), (c, L)
-        flat = flat * m[:, None]
-        norm = jnp.sqrt(lsq.sum(1))
-        scale = jnp.minimum(1.0, grid[None, :] / jnp.maximum(norm, 1e-30)[:, None])  # (c, G)
-        lscale = jnp.minimum(1.0, (grid / np.sqrt(n_leaves))[None, :, None]
-                             / jnp.maximum(jnp.sqrt(lsq), 1e-30)[:, None, :])  # (c, G, L)
-        layer = jnp.concatenate(
-            [jnp.einsum("cg,cp->gp", lscale[:, :, l], flat[:, bounds[l]:bounds[l + 1]]) for l in range(n_leaves)],
-            axis=1,
-        )
-        onehot = jax.nn.one_hot(lab, n_classes) * m[:, None]
-        s_c = jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-30))
-        total, flat_g, layer_g, cls, cls_c = acc
-        return (
-            total + flat.sum(0),
-            flat_g + jnp.einsum("cg,cp->gp", scale, flat),
-            layer_g + layer,
-            cls + onehot.T @ flat,
-            cls_c + (onehot * s_c[:, None]).T @ flat,
-        )
-
-    p = int(bounds[-1])
-    k = grid.shape[0]
-    zeros = (jnp.zeros(p), jnp.zeros((k, p)), jnp.zeros((k, p)), jnp.zeros((n_classes, p)), jnp.zeros((n_classes, p)))
-    return engine.scan_chunks(step, zeros, (xs, ys, labels), min(chunk, xs.shape[0]))
+def _flat(tree) -> np.ndarray:
+    """(K, P) float64 from a pytree whose leaves have a leading K axis (tree order)."""
+    return np.concatenate([np.asarray(a, np.float64).reshape(a.shape[0], -1) for a in jax.tree.leaves(tree)], 1)
 
 
 def _cos_ratio(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +112,7 @@ def clipping_analysis(
     labels=None,
     n_classes: int | None = None,
     grid: np.ndarray | None = None,
-    chunk_size: int = engine.DEFAULT_CHUNK,
+    chunk_size: int | None = None,
 ) -> ClippingAnalysis:
     """Per-example clipping at C and the bias of the clipped mean gradient as C varies.
 
@@ -162,8 +122,7 @@ def clipping_analysis(
     - `labels (N,)` int class ids and `n_classes` K for the per-class breakdown (None: skip it).
     - `grid`: clipping norms for the bias curve (default: `default_grid(norms)`, 40 values, fewer
       for models so large that 2 × 40 × P floats would pass `GRID_BYTES`); C is inserted into it.
-    - `chunk_size`: examples per vmap chunk (memory ≈ (chunk + 2G + 2K) × P floats), lowered so a
-      chunk of flattened gradients stays under `CHUNK_BYTES`.
+    - `chunk_size`: examples per chunk of the streamed passes (None: the engine's byte-sized default).
 
     **Returns** a `ClippingAnalysis` (NumPy arrays, float64 for the bias curves).
 
@@ -176,10 +135,9 @@ def clipping_analysis(
     params = as_params(params)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     p = engine.num_params(params)
-    chunk = int(max(1, min(chunk_size, CHUNK_BYTES // (4 * p))))  # bound memory for big models
-    layer = engine.per_example_layer_norms(loss_fn, params, xs, ys, chunk_size=chunk)
+    layer = engine.per_example_layer_norms(loss_fn, params, xs, ys, chunk_size=chunk_size)
     layer = {k: np.asarray(v, np.float64) for k, v in layer.items()}
-    lsq = np.stack([np.square(v) for v in layer.values()], 1)  # (N, L)
+    lsq = np.stack([np.square(v) for v in layer.values()], 1)  # (N, L), leaves in tree order
     norms = np.sqrt(lsq.sum(1))
     n, n_leaves = lsq.shape
     # fewer grid points for big models: memory 2·G·P floats, work ~4·N·G·P flops
@@ -187,15 +145,22 @@ def clipping_analysis(
     base = default_grid(norms, size) if grid is None else np.asarray(grid, np.float64)
     full = np.unique(np.append(base[np.isfinite(base) & (base > 0)], c if np.isfinite(c) else base.max()))
     index = int(np.searchsorted(full, c if np.isfinite(c) else base.max()))
-    k = int(n_classes) if labels is not None else 1
-    lab = jnp.asarray(labels if labels is not None else np.zeros(n), jnp.int32)
-    total, flat_g, layer_g, cls, cls_c = _clip_pass(
-        loss_fn, params, xs, ys, lab, jnp.asarray(full, jnp.float32), jnp.float32(c), k, chunk
-    )
-    total = np.asarray(total, np.float64)
-    cos, ratio = _cos_ratio(np.asarray(flat_g), total[None])
-    cos_l, ratio_l = _cos_ratio(np.asarray(layer_g), total[None])
+    g = len(full)
+    k = int(n_classes) if labels is not None else 0
+    # weight columns, all leaves: [1 | min(1, C_g/‖gᵢ‖) per C_g | class j | class j clipped at C]
+    scale = np.minimum(1.0, full[None, :] / np.maximum(norms, 1e-30)[:, None])  # (N, G)
+    onehot = np.eye(k)[np.asarray(labels)] if k else np.zeros((n, 0))
+    s_c = np.minimum(1.0, c / np.maximum(norms, 1e-30))
+    cols = np.concatenate([np.ones((n, 1)), scale, onehot, onehot * s_c[:, None]], 1)
+    sums = _flat(engine.weighted_grads(loss_fn, params, xs, ys, cols, chunk_size=chunk_size))
+    total, flat_g, cls, cls_c = sums[0], sums[1:1 + g], sums[1 + g:1 + g + k], sums[1 + g + k:]
+    # per-layer clipping: leaf l is clipped to C_g/√L by its own norm, so it has its own columns
     lnorm = np.sqrt(lsq)
+    lcols = [np.minimum(1.0, full[None, :] / np.sqrt(n_leaves) / np.maximum(lnorm[:, l], 1e-30)[:, None])
+             for l in range(n_leaves)]
+    layer_g = _flat(engine.weighted_grads(loss_fn, params, xs, ys, lcols, chunk_size=chunk_size))
+    cos, ratio = _cos_ratio(flat_g, total[None])
+    cos_l, ratio_l = _cos_ratio(layer_g, total[None])
     cl = full[:, None, None] / np.sqrt(n_leaves)
     frac = (norms[None, :] > full[:, None]).mean(1)
     frac_l = (lnorm[None] > cl).any(-1).mean(1)
@@ -206,7 +171,7 @@ def clipping_analysis(
         clipped = norms > c
         with np.errstate(invalid="ignore"):
             cfrac = np.array([clipped[labels_np == j].mean() if counts[j] else np.nan for j in range(k)])
-        ccos, cratio = _cos_ratio(np.asarray(cls_c), np.asarray(cls))
+        ccos, cratio = _cos_ratio(cls_c, cls)
     else:
         counts = cfrac = ccos = cratio = np.zeros(0)
     return ClippingAnalysis(
@@ -228,7 +193,7 @@ def clipping_analysis(
         class_cosine=ccos,
         class_norm_ratio=cratio,
         mean_norm=float(np.linalg.norm(total) / n),
-        clipped_mean_norm=float(np.linalg.norm(np.asarray(flat_g)[index]) / n),
+        clipped_mean_norm=float(np.linalg.norm(flat_g[index]) / n),
         num_params=int(total.size),
     )
 

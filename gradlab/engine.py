@@ -545,6 +545,70 @@ def clip_factors(norms, clip_norm, weights=None):
     return c if weights is None else c * weights
 
 
+def weighted_grads(loss_fn: LossFn, params: PyTree, xs, ys, weights, *, chunk_size: int | None = None) -> PyTree:
+    """Many weighted gradients at once: Σᵢ W[i, k]·gᵢ for every column k of a weight matrix (= JᵀW).
+
+    Per chunk of examples: ONE `jax.vjp` of the per-example-loss vector, then its VJP vmapped over
+    the K weight columns (each a batch-gradient-sized backward pass); no per-example gradient is
+    built. A clipped sum is the column cᵢ = `clip_factors(norms, C)`; a grid of C values, or
+    per-class sums (weights masked by class), are more columns.
+
+    **Arguments**
+    - `loss_fn`, `params`, `xs (N, …)`, `ys (N, …)`: as `per_example_grads`.
+    - `weights`: `(N, K)` float columns shared by every leaf, or a list with one `(N, K_l)` array
+      per differentiable leaf (tree order, as `leaf_names`): leaf l gets its own columns
+      (per-layer clipping).
+    - `chunk_size`: examples per chunk (None: sized by bytes, K backward passes per chunk).
+
+    **Returns** a pytree like the differentiable params whose leaves have a leading axis of K
+    (or K_l): Σᵢ W[i, k]·∇θ loss(θ, xᵢ, yᵢ).
+
+    **Raises** `ValueError` if the weights do not have N rows or one array per leaf.
+    """
+    params = as_params(params)
+    n = _check_batch(xs, ys)
+    per_leaf = isinstance(weights, (list, tuple))
+    w = [jnp.asarray(a, jnp.float32) for a in weights] if per_leaf else jnp.asarray(weights, jnp.float32)
+    n_leaves = len(jax.tree.leaves(_split(params)[0]))
+    if per_leaf and len(w) != n_leaves:
+        raise ValueError(f"weights: one (N, K) array per differentiable leaf ({n_leaves}), got {len(w)}")
+    for a in w if per_leaf else [w]:
+        if a.ndim != 2 or a.shape[0] != n:
+            raise ValueError(f"weights must be (N, K) with N = {n} examples, got shape {a.shape}")
+    k = max(a.shape[1] for a in w) if per_leaf else w.shape[1]
+    if chunk_size is None:
+        act = _vmap_example_bytes(loss_fn, params, xs, ys) // 2  # activations of one example
+        chunk = _bytes_chunk(n, None, (k + 2) * max(act, 1)) or n
+    else:
+        chunk = _chunk(n, chunk_size) or n
+    return _weighted_grads(loss_fn, params, xs, ys, w, chunk)
+
+
+@eqx.filter_jit
+def _weighted_grads(loss_fn, params, xs, ys, w, chunk):
+    TRACES["weighted_grads"] += 1
+    diff, static = _split(params)
+    per_leaf = isinstance(w, list)
+
+    def step(acc, batch):
+        (x, y, wc), m = batch
+        losses = lambda d: jax.vmap(lambda xi, yi: loss_fn(eqx.combine(d, static), xi, yi))(x, y)  # noqa: E731
+        _, vjp = jax.vjp(losses, diff)
+        if not per_leaf:
+            return jax.tree.map(jnp.add, acc, jax.vmap(lambda col: vjp(col * m)[0], in_axes=1)(wc))
+        # leaf l takes only its own columns; XLA drops the other leaves' weight gradients
+        return [a + jax.vmap(lambda col, l=l: jax.tree.leaves(vjp(col * m)[0])[l], in_axes=1)(wl)
+                for l, (a, wl) in enumerate(zip(acc, wc))]
+
+    leaves = jax.tree.leaves(diff)
+    if per_leaf:
+        init = [jnp.zeros((wl.shape[1],) + a.shape, a.dtype) for a, wl in zip(leaves, w)]
+        out = scan_chunks(step, init, (xs, ys, w), chunk)
+        return jax.tree.unflatten(jax.tree.structure(diff), out)
+    init = jax.tree.map(lambda a: jnp.zeros((w.shape[1],) + a.shape, a.dtype), diff)
+    return scan_chunks(step, init, (xs, ys, w), chunk)
+
+
 def clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=None, chunk=None, method="auto"):
     """The clipped sum inside a trace: `(Σᵢ wᵢ·min(1, C/‖gᵢ‖)·gᵢ, losses (N,), norms (N,))`.
 

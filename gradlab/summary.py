@@ -33,7 +33,7 @@ class NormSummary:
     num_params: int
 
 
-def norm_summary(f: Fitted, checkpoint: int = -1, *, chunk_size: int = engine.DEFAULT_CHUNK) -> NormSummary:
+def norm_summary(f: Fitted, checkpoint: int = -1, *, chunk_size: int | None = None) -> NormSummary:
     """Per-example gradient norms (global and per leaf), losses, predictions and B_simple.
 
     **Arguments** `f`: a fitted experiment; `checkpoint`: index into `f.run.checkpoints`.

@@ -130,9 +130,9 @@ def loss(model, x, y):                      # the loss of ONE example
 # On gradlab's models the engine takes a shortcut with the same numbers (tests check it): for a Linear
 # layer z = W a + b one example's weight gradient is the outer product δᵢ ⊗ aᵢ, so
 # ‖∂ℓᵢ/∂W‖² = ‖δᵢ‖²·‖aᵢ‖² and ‖∂ℓᵢ/∂b‖² = ‖δᵢ‖², with δᵢ = ∂ℓᵢ/∂z read off the gradient with respect to
-# a zero probe added to z (gradlab/ghost.py, Goodfellow 2015). The plain form, used for any other model:
+# a zero probe added to z (gradlab/rules.py, Goodfellow 2015). The plain form, used for any other model:
 
-# per-example squared norms per parameter leaf, streamed in chunks of 256 examples
+# per-example squared norms per parameter leaf, streamed in chunks of at most 256 examples
 def sq_norms(x, y):
     g = jax.grad(loss)(model, x, y)          # one example's gradient (a pytree like the model)
     return jax.tree.map(lambda a: jnp.sum(a ** 2), g)

@@ -58,9 +58,9 @@ with ui.guard("The workload could not be built", stop=True):
 n_avail = int(xs.shape[0])
 P = engine.num_params(params)
 sizes = sorted({min(int(s), n_avail) for s in sizes})
+path = engine.resolve_method("auto", loss_fn, params, xs, ys)
 st.caption(f"{n_avail:,} examples available · P = {P:,} parameters · engine path for norms: "
-           f"**{engine.resolve_method('auto', loss_fn, params)}** "
-           f"({'per-layer rules: ‖δᵢ‖·‖aᵢ‖' if engine.resolve_method('auto', loss_fn, params) == 'ghost' else 'chunked vmap'})")
+           f"**{path}** ({'per-layer rules: ‖δᵢ‖·‖aᵢ‖' if path == 'ghost' else 'chunked vmap'})")
 
 if not approaches or not sizes:
     st.info("Pick at least one approach and one batch size.")
@@ -176,7 +176,7 @@ def timed(f, *args):
     t0 = time.perf_counter(); jax.block_until_ready(f(*args)); run = time.perf_counter() - t0     # run only
     return first - run, run                                                                       # (compile, run)
 
-# streamed norms with the per-layer rule (gradlab.ghost): zero probes on each layer's output give δ_i
+# streamed norms with the per-layer rules (gradlab.rules): zero probes on each layer's output give δ_i
 #   ‖∂ℓᵢ/∂W‖² = ‖δᵢ‖² ‖aᵢ‖²,  ‖∂ℓᵢ/∂b‖² = ‖δᵢ‖²
 norms = gradlab.engine.per_example_norms(loss, params, xs, ys)      # method="auto"
 """

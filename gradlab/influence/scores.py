@@ -61,7 +61,7 @@ def flat_gradients(loss_fn: LossFn, params: PyTree, xs, ys) -> Float[Array, "T P
 
 
 def project(loss_fn: LossFn, params: PyTree, xs, ys, matrix: Float[Array, "P K"], *,
-            chunk_size: int = engine.DEFAULT_CHUNK) -> Float[Array, "N K"]:
+            chunk_size: int | None = None) -> Float[Array, "N K"]:
     """Projected per-example gradients: row i is ravel(∇θℓ(θ, z_i)) @ `matrix`, streamed over chunks of examples.
 
     Peak memory ≈ chunk_size × P + P × K; the N × P matrix G is never built. The last chunk is padded
@@ -72,7 +72,7 @@ def project(loss_fn: LossFn, params: PyTree, xs, ys, matrix: Float[Array, "P K"]
     """
     n = engine._check_batch(xs, ys)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
-    chunk = int(min(chunk_size, n))
+    chunk = int(min(chunk_size or engine.DEFAULT_CHUNK, n))
     out = []
     for s in range(0, n, chunk):
         idx = jnp.minimum(jnp.arange(s, s + chunk), n - 1)
@@ -82,7 +82,7 @@ def project(loss_fn: LossFn, params: PyTree, xs, ys, matrix: Float[Array, "P K"]
 
 
 def grad_dot(loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *,
-             chunk_size: int | None = engine.DEFAULT_CHUNK) -> Float[Array, "N"]:
+             chunk_size: int | None = None) -> Float[Array, "N"]:
     """⟨∇θℓ(θ, z_i), ∇θℓ(θ, z)⟩ for every training example z_i and ONE test point z (no example axis).
 
     One SGD step of size η on z_i changes the test loss by ≈ −η·grad_dot. Streamed
@@ -93,7 +93,7 @@ def grad_dot(loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y
 
 
 def grad_cosine(loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *,
-                chunk_size: int | None = engine.DEFAULT_CHUNK) -> Float[Array, "N"]:
+                chunk_size: int | None = None) -> Float[Array, "N"]:
     """⟨g_i, g⟩ / (‖g_i‖‖g‖): `grad_dot` without the norms, in [−1, 1] (0 where a gradient is 0).
 
     Keeps large-gradient (often mislabeled) examples from dominating every test point.
@@ -127,7 +127,7 @@ def tracin_checkpoints(run) -> tuple[tuple, tuple[float, ...]]:
 
 
 def tracin(loss_fn: LossFn, checkpoints: Sequence[PyTree], lrs: Sequence[float], train_xs, train_ys, test_x, test_y,
-           *, chunk_size: int | None = engine.DEFAULT_CHUNK) -> Float[Array, "N"]:
+           *, chunk_size: int | None = None) -> Float[Array, "N"]:
     """TracInCP: Σ_c η_c ⟨∇θℓ(θ_c, z_i), ∇θℓ(θ_c, z)⟩ (Pruthi et al. 2020, eq. 3).
 
     Derived for SGD: a step of size η_c on z_i changes the test loss by −η_c⟨∇ℓ_i, ∇ℓ(z)⟩. Under Adam
@@ -149,7 +149,7 @@ def tracin(loss_fn: LossFn, checkpoints: Sequence[PyTree], lrs: Sequence[float],
 
 def influence_scores(
     loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_xs, test_ys, *, l2: float = 0.0, damping: float = 0.0,
-    method: Method = "auto", chunk_size: int = engine.DEFAULT_CHUNK, **solver,
+    method: Method = "auto", chunk_size: int | None = None, **solver,
 ) -> tuple[Float[Array, "T N"], InverseHVP]:
     """Influence functions for T test points at once: predicted L_test(θ̂₋ᵢ) − L_test(θ̂).
 
@@ -178,7 +178,7 @@ def influence_scores(
 
 def predicted_loo_change(
     loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *, l2: float = 0.0, damping: float = 0.0,
-    method: Method = "auto", chunk_size: int = engine.DEFAULT_CHUNK, **solver,
+    method: Method = "auto", chunk_size: int | None = None, **solver,
 ) -> Float[Array, "N"]:
     """Influence function for ONE test point: predicted L_test(θ̂₋ᵢ) − L_test(θ̂) (Koh & Liang 2017).
 
@@ -214,7 +214,7 @@ def _projection(key, p: int, k: int, dtype) -> Array:
 
 def trak(
     loss_fn: LossFn, models: Sequence[PyTree], train_xs, train_ys, test_xs, test_ys, *, proj_dim: int = 512,
-    task: str = "classification", damping: float = 0.0, seed: int = 0, chunk_size: int = engine.DEFAULT_CHUNK,
+    task: str = "classification", damping: float = 0.0, seed: int = 0, chunk_size: int | None = None,
 ) -> Float[Array, "T N"]:
     """TRAK scores (Park et al. 2023, Algorithm 1 without sparsification) for T test points.
 
@@ -267,7 +267,7 @@ def _quad_forms(loss_fn, params, xs, ys, a, chunk_size):
     """gᵢᵀ A gᵢ for every example, streamed over chunks (A is P × P)."""
     n = engine._check_batch(xs, ys)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
-    chunk = int(min(chunk_size, n))
+    chunk = int(min(chunk_size or engine.DEFAULT_CHUNK, n))
     out = []
     for s in range(0, n, chunk):
         idx = jnp.minimum(jnp.arange(s, s + chunk), n - 1)
@@ -279,7 +279,7 @@ def _quad_forms(loss_fn, params, xs, ys, a, chunk_size):
 def self_influence(
     loss_fn: LossFn, params: PyTree, xs, ys, *, method: Literal["grad_norm", "tracin", "influence"] = "grad_norm",
     checkpoints: Sequence[PyTree] | None = None, lrs: Sequence[float] | None = None, l2: float = 0.0,
-    damping: float = 0.0, exact_max_params: int = EXACT_MAX_PARAMS, chunk_size: int = engine.DEFAULT_CHUNK,
+    damping: float = 0.0, exact_max_params: int = EXACT_MAX_PARAMS, chunk_size: int | None = None,
 ) -> Float[Array, "N"]:
     """Self-influence of every training example: high = suspicious (mislabeled, atypical, memorized).
 
