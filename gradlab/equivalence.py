@@ -109,24 +109,42 @@ def _to(dtype, tree):
     return jax.tree.map(cast, tree)
 
 
+@eqx.filter_jit
+def _summed_per_example_grads(loss_fn, params, xs, ys, chunk):
+    """Σᵢ `grad(loss_fn)(θ, xᵢ, yᵢ)`, `vmap` over `chunk` examples at a time, summed in a scan:
+    only one chunk's per-example gradients (chunk × P) are ever alive, never N × P."""
+    diff, static = engine._split(params)
+    grad_one = engine._grad_one(loss_fn, static)
+
+    def step(acc, batch):
+        (x, y), mask = batch
+        per = jax.vmap(grad_one, in_axes=(None, 0, 0))(diff, x, y)
+        keep = mask > 0  # drop the zero padding of the last chunk (where, not *: a padded loss may be inf)
+        drop_pad = lambda g: jnp.where(keep.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0).sum(0)  # noqa: E731
+        return jax.tree.map(lambda a, g: a + drop_pad(g), acc, per)
+
+    init = jax.tree.map(jnp.zeros_like, diff)
+    return engine.scan_chunks(step, init, (xs, ys), chunk)
+
+
 def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = "sum") -> Any:
     """Way (a): `vmap(grad(loss_fn))` per example, then summed (or averaged) over the example axis.
 
-    For large N × P the per-example gradients are built and summed chunk by chunk (never more than
-    `MAX_MATERIALIZED` floats at once; a float64 conv model is vmapped over `FLOAT64_CHUNK` examples at a time). **Returns** a pytree like the differentiable params.
+    The per-example gradients are streamed: `vmap` over a chunk of examples, summed into an
+    accumulator in a `lax.scan`, so memory is chunk × P (at most `MAX_MATERIALIZED` floats; a float64
+    conv model `FLOAT64_CHUNK` examples), never N × P. **Returns** a pytree like the differentiable
+    params (non-differentiable leaves `None`).
+
+    **Raises** `ValueError` if xs and ys disagree on N or are empty.
     """
-    n = int(jax.tree.leaves(xs)[0].shape[0])
+    n = engine._check_batch(xs, ys)
+    params = engine.as_params(params)
     p = max(engine.num_params(params), 1)
     chunk = max(1, min(n, MAX_MATERIALIZED // p))
-    leaves = jax.tree.leaves(params)
     # see FLOAT64_CHUNK: float64 grouped convolutions (conv kernels are the leaves with ndim > 2)
-    inner = FLOAT64_CHUNK if any(getattr(v, "dtype", None) == jnp.float64 and v.ndim > 2 for v in leaves) else None
-    total = None
-    for start in range(0, n, chunk):
-        sub = jax.tree.map(lambda v: v[start : start + chunk], (xs, ys))
-        g = engine.per_example_grads(loss_fn, params, *sub, method="vmap", chunk_size=inner)
-        part = jax.tree.map(lambda a: a.sum(0), g)
-        total = part if total is None else jax.tree.map(jnp.add, total, part)
+    if any(getattr(v, "dtype", None) == jnp.float64 and v.ndim > 2 for v in jax.tree.leaves(params)):
+        chunk = min(chunk, FLOAT64_CHUNK)
+    total = _summed_per_example_grads(loss_fn, params, xs, ys, chunk)
     return jax.tree.map(lambda a: a / n, total) if reduction == "mean" else total
 
 
