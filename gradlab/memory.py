@@ -100,3 +100,26 @@ def dp_sgd_fix(n: int, num_params: int) -> str:
     q = largest_sample_rate(n, num_params)
     return f"Use a sampling rate q ≤ {q:.3g} or a smaller model." if q else \
         f"Even q = 0.001 does not fit {num_params:,} parameters: use a smaller model."
+
+
+#: optax.lbfgs keeps this many (s, y) pairs of P-vectors (its default `memory_size`).
+LBFGS_MEMORY = 10
+
+
+def influence_bytes(num_params: int, proj_dim: int, n_models: int, n_checkpoints: int) -> int:
+    """Bytes the influence scores hold at once for a model of P parameters (float32): TRAK's P × k
+    Gaussian projection, its ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, and
+    θ̂'s L-BFGS history (2 × `LBFGS_MEMORY` P-vectors) plus a few P-vectors of conjugate gradient.
+    Per-example gradients are streamed in the engine's byte-sized chunks and not counted."""
+    return 4 * int(num_params) * (int(proj_dim) + int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6)
+
+
+def influence_fix(num_params: int, proj_dims: Iterable[int], n_models: int, n_checkpoints: int) -> str:
+    """What to change when the influence scores do not fit: the largest projection dimension k that
+    does, or a smaller model (the largest P that fits with the smallest k)."""
+    dims = sorted(proj_dims)
+    k = largest(dims, lambda d: influence_bytes(num_params, d, n_models, n_checkpoints))
+    if k:
+        return f"Use a TRAK projection dimension k ≤ {k} (TRAK settings) or a smaller model."
+    p_max = BUDGET_BYTES // influence_bytes(1, dims[0], n_models, n_checkpoints)
+    return f"Use a model of at most {p_max:,} parameters (a smaller hidden width or fewer layers)."

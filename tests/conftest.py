@@ -41,3 +41,15 @@ def assert_clean(at):
 @pytest.fixture
 def page():
     return open_page
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for all browser tests: Playwright's sync API allows one per thread."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    from browser_helpers import launch
+
+    with sync_api.sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()

@@ -7,7 +7,7 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from browser_helpers import launch, page_errors, streamlit_server, wait_until_idle
+from browser_helpers import page_errors, streamlit_server, wait_until_idle
 
 from gradlab.presets import LECTURE
 
@@ -32,12 +32,9 @@ def _check(page, step: int) -> dict:
 
 
 @pytest.mark.timeout(2400)  # 13 steps, cold: trains four experiments and times the performance sweep
-def test_walk_the_lecture_with_next_and_back_and_reopen_each_url(tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_walk_the_lecture_with_next_and_back_and_reopen_each_url(tmp_path, browser):
     n = len(LECTURE)
-    with streamlit_server(log_path=tmp_path / "server.log") as (base, _), sync_playwright() as pw:
-        browser = launch(pw)
+    with streamlit_server(log_path=tmp_path / "server.log") as (base, _):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(f"{base}/lecture?step=1")
         views, urls, seconds = [_check(page, 1)], [page.url], []
@@ -63,5 +60,5 @@ def test_walk_the_lecture_with_next_and_back_and_reopen_each_url(tmp_path):
             assert again["titles"] == views[step - 1]["titles"], step
             assert {k: v for k, v in again["query"].items()} == views[step - 1]["query"], step
             fresh.close()
-        browser.close()
+        page.close()
     print("Next -> step rendered, seconds (browser wall clock, shared machine):", [round(s, 1) for s in seconds])

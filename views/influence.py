@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import influence as inf
-from gradlab import losses, plots, ui
+from gradlab import engine, losses, memory, plots, ui
 from gradlab.influence import fitted as ifit
 from gradlab.metrics import detection_roc, fraction_in_top
 
@@ -80,6 +80,7 @@ def self_scores(exp, l2, damping, _fitted):
 
 
 OPTIMUM_ITERS = 500
+PROJ_DIMS = [64, 128, 256, 512, 1024]
 test_loss, test_pred = test_summary(exp, fitted)
 correct = (test_pred == data.y_test) if classify else (np.abs(test_pred - data.y_test) < 0.5)
 
@@ -131,9 +132,16 @@ with st.expander("TRAK settings"):
     n_models = int(t1.number_input("Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
                                    key="infl_trak_models", bind="query-params",
                                    help="The trained model plus models trained with seeds seed+1, … on the same data."))
-    proj_dim = int(t2.select_slider("Projection dimension k", options=[64, 128, 256, 512, 1024],
+    proj_dim = int(t2.select_slider("Projection dimension k", options=PROJ_DIMS,
                                     value=ifit.TRAK_PROJ_DIM, key="infl_trak_k", bind="query-params",
                                     help="Per-example gradients are projected to k dimensions by a Gaussian matrix."))
+
+# ------------------------------------------------------------------ what it will hold, before it runs
+with ui.guard("The influence scores do not fit this server", stop=True):
+    P, n_ckpt = engine.num_params(fitted.model), len(fitted.run.checkpoints)
+    memory.check(f"Influence scores for a model of P = {P:,} parameters with TRAK's k = {proj_dim}",
+                 memory.influence_bytes(P, proj_dim, n_models, n_ckpt),
+                 memory.influence_fix(P, PROJ_DIMS, n_models, n_ckpt))
 
 # ------------------------------------------------------------------ the one optimum
 with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} iterations)…"):
