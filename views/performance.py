@@ -140,9 +140,10 @@ needed = [bench.memory_bytes(a, n_top, P) for a in approaches]
 ui.chart(plots.memory_bars(mem_labels, needed), width="stretch")
 st.markdown(
     f"Materialized per-example gradients hold **N × P × 4 bytes** = {n_top:,} × {P:,} × 4 = "
-    f"**{n_top * P * 4 / 1e6:,.1f} MB** (all 1797 digits with the benchmark MLP: 611 MB). Streaming over chunks of "
-    f"{engine.DEFAULT_CHUNK} examples needs at most **chunk × P × 4** = {min(engine.DEFAULT_CHUNK, n_top) * P * 4 / 1e6:,.1f} MB, "
-    "and the per-layer rules need no per-example gradient at all for Linear layers."
+    f"**{n_top * P * 4 / 1e6:,.1f} MB** (all 1797 digits with the benchmark MLP: 611 MB). Streaming holds one chunk: "
+    f"the engine sizes chunks to about {engine.CHUNK_BYTES / 2**20:.0f} MB of per-example gradients (at most "
+    f"{engine.MAX_CHUNK} examples), here **{bench.memory_bytes('norms_vmap', n_top, P) / 1e6:,.1f} MB**, "
+    "and the per-layer rules need no per-example gradient at all for dense, convolution and embedding weights."
 )
 
 with st.expander("Why vmap(grad) costs about one batch gradient plus the materialization", expanded=True):
