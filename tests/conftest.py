@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# One XLA compilation cache on disk for the whole run: page scripts rebuild their closures on every
+# rerun and every browser test starts a fresh server, so the same programs would compile again and
+# again. Set before JAX is imported; the streamlit servers inherit it through the environment.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gradlab-test-xla-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
