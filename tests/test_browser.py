@@ -62,7 +62,8 @@ def test_first_visit_to_a_fresh_server_runs_the_router(browser):
         _visit(pg, f"{base}/norms?dataset=moons")
         sidebar = pg.locator('[data-testid="stSidebar"]').inner_text()
         pg.close()
-    assert "Experiment" in sidebar and "moons" in sidebar, sidebar[:300]
+    # the dataset box shows the link's dataset ("Moons (2-D toy, 2 classes)"), not the default digits
+    assert "Experiment" in sidebar and "Moons (2-D toy" in sidebar, sidebar[:600]
 
 
 @pytest.fixture
