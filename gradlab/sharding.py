@@ -90,16 +90,6 @@ def _axes(mesh: Mesh):
     return names[0] if len(names) == 1 else names
 
 
-def _floats_to_arrays(params: PyTree) -> PyTree:
-    """Python floats -> arrays (as the engine's `as_params`), so they are traced, not static."""
-    return jax.tree.map(
-        lambda v: jnp.asarray(v, dtype=jnp.result_type(float))
-        if isinstance(v, float) and not isinstance(v, bool)
-        else v,
-        params,
-        is_leaf=lambda v: isinstance(v, eqx.Module),
-    )
-
 
 def _num_examples(xs, ys) -> int | None:
     """N if xs and ys agree and are non-empty, else None (the engine then raises its own error)."""
@@ -246,7 +236,9 @@ def _prepare(fn, kind, mesh, n, loss_fn, params, xs, ys, args, kw):
             xs, loss_fn = (xs, w), weighted_loss(loss_fn)
     axes = _axes(mesh)
     xs, ys, ws = _place((xs, ys, ws), NamedSharding(mesh, PartitionSpec(axes)))
-    rep = _place((_floats_to_arrays(params), args), NamedSharding(mesh, PartitionSpec()))
+    from gradlab import engine  # here, not at the top: engine imports this module
+
+    rep = _place((engine.as_params(params), args), NamedSharding(mesh, PartitionSpec()))
     return (fn, kind, mesh, n, tuple(sorted(kw.items())), loss_fn, rep, xs, ys, ws), mean
 
 

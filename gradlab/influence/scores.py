@@ -70,15 +70,7 @@ def project(loss_fn: LossFn, params: PyTree, xs, ys, matrix: Float[Array, "P K"]
     **Arguments** `matrix (P, K)`: K test gradients as columns (then this is K gradient dot products per
     example) or a random projection (TRAK). **Returns** `(N, K)`.
     """
-    n = engine._check_batch(xs, ys)
-    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
-    chunk = int(min(chunk_size or engine.DEFAULT_CHUNK, n))
-    out = []
-    for s in range(0, n, chunk):
-        idx = jnp.minimum(jnp.arange(s, s + chunk), n - 1)
-        g = flat_gradients(loss_fn, params, xs[idx], ys[idx])
-        out.append((g @ matrix)[: min(chunk, n - s)])
-    return jnp.concatenate(out)
+    return _per_chunk(loss_fn, params, xs, ys, chunk_size, lambda g: g @ matrix)
 
 
 def grad_dot(loss_fn: LossFn, params: PyTree, train_xs, train_ys, test_x, test_y, *,
@@ -265,6 +257,12 @@ def trak(
 
 def _quad_forms(loss_fn, params, xs, ys, a, chunk_size):
     """gᵢᵀ A gᵢ for every example, streamed over chunks (A is P × P)."""
+    return _per_chunk(loss_fn, params, xs, ys, chunk_size, lambda g: jnp.sum((g @ a) * g, axis=1))
+
+
+def _per_chunk(loss_fn, params, xs, ys, chunk_size, rows):
+    """`rows(G)` of each chunk's flat per-example gradients G (chunk × P), stacked over all N examples.
+    The last chunk repeats the final example, so one compiled shape serves every chunk."""
     n = engine._check_batch(xs, ys)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     chunk = int(min(chunk_size or engine.DEFAULT_CHUNK, n))
@@ -272,7 +270,7 @@ def _quad_forms(loss_fn, params, xs, ys, a, chunk_size):
     for s in range(0, n, chunk):
         idx = jnp.minimum(jnp.arange(s, s + chunk), n - 1)
         g = flat_gradients(loss_fn, params, xs[idx], ys[idx])
-        out.append(jnp.sum((g @ a) * g, axis=1)[: min(chunk, n - s)])
+        out.append(rows(g)[: min(chunk, n - s)])
     return jnp.concatenate(out)
 
 
