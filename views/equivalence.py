@@ -46,14 +46,16 @@ def pitfalls():
     return equivalence.run_pitfalls()
 
 
-fitted = ui.fitted(exp) if example == "experiment" else None
-result = None
+fitted = result = None
 with ui.guard("The two ways could not be compared"):
-    if fitted is not None and engine.num_params(fitted.model) > equivalence.PAGE_MAX_PARAMS:
-        raise ValueError(f"This model has {engine.num_params(fitted.model):,} parameters; this page compares both "
-                         f"ways in float64 over every example and allows at most {equivalence.PAGE_MAX_PARAMS:,} "
-                         "on a shared server. Use a hidden width of 256 with 2 layers or smaller, or the "
-                         "seeds' scalar example above.")
+    if example == "experiment":
+        # Refuse before training: the widest MLP would train for minutes and hold its checkpoints first.
+        if ui.num_params(exp) > equivalence.PAGE_MAX_PARAMS:
+            raise ValueError(f"This model has {ui.num_params(exp):,} parameters; this page compares both "
+                             f"ways in float64 over every example and allows at most {equivalence.PAGE_MAX_PARAMS:,} "
+                             "on a shared server. Use a hidden width of 256 with 2 layers or smaller, or the "
+                             "seeds' scalar example above.")
+        fitted = ui.fitted(exp)
     with st.spinner("Computing both ways in float32 and float64…"):
         cmp, scaling, shape_rows = comparison(exp if example == "experiment" else None, example, reduction, fitted)
     result = cmp

@@ -8,7 +8,8 @@
 Pages import `from gradlab import ui` and use the names re-exported here.
 """
 
-from gradlab.ui.cache import (FIT_CACHE_SIZE, HASH_FUNCS, MEMORY_BUDGET_MB, cached, fitted, progress_bar,
+from gradlab.ui.cache import (FIT_CACHE_SIZE, HASH_FUNCS, MEMORY_BUDGET_MB, cached, fitted, num_params,
+                              progress_bar,
                               release_memory, requested, rss_mb)
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
@@ -19,6 +20,6 @@ __all__ = [
     "DEFAULT", "FIT_CACHE_SIZE", "HASH_FUNCS", "LEARNING_RATES", "MEMORY_BUDGET_MB", "STEPS", "UPLOAD_LABEL",
     "apply_preset", "cached", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fitted", "follow_preset", "guard",
-    "plotly_config", "preset_banner", "preset_picker", "progress_bar", "release_memory", "requested", "rss_mb",
+    "num_params", "plotly_config", "preset_banner", "preset_picker", "progress_bar", "release_memory", "requested", "rss_mb",
     "share_link", "upload_controls", "uploaded",
 ]

@@ -72,14 +72,33 @@ def check_training_memory(exp: Experiment, num_params: int) -> None:
                  f"{memory.n_checkpoints(exp.steps, exp.checkpoint_every)} checkpoints", need, fix)
 
 
+def _data(exp: Experiment, upload: dict | None):
+    """`exp`'s dataset (from `upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
+    if exp.is_upload:
+        return load_csv(upload["bytes"], upload["label"], upload["task"], seed=exp.seed,
+                        label_noise=exp.label_noise, test_fraction=exp.test_fraction)
+    return load_data(exp)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _num_params(exp: Experiment, _upload: dict | None) -> int:
+    from gradlab import engine
+
+    return engine.num_params(init_model(exp, _data(exp, _upload)))
+
+
+def num_params(exp: Experiment) -> int:
+    """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
+    refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
+    from gradlab.ui.upload import require_upload
+
+    return _num_params(exp, require_upload(exp) if exp.is_upload else None)
+
+
 @st.cache_resource(max_entries=FIT_CACHE_SIZE, show_spinner=False)
 def _fit(exp: Experiment, _upload: dict | None) -> Fitted:
     """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
-    if exp.is_upload:
-        data = load_csv(_upload["bytes"], _upload["label"], _upload["task"], seed=exp.seed,
-                        label_noise=exp.label_noise, test_fraction=exp.test_fraction)
-    else:
-        data = load_data(exp)
+    data = _data(exp, _upload)
     from gradlab import engine
 
     check_training_memory(exp, engine.num_params(init_model(exp, data)))
