@@ -179,19 +179,27 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _kb(path: str, fields: tuple[str, ...]) -> int:
+    """Sum of the named `kB` fields of a /proc status-like file (0 if the process is gone)."""
+    try:
+        return sum(int(line.split()[1]) for line in Path(path).read_text().splitlines()
+                   if line.split(":")[0] in fields)
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def tree_rss_mb(pid: int) -> float:
-    """RSS of `pid` and all its descendants in MB (1 MB = 2**20 bytes), from /proc."""
-    total, todo = 0, [pid]
+    """Memory of `pid` and its descendants in MB (1 MB = 2**20 bytes), from /proc: the RSS of `pid`
+    plus the *private* pages of each descendant. A child's RSS would count the pages it shares with
+    its parent after `fork` (copy-on-write) a second time: a short-lived `fork` + `exec` of a 520 MB
+    server read as a 1,046 MB peak, memory a container's cgroup never charged."""
+    total = _kb(f"/proc/{pid}/status", ("VmRSS",))
+    todo = _children(pid)
     while todo:
         q = todo.pop()
-        try:
-            for line in Path(f"/proc/{q}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
+        total += _kb(f"/proc/{q}/smaps_rollup", ("Private_Clean", "Private_Dirty"))
         todo += _children(q)
-    return total / 2**20
+    return total / 1024
 
 
 class Sampler(threading.Thread):

@@ -162,14 +162,19 @@ def requested(name: str, key, pressed: bool, *, kept: int = 8) -> bool:
 # ---------------------------------------------------------------- memory on a small server
 
 
+@functools.cache
 def _libc():
+    """glibc, loaded once: `ctypes.util.find_library` runs `ldconfig -p` in a subprocess, a fork of
+    the whole server on every call (it was called after every computation)."""
     import ctypes
     import ctypes.util
 
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
+    for name in ("libc.so.6", None):
+        try:
+            return ctypes.CDLL(name or ctypes.util.find_library("c"))
+        except (OSError, TypeError):
+            pass
+    return None
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:
