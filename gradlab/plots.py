@@ -62,8 +62,14 @@ def _wrap(text: str, width: int) -> str:
     """Break a long title into lines of at most about `width` characters (Plotly titles do not wrap)."""
     if not text or len(text) <= width or "<br>" in text:
         return text
-    lines, line = [], ""
+    words = []  # a bracketed group such as "(xᵢ, yᵢ)" stays on one line
     for word in text.split(" "):
+        if words and words[-1].count("(") > words[-1].count(")"):
+            words[-1] += " " + word
+        else:
+            words.append(word)
+    lines, line = [], ""
+    for word in words:
         if line and len(line) + 1 + len(word) > width:
             lines.append(line)
             line = word
@@ -87,19 +93,33 @@ def readable(fig: go.Figure) -> go.Figure:
         lines = text.count("<br>") + 1
         fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
     fig.update_layout(legend=dict(font=dict(size=legend)), font=dict(color="#111111"))
-    if lines > 1 and fig.layout.margin and fig.layout.margin.t is not None:
-        fig.update_layout(margin=dict(t=fig.layout.margin.t + (lines - 1) * (title + 6)))
+    if text:
+        # room above the plot for every line of the title (centred in the top margin) and, below it,
+        # the subplot titles that sit just above the plot: a wrapped title overlaps neither
+        subplot_titles = 2 * (12 + tick) if fig.layout.annotations else 0
+        need = 20 + lines * round(1.3 * title) + subplot_titles
+        fig.update_layout(margin=dict(t=max(need, fig.layout.margin.t or 0)))
     fig.update_xaxes(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"),
                      automargin=True)
     fig.update_yaxes(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"),
                      automargin=True)
+    # long axis titles wrap (Plotly cuts them at the figure's edge); a y title runs along a short side
+    fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 40 if big else 60)) if ax.title.text else None)
+    fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
+    x_lines = max((ax.title.text or "").count("<br>") + 1 for ax in fig.select_xaxes())
     fig.for_each_xaxis(_power_ticks)
     fig.for_each_yaxis(_power_ticks)
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
         legend = fig.layout.legend
-        if legend.orientation == "h" and legend.y is not None and legend.y < 0:  # below the axis title, not on it
-            fig.update_layout(legend_y=legend.y * 1.6, height=(fig.layout.height or 450) + 60)
+        if legend.orientation == "h" and legend.y is not None and legend.y < 0:
+            # a legend below the plot goes to the figure's bottom edge, under room for the tick labels
+            # and the axis title's lines; at worst one entry per row in half of a 1024 px page
+            rows = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+            legend_px = 28 * max(rows, 1)
+            fig.update_layout(legend=dict(yref="container", y=0, yanchor="bottom"),
+                              margin=dict(b=70 + 28 * x_lines + legend_px),
+                              height=(fig.layout.height or 450) + legend_px + 28 * (x_lines - 1))
     return fig
 
 
