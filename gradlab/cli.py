@@ -402,7 +402,8 @@ def parser() -> argparse.ArgumentParser:
     common(p, "gradlab_influence.csv")
     p.add_argument("--train-steps", type=int, default=300)
     p.add_argument("--test-index", type=int, nargs="+", default=[0], help="test-split example(s) to explain")
-    p.add_argument("--damping", type=float, default=0.01, help="λ: objective mean loss + λ/2‖θ‖²")
+    p.add_argument("--damping", type=float, default=0.01, help="damping δ, added to the Hessian only: (H + δI)⁻¹ at the trained model (λ = 0 in the "
+                   "influence objective; --l2 is the training regularization)")
     p = sub.add_parser("dp-sgd", help="train with DP-SGD; per-step loss, clipped fraction, ε")
     common(p, "gradlab_dp_sgd.csv")
     p.add_argument("--steps", type=int, default=300)

@@ -300,6 +300,12 @@ def test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel(x64):
     assert not np.allclose(approx, expected, rtol=1e-3)
     with pytest.raises(ValueError, match="at least one model"):
         inf.trak(softmax_loss, [], xs, ys, test_xs, test_ys)
+    # with the one-step Newton weights W = diag(p(1 − p)): g(z)ᵀ(GᵀWG)⁻¹GᵀQ
+    kw = g_margin.T @ (g_margin * (p_y * (1 - p_y))[:, None])
+    expected_w = gt_margin @ np.linalg.solve(kw, g_margin.T) * (1 - p_y)[None]
+    got_w = inf.trak(softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs),
+                     jnp.asarray(test_ys), proj_dim=p_dim, newton_weights=True, chunk_size=16)
+    np.testing.assert_allclose(got_w, expected_w, rtol=1e-6, atol=1e-9 * np.abs(expected_w).max())
 
 
 def test_lds_of_an_oracle_is_one_and_of_random_scores_about_zero():

@@ -56,10 +56,11 @@ def tracin_run(data_key, _fitted):
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def trak_models(data_key, n_models, _fitted):
-    """TRAK's ensemble, or None when one of its extra models cannot be trained (the message is shown)."""
+def trak_models(data_key, n_models, l2, _fitted):
+    """TRAK's ensemble (each model's own θ̂ at λ), or None when one of its extra models cannot be trained (the
+    message is shown)."""
     try:
-        return ifit.trak_models(_fitted, n_models), None
+        return ifit.trak_models(_fitted, n_models, base=optimum(data_key, l2, _fitted), max_iter=OPTIMUM_ITERS), None
     except ValueError as err:
         return None, f"TRAK is unavailable: training its ensemble failed: {err}"
 
@@ -70,7 +71,7 @@ def point_scores(exp, test_index, l2, damping, solver, lissa_scale, n_models, pr
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
     return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver, **extra,
                                  tracin=tracin_run(exp, _fitted)[0],
-                                 trak=trak_models(exp, n_models, _fitted)[0], proj_dim=proj_dim)
+                                 trak=trak_models(exp, n_models, l2, _fitted)[0], proj_dim=proj_dim)
 
 
 @ui.cached
@@ -131,7 +132,8 @@ with st.expander("TRAK settings"):
     t1, t2 = st.columns(2)
     n_models = int(t1.number_input("Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
                                    key="infl_trak_models", bind="query-params",
-                                   help="The trained model plus models trained with seeds seed+1, … on the same data."))
+                                   help="θ̂ (as the influence function) plus models trained with seeds seed+1, … on the same data, each "
+                                        "converged to its own θ̂ of the same objective at λ."))
     proj_dim = int(t2.select_slider("Projection dimension k", options=PROJ_DIMS,
                                     value=ifit.TRAK_PROJ_DIM, key="infl_trak_k", bind="query-params",
                                     help="Per-example gradients are projected to k dimensions by a Gaussian matrix."))
@@ -164,7 +166,7 @@ if not base.converged:
 
 with st.spinner("Training the runs TracIn and TRAK follow…"):
     tr_ckpts, tr_note = tracin_run(exp, fitted)
-    trak_ok, trak_note = trak_models(exp, n_models, fitted)
+    trak_ok, trak_note = trak_models(exp, n_models, float(l2), fitted)
 for missing, why in ((tr_ckpts, tr_note), (trak_ok, trak_note)):
     if missing is None:
         st.warning(why, icon="⚠️")
@@ -386,7 +388,7 @@ st.markdown(
 def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, _say):
     base_ = optimum(data_key, l2, _fitted)
     table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
-                            tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, _fitted)[0],
+                            tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, l2, _fitted)[0],
                             proj_dim=proj_dim_, progress=_say)
     return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
 
@@ -447,8 +449,9 @@ hvp = lambda v: jax.jvp(jax.grad(F), (flat,), (v,))[1] + delta * v
 s, _ = jax.scipy.sparse.linalg.cg(hvp, ravel_pytree(jax.grad(loss)(base.params, x_test, y_test))[0])
 predicted = (per_example_dots(loss, base.params, xs, ys, unravel(s)) + lam * flat @ s) / N
 
-# TRAK (Park et al. 2023): Φ = G R (R: P x k Gaussian, streamed), τ = φ(z)(ΦᵀΦ)⁻¹Φᵀ Q, averaged over models
-trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=512)      # (T, N)
+# TRAK (Park et al. 2023): Φ = G R (R: P x k Gaussian, streamed), τ = φ(z)(ΦᵀWΦ + δ)⁻¹Φᵀ Q averaged over
+# models (each its own θ̂ at λ), W = diag(p(1 − p)) the one-step Newton weights
+trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=512, damping=1.0, newton_weights=True)  # (T, N)
 
 # LDS: M models on random halves, trained at once with vmap over the subsets
 subsets = inf.random_subsets(N, 50)

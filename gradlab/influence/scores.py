@@ -206,7 +206,8 @@ def _projection(key, p: int, k: int, dtype) -> Array:
 
 def trak(
     loss_fn: LossFn, models: Sequence[PyTree], train_xs, train_ys, test_xs, test_ys, *, proj_dim: int = 512,
-    task: str = "classification", damping: float = 0.0, seed: int = 0, chunk_size: int | None = None,
+    task: str = "classification", damping: float = 0.0, newton_weights: bool = False, seed: int = 0,
+    chunk_size: int | None = None,
 ) -> Float[Array, "T N"]:
     """TRAK scores (Park et al. 2023, Algorithm 1 without sparsification) for T test points.
 
@@ -219,9 +220,13 @@ def trak(
 
     With k = P, one model and δ = 0 this is the exact after-kernel g(z)ᵀ(GᵀG)⁻¹GᵀQ (R is invertible).
 
+    `newton_weights=True` (classification) keeps the weights W = diag(p_i(1 − p_i)) of the one-step Newton
+    step for logistic regression that TRAK is derived from (Park et al. 2023, §3: the Hessian of the
+    logistic loss in the margin is p(1 − p)), i.e. the kernel Φ_mᵀW_mΦ_m; Algorithm 1 drops W (Φ_mᵀΦ_m).
+
     **Arguments** `models`: independently trained models of one architecture; `train_xs (N, ...)`,
     `test_xs (T, ...)`; `proj_dim` k (≤ N for an invertible ΦᵀΦ without damping); `damping` δ ≥ 0
-    relative to the mean diagonal of ΦᵀΦ; `seed` for the projections.
+    relative to the mean diagonal of the kernel; `newton_weights` as above; `seed` for the projections.
 
     **Returns** `(T, N)`; high = proponent (raises the test output).
 
@@ -238,17 +243,19 @@ def trak(
         r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), dtype)
         phi = project(f, params, train_xs, train_ys, r, chunk_size=chunk_size)                # (N, k)
         phi_test = flat_gradients(f, params, test_xs, test_ys) @ r                             # (T, k)
-        k = phi.T @ phi
+        if task == "classification":
+            ell = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, jnp.asarray(train_xs), jnp.asarray(train_ys))
+            q = -jnp.expm1(-ell)                                                               # 1 − p_i
+        else:
+            q = jnp.ones(phi.shape[0], phi.dtype)
+        w = q * (1.0 - q) if newton_weights and task == "classification" else jnp.ones_like(q)
+        k = (phi * w[:, None]).T @ phi
         k = k + damping * jnp.mean(jnp.diag(k)) * jnp.eye(k.shape[0], dtype=k.dtype)
         sol = jnp.linalg.solve(k, phi_test.T)                                                  # (k, T)
         if not bool(jnp.all(jnp.isfinite(sol))):
             raise InfluenceError("TRAK's kernel ΦᵀΦ is singular: lower the projection dimension below N or raise the damping")
         kernel_sum = kernel_sum + sol.T @ phi.T                                                # (T, N)
-        if task == "classification":
-            ell = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, jnp.asarray(train_xs), jnp.asarray(train_ys))
-            q_sum = q_sum + (-jnp.expm1(-ell))
-        else:
-            q_sum = q_sum + 1.0
+        q_sum = q_sum + q
     return (kernel_sum / len(models)) * (q_sum / len(models))
 
 
