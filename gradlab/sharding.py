@@ -17,8 +17,28 @@ visible device and no `mesh=`, the wrapper calls the function directly: nothing 
 N not divisible by the device count D: xs and ys are padded to a multiple of D with copies of
 the last example. Per-example outputs drop the padded rows. Sums fold a 0/1 weight into the loss
 (`w · loss`): exact for the batch gradient and for the clipped sum (clipping a zero gradient
-gives zero). JAX 0.10 has no uneven shardings, so for such N the per-example outputs come back
-replicated rather than sharded; choose N a multiple of D to keep them spread out.
+gives zero). For such N the per-example outputs come back REPLICATED (every device holds all N
+rows), not sharded: a `jax.Array` cannot be sharded unevenly in JAX 0.10.2. Checked on 4 forced
+host devices with N = 57: `jax.device_put`, `jax.make_array_from_callback`,
+`jax.make_array_from_single_device_arrays`, `jax.jit(..., out_shardings=...)` (also slicing the
+padded, sharded result inside the jit) all raise `IndivisibleError` (a `ValueError`: "Sharding
+NamedSharding(mesh=Mesh('examples': 4, ...), spec=P('examples',), ...) implies that array axis 0
+is partitioned 4 times, but the dimension size is 57 (full shape: (57,), per-dimension tiling
+factors: [4] should evenly divide the shape)"); `with_sharding_constraint` inside the jit is
+silently replaced by replication (jax-ml/jax#26946); with explicit mesh axes `reshard` raises
+`ShardingTypeError` ("slicing on sharded dims where out dim (57) is not divisible by mesh axes
+(4) ... is not implemented"). `tests/test_sharding.py` checks that this is still so. Choose N a
+multiple of D to keep per-example outputs spread out.
+
+`chunk_size` is per device: each device streams its own N/D examples in chunks of `chunk_size`
+(without one, chunks of about `engine.CHUNK_BYTES` per device), as one device would. So a chunk
+size that fits one device's memory fits each of them, and the number of chunks per device falls
+D-fold (the speed-up). The part of the peak that grows with N is then 1/D per device, and the
+largest N that fits a device grows D-fold (the fixed part, parameters plus one chunk's
+intermediates, is the same as on one device: each device runs exactly the one-device program on
+N/D examples, `tests/test_sharding.py::test_four_memory_per_device`). For a fixed total in flight
+across devices (a smaller fixed part per device, D times as many chunks on each) pass
+`chunk_size // D` instead; `benchmarks/devices.py --split-chunk` measures that.
 
 Compiled programs are cached per (function, loss_fn object, mesh, shapes): pass the same
 `loss_fn` object again and nothing is re-traced.
@@ -195,7 +215,8 @@ def run_sharded(fn: Callable, kind: Kind, mesh: Mesh, loss_fn, params, xs, ys, *
 
     **Arguments**
     - `fn`: a one-device engine function `fn(loss_fn, params, xs, ys, *args, **kw)`.
-    - `kind`: `"per_example"` (outputs have the example axis first, returned sharded over it) or
+    - `kind`: `"per_example"` (outputs have the example axis first, returned sharded over it;
+      replicated if N is not a multiple of `mesh.size`, see the module docstring) or
       `"sum"` (outputs are sums over examples, returned replicated). A `reduction="mean"` keyword
       is computed as the sum divided by N.
     - `mesh`: the devices (see `example_mesh`); params and `args` are replicated on all of them.
@@ -302,11 +323,13 @@ _MESH_DOC = {
     "per_example": """
     **Devices**: with more than one device visible (or `mesh=` a `jax.sharding.Mesh`) the
     example axis is split over all devices (`gradlab.sharding`); the outputs come back sharded
-    over the example axis (replicated if N is not a multiple of the device count).
+    over the example axis (replicated if N is not a multiple of the device count: JAX arrays
+    cannot be sharded unevenly). `chunk_size` is per device.
     """,
     "sum": """
     **Devices**: with more than one device visible (or `mesh=` a `jax.sharding.Mesh`) the
     example axis is split over all devices (`gradlab.sharding`), each device sums its examples
     and the device sums are added (`psum`); the result is replicated on every device.
+    `chunk_size` is per device.
     """,
 }
