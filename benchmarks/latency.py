@@ -8,7 +8,8 @@ server time of every script run), then
 - **widget change**: in that second session, one control of the page is changed.
 
 Each is reported as server time (the sum of the script runs it caused, from the app's log) and
-browser time (until the page is idle again, what a visitor waits). Goals: warm ≤ 1.5 s, cold ≤ 20 s.
+browser time (until the page is idle again, what a visitor waits). Goals (issue 11, in server
+time): warm ≤ 1.5 s, cold ≤ 20 s. A fragment rerun (`ui.fragment`) logs its own server time.
 
     python benchmarks/latency.py [--pages norms,equivalence] [--query "dataset=moons"]
 """
@@ -34,11 +35,25 @@ WIDGETS = {
     "equivalence": ("Reduction: mean", lambda page: page.locator('[data-testid="stRadio"]').filter(has_text="Reduction")
                     .get_by_text("mean", exact=True).click()),
     "dp_clipping": ("Log-scale norms toggle", lambda page: page.get_by_text("Log-scale norms", exact=True).click()),
-    "influence": ("Top-k + 1", lambda page: page.locator('[data-testid="stNumberInput"]').filter(has_text="Top-k")
-                  .locator('[data-testid="stNumberInputStepUp"]').click()),
-    "performance": ("remove the last approach", lambda page: page.locator('[data-testid="stMultiSelect"]').first
-                    .locator('[data-baseweb="tag"] [role="presentation"]').last.click()),
+    "influence": ("Top-k 8 → 9", lambda page: _type(page, "Top-k", "9")),
+    "performance": ("remove the last approach", lambda page: _backspace(page, "Approaches")),
+    "geometry": ("Step once", lambda page: page.get_by_role("button", name="Step", exact=True).click()),
 }
+
+
+def _type(page, label: str, value: str) -> None:
+    """Type `value` into the number input labelled `label` and commit it with Enter."""
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Enter")
+
+
+def _backspace(page, label: str) -> None:
+    """Remove the last chosen option of the multiselect labelled `label` (Backspace in its input)."""
+    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text=label).locator("input")
+    box.click()
+    box.press("Backspace")
+    box.press("Escape")
 
 
 def _timed(page, log: Path, action) -> tuple[float, float]:
@@ -93,13 +108,13 @@ def main() -> int:
     for path in args.pages.split(","):
         r = measure(path, args.query, Path(args.log))
         (cs, cb), (ws, wb), (xs, xb) = r["cold"], r["warm"], r["change"]
-        ok = cb <= 20 and wb <= 1.5 and not (xb > 1.5)
+        ok = cs <= 20 and ws <= 1.5 and not (xs > 1.5)  # the issue's goals are in server time
         misses += not ok
         print(f"{path:<13} {cs:10.2f} / {cb:7.2f}    {ws:12.2f} / {wb:7.2f}      {xs:12.2f} / {xb:7.2f}   "
               f"{r['what']}{'' if ok else '   MISSES GOAL'}", flush=True)
         for e in r["errors"]:
             print("   ERROR", e[:300])
-    print("\ngoals: cold ≤ 20 s, second visitor and widget change ≤ 1.5 s per page (browser time)")
+    print("\ngoals (server time): cold ≤ 20 s, second visitor and widget change ≤ 1.5 s per page")
     return 1 if misses else 0
 
 

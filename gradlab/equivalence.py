@@ -158,6 +158,54 @@ def _leaf_dict(params, tree) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.float64) for k, v in zip(names, jax.tree.leaves(tree))}
 
 
+def _ways(loss_fn, params, xs, ys, dtype) -> tuple[dict, dict, dict, dict]:
+    """In `dtype`: way (a) summed and averaged, way (b) summed and averaged, as float64 leaf dicts.
+    Way (a) averaged is way (a) summed divided by N in `dtype`, as `way_a(reduction="mean")` does."""
+    p, x, y = _to(dtype, (params, xs, ys))
+    a_sum = way_a(loss_fn, p, x, y, reduction="sum")
+    n = engine._check_batch(xs, ys)
+    return (_leaf_dict(params, a_sum), _leaf_dict(params, jax.tree.map(lambda a: a / n, a_sum)),
+            _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="sum")),
+            _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="mean")))
+
+
+def _comparison(params, n, reduction, w32, w64) -> Comparison:
+    """Way (a) vs way (b) per leaf for `reduction`, from `_ways` in float32 (`w32`) and float64 (`w64`)."""
+    def pick(w):
+        a_sum, a_mean, b_sum, b_mean = w
+        return (a_mean, b_mean) if reduction == "mean" else (a_sum, b_sum)
+
+    (a32, b32), (a64, b64) = pick(w32), pick(w64)
+    leaves = []
+    for name in a32:
+        scale = float(np.max(np.abs(b64[name]))) if b64[name].size else 0.0
+        denom = scale if scale > 0 else 1.0
+        abs32 = float(np.max(np.abs(a32[name] - b32[name])))
+        abs64 = float(np.max(np.abs(a64[name] - b64[name])))
+        leaves.append(LeafDiff(
+            name=name, shape=tuple(np.shape(a32[name])), abs32=abs32, rel32=abs32 / denom,
+            abs64=abs64, rel64=abs64 / denom,
+            err_a32=float(np.max(np.abs(a32[name] - b64[name]))),
+            err_b32=float(np.max(np.abs(b32[name] - b64[name]))), scale=scale,
+        ))
+    return Comparison(leaves, n, engine.num_params(params), reduction, a32, b32)
+
+
+def compare_all(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> tuple[dict[str, Comparison], "Scaling"]:
+    """`compare` for both reductions and `mean_vs_sum`, from one pass of each way per precision.
+
+    The expensive part, way (a)'s per-example gradients, runs once in float32 and once in float64;
+    the mean is the sum divided by N, as in `way_a`. **Arguments** as `compare`. **Returns**
+    `({"sum": Comparison, "mean": Comparison}, Scaling)`, equal to `compare(..., reduction=r)` and
+    `mean_vs_sum(...)`. **Raises** as `compare`.
+    """
+    n = engine._check_batch(xs, ys)
+    w32 = _ways(loss_fn, params, xs, ys, jnp.float32)
+    with jax.enable_x64(True):  # thread-local: other sessions keep float32
+        w64 = _ways(loss_fn, params, xs, ys, jnp.float64)
+    return {r: _comparison(params, n, r, w32, w64) for r in ("sum", "mean")}, _scaling(n, *w32)
+
+
 def compare(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = "sum") -> Comparison:
     """Way (a) vs way (b) per parameter leaf, in float32 and in float64 (the reference).
 
@@ -175,27 +223,11 @@ def compare(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str 
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    p32, x32, y32 = _to(jnp.float32, (params, xs, ys))
-    a32 = _leaf_dict(params, way_a(loss_fn, p32, x32, y32, reduction=reduction))
-    b32 = _leaf_dict(params, way_b(loss_fn, p32, x32, y32, reduction=reduction))
+    n = engine._check_batch(xs, ys)
+    w32 = _ways(loss_fn, params, xs, ys, jnp.float32)
     with jax.enable_x64(True):  # thread-local: other sessions keep float32
-        p64, x64, y64 = _to(jnp.float64, (params, xs, ys))
-        a64 = _leaf_dict(params, way_a(loss_fn, p64, x64, y64, reduction=reduction))
-        b64 = _leaf_dict(params, way_b(loss_fn, p64, x64, y64, reduction=reduction))
-    leaves = []
-    for name in a32:
-        scale = float(np.max(np.abs(b64[name]))) if b64[name].size else 0.0
-        denom = scale if scale > 0 else 1.0
-        abs32 = float(np.max(np.abs(a32[name] - b32[name])))
-        abs64 = float(np.max(np.abs(a64[name] - b64[name])))
-        leaves.append(LeafDiff(
-            name=name, shape=tuple(np.shape(a32[name])), abs32=abs32, rel32=abs32 / denom,
-            abs64=abs64, rel64=abs64 / denom,
-            err_a32=float(np.max(np.abs(a32[name] - b64[name]))),
-            err_b32=float(np.max(np.abs(b32[name] - b64[name]))), scale=scale,
-        ))
-    n = int(jax.tree.leaves(xs)[0].shape[0])
-    return Comparison(leaves, n, engine.num_params(params), reduction, a32, b32)
+        w64 = _ways(loss_fn, params, xs, ys, jnp.float64)
+    return _comparison(params, n, reduction, w32, w64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,17 +247,9 @@ class Scaling:
     scale: float
 
 
-def mean_vs_sum(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> Scaling:
-    """The mean of per-example gradients equals the gradient of the mean loss; mixing sum and mean is off by N.
-
-    **Arguments** as `compare`. **Returns** a `Scaling` (float32 computations).
-    """
-    flat = lambda t: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(t)])
-    a_sum = flat(way_a(loss_fn, params, xs, ys, reduction="sum"))
-    a_mean = flat(way_a(loss_fn, params, xs, ys, reduction="mean"))
-    b_sum = flat(way_b(loss_fn, params, xs, ys, reduction="sum"))
-    b_mean = flat(way_b(loss_fn, params, xs, ys, reduction="mean"))
-    n = int(jax.tree.leaves(xs)[0].shape[0])
+def _scaling(n: int, a_sum: dict, a_mean: dict, b_sum: dict, b_mean: dict) -> Scaling:
+    flat = lambda d: np.concatenate([np.ravel(v) for v in d.values()])  # noqa: E731
+    a_sum, a_mean, b_sum, b_mean = flat(a_sum), flat(a_mean), flat(b_sum), flat(b_mean)
     norm_b_mean = float(np.linalg.norm(b_mean))
     return Scaling(
         n=n,
@@ -235,6 +259,15 @@ def mean_vs_sum(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> Scaling:
         ratio=float(np.linalg.norm(a_sum)) / norm_b_mean if norm_b_mean > 0 else float("nan"),
         scale=float(np.max(np.abs(b_mean))),
     )
+
+
+def mean_vs_sum(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> Scaling:
+    """The mean of per-example gradients equals the gradient of the mean loss; mixing sum and mean is off by N.
+
+    **Arguments** as `compare`. **Returns** a `Scaling` (float32 computations).
+    """
+    n = engine._check_batch(xs, ys)
+    return _scaling(n, *_ways(loss_fn, params, xs, ys, jnp.float32))
 
 
 # ---------------------------------------------------------------- the seeds' pitfalls, live

@@ -61,6 +61,23 @@ def test_mlp_ways_agree_and_mean_vs_sum_is_off_by_n():
     assert s.sum_vs_mean > 10 * s.scale  # the trap is not rounding
 
 
+def test_compare_all_is_compare_for_both_reductions_and_mean_vs_sum():
+    """The page's one-pass version gives the same numbers; its mean way (a) is a loop of grad / N."""
+    model = models.MLP(4, 3, 8, 1, "tanh", key=jax.random.key(1))
+    xs = jax.random.normal(jax.random.key(2), (30, 4))
+    ys = jnp.arange(30) % 3
+    both, scaling = equivalence.compare_all(losses.cross_entropy, model, xs, ys)
+    for r in ("sum", "mean"):
+        one = equivalence.compare(losses.cross_entropy, model, xs, ys, reduction=r)
+        assert both[r].reduction == r and both[r].leaves == one.leaves
+    assert scaling == equivalence.mean_vs_sum(losses.cross_entropy, model, xs, ys)
+    import equinox as eqx
+
+    loop = sum(eqx.filter_grad(losses.cross_entropy)(model, xs[i], ys[i]).mlp.layers[0].weight for i in range(30)) / 30
+    np.testing.assert_allclose(both["mean"].way_a[".mlp.layers[0].weight"], loop, rtol=1e-5, atol=1e-7)
+    assert scaling.ratio == pytest.approx(30, rel=1e-5)
+
+
 def test_way_a_in_chunks_equals_one_vmap(monkeypatch):
     model, x, y = _linear_problem(n=37)
     whole = equivalence.way_a(losses.mse, model, jnp.asarray(x), jnp.asarray(y))

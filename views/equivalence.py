@@ -30,15 +30,14 @@ exp = ui.experiment()
 
 
 @ui.cached
-def comparison(exp, example, reduction, _fitted=None):
+def comparison(exp, example, _fitted=None):
+    """Both reductions at once (one pass of each way per precision): the Reduction radio is then a cache hit."""
     if example == "scalar":
         loss, w, xs, ys = equivalence.scalar_example()
-        return equivalence.compare(loss, w, xs, ys, reduction=reduction), equivalence.mean_vs_sum(loss, w, xs, ys), None
+        return *equivalence.compare_all(loss, w, xs, ys), None
     f = _fitted
     xs, ys = f.data.x_train, f.data.y_train
-    return (equivalence.compare(f.loss_fn, f.model, xs, ys, reduction=reduction),
-            equivalence.mean_vs_sum(f.loss_fn, f.model, xs, ys),
-            equivalence.shapes(f.loss_fn, f.model, xs, ys))
+    return *equivalence.compare_all(f.loss_fn, f.model, xs, ys), equivalence.shapes(f.loss_fn, f.model, xs, ys)
 
 
 @ui.cached
@@ -57,8 +56,8 @@ with ui.guard("The two ways could not be compared"):
                              "seeds' scalar example above.")
         fitted = ui.fitted(exp)
     with st.spinner("Computing both ways in float32 and float64…"):
-        cmp, scaling, shape_rows = comparison(exp if example == "experiment" else None, example, reduction, fitted)
-    result = cmp
+        by_reduction, scaling, shape_rows = comparison(exp if example == "experiment" else None, example, fitted)
+    result = cmp = by_reduction[reduction]
 
 if result is not None:
     m = st.columns(4)

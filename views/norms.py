@@ -53,7 +53,7 @@ elif data.task == "classification":
 
 
 
-@st.fragment
+@ui.fragment
 def histograms():
     """The log-scale toggle reruns only these figures (st.fragment), not the whole page."""
     log = st.toggle("Log scale", value=False, key="log", bind="query-params")

@@ -14,12 +14,13 @@ from gradlab.ui.cache import (FIT_CACHE_SIZE, HASH_FUNCS, MEMORY_BUDGET_MB, cach
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
-from gradlab.ui.widgets import chart, checkpoint_picker, code_panel, download, download_gradients, guard, plotly_config
+from gradlab.ui.widgets import (chart, checkpoint_picker, code_panel, download, download_gradients, fragment, guard,
+                                plotly_config)
 
 __all__ = [
     "DEFAULT", "FIT_CACHE_SIZE", "HASH_FUNCS", "LEARNING_RATES", "MEMORY_BUDGET_MB", "STEPS", "UPLOAD_LABEL",
     "apply_preset", "cached", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
-    "experiment", "experiment_from_state", "experiment_sidebar", "fitted", "follow_preset", "guard",
+    "experiment", "experiment_from_state", "experiment_sidebar", "fitted", "fragment", "follow_preset", "guard",
     "num_params", "plotly_config", "preset_banner", "preset_picker", "progress_bar", "release_memory", "requested", "rss_mb",
     "share_link", "upload_controls", "uploaded",
 ]

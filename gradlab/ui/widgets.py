@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 import re
+import sys
+import time
 
 import streamlit as st
 
@@ -12,6 +16,26 @@ from gradlab import export
 from gradlab.experiment import Fitted
 
 log = logging.getLogger("gradlab")
+
+
+def fragment(fn):
+    """`st.fragment`: a control inside `fn` reruns only `fn`, not the page. With GRADLAB_LOG_RUNS=1
+    a fragment-only rerun logs its server time like app.py logs a full run (benchmarks/latency.py)."""
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ctx = get_script_run_ctx()
+            if os.environ.get("GRADLAB_LOG_RUNS") and ctx is not None and ctx.fragment_ids_this_run:
+                print(f"gradlab-run 'fragment {fn.__name__}' {time.perf_counter() - started:.3f}",
+                      file=sys.stderr, flush=True)
+
+    return st.fragment(timed)
 
 
 @contextlib.contextmanager
