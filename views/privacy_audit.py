@@ -115,7 +115,7 @@ if results is not None:
     top = np.argsort(-np.where(pub.is_member, pub.scores["lira"], -np.inf))[:8]
     titles = [f"#{i} LiRA {pub.scores['lira'][i]:.1f} → {priv.scores['lira'][i]:.1f}" for i in top]
     if data.image_shape is not None:
-        ui.chart(plots.image_grid(data.x_train[top], titles, cols=8, image_shape=data.image_shape),
+        ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
                  filename="most exposed members")
     st.dataframe(pd.DataFrame({"example": top, "label": [data.class_names[int(data.y_train[i])] for i in top],
                                "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
