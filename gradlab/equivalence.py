@@ -37,9 +37,9 @@ MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
 #: (the `?model=cnn` crash). Chunks of 4 keep it bounded (chunks of 16 still peaked ~180 MB over the baseline).
 FLOAT64_CHUNK = 4
 
-#: Largest model the hosted page compares (parameters). Measured on the 512×4 MLP (P = 826,378) over
-#: the 1437 digits: more than 10 minutes and a server peak of 1.4 GB, the cause not yet found;
-#: the 256×2 MLP (P = 85,002) and everything smaller stay well inside. The library has no limit.
+#: Largest model the hosted page compares (parameters). The 512×4 MLP (P = 826,378) over the 1437
+#: digits took more than 10 minutes on this 2-core machine; the 256×2 MLP (P = 85,002) and everything
+#: smaller take seconds. The page refuses from P before training (`ui.num_params`); the library has no limit.
 PAGE_MAX_PARAMS = 100_000
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import engine, equivalence, plots, ui
+from gradlab import equivalence, plots, ui
 
 st.title("Equivalence")
 st.markdown(
