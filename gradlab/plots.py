@@ -99,11 +99,10 @@ def readable(fig: go.Figure) -> go.Figure:
         subplot_titles = 2 * (12 + tick) if fig.layout.annotations else 0
         need = 20 + lines * round(1.3 * title) + subplot_titles
         fig.update_layout(margin=dict(t=max(need, fig.layout.margin.t or 0)))
-    # on the template: it applies to every x (y) axis at once, where update_xaxes would walk a grid's
-    # dozens of subplot axes one by one (most of a page's warm rerun time on Influence)
+    # on every axis itself, not on the figure's template: Streamlit's chart theme replaces the template
     axes = dict(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"), automargin=True)
-    fig.layout.template.layout.xaxis.update(axes)
-    fig.layout.template.layout.yaxis.update(axes)
+    fig.update_xaxes(**axes)
+    fig.update_yaxes(**axes)
     # long axis titles wrap (Plotly cuts them at the figure's edge); a y title runs along a short side
     fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 40 if big else 60)) if ax.title.text else None)
     fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
