@@ -182,11 +182,11 @@ with left:
     if data.image_shape is not None:
         ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{test_index}"], cols=1,
                                   image_shape=data.image_shape), width="stretch")
-    m = st.columns(3)
+    m = st.columns(2)  # two per row: the left third of a 1024 px projector is too narrow for three
     m[0].metric("Label", name(data.y_test[test_index]))
     m[1].metric("Prediction", name(test_pred[test_index]), delta="correct" if correct[test_index] else "wrong",
                 delta_color="normal" if correct[test_index] else "inverse")
-    m[2].metric("Test loss", f"{test_loss[test_index]:.3g}")
+    st.metric("Test loss", f"{test_loss[test_index]:.3g}")
 with right:
     if data.n_features == 2:
         xy, axes = data.x_test, data.feature_names

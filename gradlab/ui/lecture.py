@@ -23,17 +23,20 @@ html { font-size: 21px; }
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"] { display: none; }
 .stElementContainer:has(h1) + .stElementContainer:has([data-testid="stMarkdown"]) { display: none; }
 [data-testid="stCaptionContainer"] { display: none; }
-[data-testid="stMetricValue"] { font-size: 2.1rem; }
-[data-testid="stMetricLabel"] p { font-size: 1.0rem; }
+[data-testid="stMetricValue"] { font-size: min(2.1rem, 22cqi); }
+[data-testid="stMetricLabel"] p { font-size: min(1.0rem, 11cqi); }
 [data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; }
 </style>
 """
 
-# Both modes: metric labels and values wrap instead of being cut with "…" at 1024 px.
+# Both modes: metric labels and values wrap instead of being cut with "…" at 1024 px; a value wraps
+# between its words ("0.802, 13%"), never inside a number: it shrinks to fit its column instead.
 _READABLE_CSS = """
 <style>
-[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; }
-[data-testid="stMetricValue"], [data-testid="stMetricValue"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; overflow-wrap: anywhere; }
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; word-break: normal; overflow-wrap: normal; }
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; overflow-wrap: normal; word-break: normal; }
+[data-testid="stMetric"] { container-type: inline-size; }
+[data-testid="stMetricValue"] { font-size: min(2.25rem, 22cqi); }
 [data-testid="stDownloadButton"] button p { white-space: normal; }
 </style>
 """
