@@ -223,11 +223,7 @@ def compare(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str 
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    n = engine._check_batch(xs, ys)
-    w32 = _ways(loss_fn, params, xs, ys, jnp.float32)
-    with jax.enable_x64(True):  # thread-local: other sessions keep float32
-        w64 = _ways(loss_fn, params, xs, ys, jnp.float64)
-    return _comparison(params, n, reduction, w32, w64)
+    return compare_all(loss_fn, params, xs, ys)[0][reduction]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,8 @@ fitted = result = None
 with ui.guard("The two ways could not be compared"):
     if example == "experiment":
         # Refuse before training: the widest MLP would train for minutes and hold its checkpoints first.
-        if ui.num_params(exp) > equivalence.PAGE_MAX_PARAMS:
-            raise ValueError(f"This model has {ui.num_params(exp):,} parameters; this page compares both "
+        if (p := ui.num_params(exp)) > equivalence.PAGE_MAX_PARAMS:
+            raise ValueError(f"This model has {p:,} parameters; this page compares both "
                              f"ways in float64 over every example and allows at most {equivalence.PAGE_MAX_PARAMS:,} "
                              "on a shared server. Use a hidden width of 256 with 2 layers or smaller, or the "
                              "seeds' scalar example above.")
