@@ -98,10 +98,8 @@ def num_params(exp: Experiment) -> int:
 @st.cache_resource(max_entries=FIT_CACHE_SIZE, show_spinner=False)
 def _fit(exp: Experiment, _upload: dict | None) -> Fitted:
     """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
+    check_training_memory(exp, _num_params(exp, _upload))
     data = _data(exp, _upload)
-    from gradlab import engine
-
-    check_training_memory(exp, engine.num_params(init_model(exp, data)))
     with progress_bar("Training on your data" if exp.is_upload else "Training") as progress:
         result = fit(exp, data=data, progress=progress)
     release_memory()
