@@ -8,10 +8,11 @@ For each experiment: M models trained on random half-subsets with the experiment
 jitted scan), each test point's output −ℓ (ranked like the margin), and per method the mean over test points
 of the Spearman correlation between predicted Σ_{i∈S} τ_i and actual outputs (Park et al. 2023, eq. 4), ± its
 standard error over test points. All methods on the same subsets. The influence function uses θ̂ converged from
-the trained model (λ, damping δ as on the page); TRAK, as on the page, an ensemble of 5 models each converged to
-its own θ̂ of the same objective (seeds 0–4), k = 512, Newton weights, damping 1 (picked on test points 32–63,
-not reported here); the last column TRAK with 20 such models and k = 1024 (benchmark only: slower). "TRAK − IF"
-is the paired difference of per-test-point LDS (TRAK at the page's setting) ± its standard error.
+the trained model (λ, damping δ as on the page). TRAK, as on the page: an ensemble of 5 models, each converged to
+its own θ̂ of the same objective (seeds 0–4), the softmax Gauss–Newton kernel with the objective's λ, k = 1024.
+Two more TRAK columns on the same 5 models: k ≥ P (the gradients unprojected: the exact Gauss–Newton kernel),
+and Park et al.'s Algorithm 1 (margin gradients, ΦᵀΦ, Q = 1 − p; k = 512, no damping). "TRAK (k ≥ P) − IF" is
+the paired difference of per-test-point LDS ± its standard error.
 """
 
 from __future__ import annotations
@@ -38,10 +39,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=50, help="subset models M")
     ap.add_argument("--t", type=int, default=32, help="test points")
     ap.add_argument("--only", choices=["mlp", "logreg"], default=None)
-    ap.add_argument("--big-models", type=int, default=20, help="TRAK models in the last column")
-    ap.add_argument("--big-k", type=int, default=1024, help="TRAK projection dimension in the last column")
     args = ap.parse_args()
 
+    from gradlab import engine
     from gradlab import influence as inf
     from gradlab.experiment import Experiment, fit
     from gradlab.influence import fitted as ifit
@@ -50,10 +50,10 @@ def main() -> None:
         "mlp": ("digits MLP (default Experiment)", Experiment(), 1e-2, 1e-2),
         "logreg": ("breast-cancer L2 logistic regression", Experiment(dataset="breast_cancer", model="linear"), 1e-2, 0.0),
     }
-    print(f"# LDS, M = {args.m} half-subset models, {args.t} test points (shared 2-core machine)")
+    print(f"# LDS, M = {args.m} half-subset models, {args.t} test points (2-core machine)")
     print("| experiment | " + " | ".join(inf.METHODS[m] for m in inf.METHODS)
-          + f" | TRAK ({args.big_models} models, k = {args.big_k}) | TRAK − IF | seconds |")
-    print("|---|" + "---|" * (len(inf.METHODS) + 3))
+          + " | TRAK (k ≥ P) | TRAK (Algorithm 1, k = 512) | TRAK (k ≥ P) − IF | seconds |")
+    print("|---|" + "---|" * (len(inf.METHODS) + 4))
     for key, (label, exp, l2, damping) in cases.items():
         if args.only and key != args.only:
             continue
@@ -61,20 +61,23 @@ def main() -> None:
         f = fit(exp)
         base = ifit.optimum(f, l2, max_iter=500)
         tracin = inf.tracin_checkpoints(ifit.tracin_run(f)[0])
-        trak = ifit.trak_models(f, args.big_models, base=base)
-        table = ifit.lds_table(f, base, m=args.m, n_test=args.t, damping=damping, tracin=tracin, trak=trak[:ifit.TRAK_MODELS],
+        trak = ifit.trak_models(f, ifit.TRAK_MODELS, base=base)
+        table = ifit.lds_table(f, base, m=args.m, n_test=args.t, damping=damping, tracin=tracin, trak=trak,
                                progress=lambda frac, what: print(f"  [{time.time() - t0:6.1f}s] {what}", file=sys.stderr))
         xs, ys = ifit.arrays(f)
         txs, tys = f.data.x_test[table.test_indices], f.data.y_test[table.test_indices]
-        big = inf.trak(f.loss_fn, trak, xs, ys, txs, tys, proj_dim=min(args.big_k, len(ys)), task=f.data.task,
-                       damping=ifit.TRAK_DAMPING, newton_weights=ifit.TRAK_NEWTON_WEIGHTS)
-        results = dict(table.results, big=inf.lds(np.asarray(big), table.subsets, table.outputs))
-        cells = [cell(results[m].per_test) if m in results else "—" for m in [*inf.METHODS, "big"]]
-        if "trak" in results and "influence" in results:
-            cells.append(cell(results["trak"].per_test - results["influence"].per_test, signed=True))
+        p = engine.num_params(f.model)
+        extra = {
+            "full": ifit.trak_scores(f, trak, l2, txs, tys, proj_dim=p),
+            "alg1": inf.trak(f.loss_fn, trak, xs, ys, txs, tys, proj_dim=512, task=f.data.task, kernel="algorithm1"),
+        }
+        results = dict(table.results, **{k: inf.lds(np.asarray(v), table.subsets, table.outputs) for k, v in extra.items()})
+        cells = [cell(results[m].per_test) if m in results else "—" for m in [*inf.METHODS, "full", "alg1"]]
+        if "influence" in results:
+            cells.append(cell(results["full"].per_test - results["influence"].per_test, signed=True))
         else:
             cells.append("—")
-        print(f"| {label} (λ = {l2:g}, δ = {damping:g}, ‖∇F(θ̂)‖ = {base.grad_norm:.1e}) | " + " | ".join(cells)
+        print(f"| {label} (P = {p:,}; λ = {l2:g}, δ = {damping:g}, ‖∇F(θ̂)‖ = {base.grad_norm:.1e}) | " + " | ".join(cells)
               + f" | {time.time() - t0:.0f} |", flush=True)
         for m, err in table.errors.items():
             print(f"  {m}: {err}")

@@ -277,11 +277,14 @@ def test_tracin_uses_checkpoints_after_steps_with_the_learning_rate_used():
 
 
 def test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel(x64):
-    """k = P, one model, no damping: TRAK equals g(z)ᵀ(GᵀG)⁻¹GᵀQ with G the margin gradients, in NumPy."""
+    """k = P, one model: TRAK equals its after-kernel in closed-form NumPy. Algorithm 1: g(z)ᵀ(GᵀG)⁻¹GᵀQ with G the
+    margin gradients. Gauss–Newton: ∇ℓ(z)ᵀ(G + λI)⁻¹(∇ℓᵢ + λθ) / N with G = (1/N) Σ x̃x̃ᵀ ⊗ (diag p − ppᵀ), which for
+    softmax regression is the Hessian, so it is also the influence function."""
     xs, ys, xt, yt = problem(n=60, seed=4)
-    theta = np_fit(xs, ys, 0.1, np.zeros((D + 1) * K))
+    lam = 0.1
+    theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
     p_dim = theta.size
-    grads, _ = np_parts(theta, xs, ys)                                  # loss gradients (N, P)
+    grads, hess = np_parts(theta, xs, ys)                               # loss gradients (N, P), Gauss–Newton = Hessian
     xtt = np.hstack([xs, np.ones((len(xs), 1))])
     p_y = softmax(xtt @ theta.reshape(D + 1, K), axis=1)[np.arange(len(ys)), ys]
     g_margin = -grads / (1 - p_y)[:, None]                              # ∇(log p − log(1 − p)) = ∇log p / (1 − p)
@@ -289,23 +292,29 @@ def test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel(x64):
     gt, _ = np_parts(theta, test_xs, test_ys)
     pt = softmax(np.hstack([test_xs, np.ones((5, 1))]) @ theta.reshape(D + 1, K), axis=1)[np.arange(5), test_ys]
     gt_margin = -gt / (1 - pt)[:, None]
+    args = (softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs), jnp.asarray(test_ys))
+
     expected = gt_margin @ np.linalg.solve(g_margin.T @ g_margin, g_margin.T) * (1 - p_y)[None]
-    got = inf.trak(softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs),
-                   jnp.asarray(test_ys), proj_dim=p_dim, chunk_size=16)
+    got = inf.trak(*args, proj_dim=p_dim, kernel="algorithm1", chunk_size=16)
     assert got.shape == (5, len(xs))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
-    # a smaller projection is an approximation, not the same numbers
-    approx = inf.trak(softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs),
-                      jnp.asarray(test_ys), proj_dim=6)
-    assert not np.allclose(approx, expected, rtol=1e-3)
+
+    expected_gn = gt @ np.linalg.solve(hess + lam * np.eye(p_dim), (grads + lam * theta).T) / len(xs)
+    got_gn = inf.trak(*args, proj_dim=p_dim, l2=lam, n_classes=K, chunk_size=16)
+    np.testing.assert_allclose(got_gn, expected_gn, rtol=1e-6, atol=1e-9 * np.abs(expected_gn).max())
+    np.testing.assert_allclose(inf.gauss_newton_kernel(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), K, None), hess,
+                               rtol=1e-8, atol=1e-12)
+    influence, _ = inf.influence_scores(*[a[0] if isinstance(a, list) else a for a in args], l2=lam, method="exact")
+    np.testing.assert_allclose(got_gn, influence, rtol=1e-6, atol=1e-9 * np.abs(expected_gn).max())
+
+    # a smaller projection is an approximation, not the same numbers; the regularizer is projected with it
+    for kernel in ("algorithm1", "gauss_newton"):
+        approx = inf.trak(*args, proj_dim=6, kernel=kernel, l2=lam)
+        assert not np.allclose(approx, got if kernel == "algorithm1" else got_gn, rtol=1e-3)
     with pytest.raises(ValueError, match="at least one model"):
         inf.trak(softmax_loss, [], xs, ys, test_xs, test_ys)
-    # with the one-step Newton weights W = diag(p(1 − p)): g(z)ᵀ(GᵀWG)⁻¹GᵀQ
-    kw = g_margin.T @ (g_margin * (p_y * (1 - p_y))[:, None])
-    expected_w = gt_margin @ np.linalg.solve(kw, g_margin.T) * (1 - p_y)[None]
-    got_w = inf.trak(softmax_loss, [jnp.asarray(theta)], jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(test_xs),
-                     jnp.asarray(test_ys), proj_dim=p_dim, newton_weights=True, chunk_size=16)
-    np.testing.assert_allclose(got_w, expected_w, rtol=1e-6, atol=1e-9 * np.abs(expected_w).max())
+    with pytest.raises(ValueError, match="Gauss–Newton kernel is for classification"):
+        inf.trak(*args, task="regression")
 
 
 def test_lds_of_an_oracle_is_one_and_of_random_scores_about_zero():

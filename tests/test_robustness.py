@@ -60,7 +60,7 @@ def test_memory_estimates_match_the_real_arrays():
     assert scores._projection(jax.random.key(0), p, 64, jnp.float32).nbytes == 4 * p * 64
     state = optax.lbfgs().init(jnp.zeros(p))
     assert optax.tree_utils.tree_get(state, "diff_params_memory").shape == (memory.LBFGS_MEMORY, p)
-    assert memory.influence_bytes(p, 64, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * p * 64
+    assert memory.influence_bytes(p, 64, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * (p * 64 + 3 * 64 * 64)
 
 
 def test_over_budget_settings_are_refused_with_the_largest_that_fits():
@@ -86,10 +86,10 @@ def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     q = memory.largest_sample_rate(1437, p)
     assert memory.dp_sgd_bytes(1437, q, p) <= memory.BUDGET_BYTES < memory.dp_sgd_bytes(1437, q + 0.001, p)
     assert q == 0.151 and "q ≤ 0.151" in memory.dp_sgd_fix(1437, p)
-    # Influence: a 256-wide MLP (P = 85,002) fits TRAK's k = 256 but not the default 512; the widest
+    # Influence: a 256-wide MLP (P = 85,002) fits TRAK's k = 128 but not 256 (the default is 1024); the widest
     # MLP fits no k and is told the largest P that fits
     dims = [64, 128, 256, 512, 1024]
     p = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
-    assert memory.influence_bytes(p, 256, 5, 7) <= memory.BUDGET_BYTES < memory.influence_bytes(p, 512, 5, 7)
-    assert "k ≤ 256" in memory.influence_fix(p, dims, 5, 7)
+    assert memory.influence_bytes(p, 128, 5, 7) <= memory.BUDGET_BYTES < memory.influence_bytes(p, 256, 5, 7)
+    assert "k ≤ 128" in memory.influence_fix(p, dims, 5, 7)
     assert "at most 2" in memory.influence_fix(826_378, dims, 5, 7)

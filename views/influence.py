@@ -65,13 +65,26 @@ def trak_models(data_key, n_models, l2, _fitted):
         return None, f"TRAK is unavailable: training its ensemble failed: {err}"
 
 
+@st.cache_data(max_entries=4, show_spinner=False)
+def trak_all(data_key, n_models, l2, proj_dim, _fitted):
+    """TRAK's scores for every test point at once, `(T, N)`: one kernel per model serves them all, so picking
+    another test point costs nothing. `(scores, None)` or `(None, why)`."""
+    models, why = trak_models(data_key, n_models, l2, _fitted)
+    if models is None:
+        return None, why
+    try:
+        return np.asarray(ifit.trak_scores(_fitted, models, l2, _fitted.data.x_test, _fitted.data.y_test,
+                                           proj_dim=proj_dim)), None
+    except inf.InfluenceError as err:
+        return None, str(err)
+
+
 @ui.cached(max_entries=32)
-def point_scores(exp, test_index, l2, damping, solver, lissa_scale, n_models, proj_dim, _fitted):
+def point_scores(exp, test_index, l2, damping, solver, lissa_scale, _fitted):
     base = optimum(exp, l2, _fitted)
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
     return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver, **extra,
-                                 tracin=tracin_run(exp, _fitted)[0],
-                                 trak=trak_models(exp, n_models, l2, _fitted)[0], proj_dim=proj_dim)
+                                 tracin=tracin_run(exp, _fitted)[0])
 
 
 @ui.cached
@@ -81,7 +94,7 @@ def self_scores(exp, l2, damping, _fitted):
 
 
 OPTIMUM_ITERS = 500
-PROJ_DIMS = [64, 128, 256, 512, 1024]
+PROJ_DIMS = [64, 128, 256, 512, 1024, 2048, 4096]
 test_loss, test_pred = test_summary(exp, fitted)
 correct = (test_pred == data.y_test) if classify else (np.abs(test_pred - data.y_test) < 0.5)
 
@@ -136,7 +149,8 @@ with st.expander("TRAK settings"):
                                         "converged to its own θ̂ of the same objective at λ."))
     proj_dim = int(t2.select_slider("Projection dimension k", options=PROJ_DIMS,
                                     value=ifit.TRAK_PROJ_DIM, key="infl_trak_k", bind="query-params",
-                                    help="Per-example gradients are projected to k dimensions by a Gaussian matrix."))
+                                    help="Per-example gradients are projected to k dimensions by a Gaussian matrix; "
+                                         "k ≥ P uses them unprojected (the exact Gauss–Newton kernel)."))
 
 # ------------------------------------------------------------------ what it will hold, before it runs
 with ui.guard("The influence scores do not fit this server", stop=True):
@@ -164,12 +178,10 @@ if not base.converged:
                + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
                   if exp.model != "linear" and exp.activation == "relu" else "."))
 
-with st.spinner("Training the runs TracIn and TRAK follow…"):
+with st.spinner("Training the SGD run TracIn follows…"):
     tr_ckpts, tr_note = tracin_run(exp, fitted)
-    trak_ok, trak_note = trak_models(exp, n_models, float(l2), fitted)
-for missing, why in ((tr_ckpts, tr_note), (trak_ok, trak_note)):
-    if missing is None:
-        st.warning(why, icon="⚠️")
+if tr_ckpts is None:
+    st.warning(tr_note, icon="⚠️")
 
 # ------------------------------------------------------------------ the test point
 st.subheader("The test point")
@@ -198,11 +210,20 @@ with right:
 with st.spinner("Scoring every training example with every method…"):
     res = None
     with ui.guard("Could not score the training examples"):
-        res = point_scores(exp, test_index, float(l2), float(damping), solver, float(lissa_scale), n_models,
-                         proj_dim, fitted)
+        res = point_scores(exp, test_index, float(l2), float(damping), solver, float(lissa_scale), fitted)
 if res is None:
     st.stop()
-for m_, err in res.errors.items():
+scores, errors = dict(res.scores), dict(res.errors)
+if method == "trak":  # TRAK trains its ensemble: only when asked for, then every test point at once
+    with st.spinner(f"TRAK: training {n_models - 1} more models, converging each to its θ̂, projecting to k = "
+                    f"{proj_dim} and solving the Gauss–Newton kernel for every test point (once)…"):
+        trak_scores, trak_error = trak_all(exp, n_models, float(l2), proj_dim, fitted)
+    if trak_scores is None:
+        errors["trak"] = trak_error
+    else:
+        scores = {m_: (trak_scores[test_index] if m_ == "trak" else scores[m_]) for m_ in inf.METHODS
+                  if m_ in scores or m_ == "trak"}
+for m_, err in errors.items():
     st.error(f"**{inf.METHODS[m_]} unavailable.** {err}", icon="⚠️")
 if res.ihvp is not None:
     if res.ihvp.note:
@@ -212,7 +233,6 @@ if res.ihvp is not None:
                + f"; relative residual {res.ihvp.residual:.1e}; λ = {l2:g}, δ = {damping:g}.")
 if method == "tracin" and tr_ckpts is not None and tr_note:
     st.info(tr_note, icon="ℹ️")
-scores = res.scores
 if method not in scores:
     st.warning(f"{inf.METHODS[method]} is not available here; showing the gradient dot product.")
     method = "grad_dot"
@@ -262,7 +282,8 @@ with a:
 with b:
     st.markdown("Rank correlations (`scipy.stats.spearmanr`) between the methods' scores for this test point. "
                 "Cosine discounts large-gradient examples; TracIn adds earlier checkpoints of an SGD run; the influence "
-                "function reweights directions by the inverse Hessian at θ̂; TRAK averages a projected kernel over models. "
+                "function reweights directions by the inverse Hessian at θ̂; TRAK by the inverse Gauss–Newton matrix, projected, "
+                "averaged over models (it joins this table when it is the scoring method: it trains its own ensemble). "
                 "Agreement is not correctness: the LDS below measures that.")
     me = list(scores).index(method)
     for j, m_ in enumerate(scores):
@@ -449,9 +470,9 @@ hvp = lambda v: jax.jvp(jax.grad(F), (flat,), (v,))[1] + delta * v
 s, _ = jax.scipy.sparse.linalg.cg(hvp, ravel_pytree(jax.grad(loss)(base.params, x_test, y_test))[0])
 predicted = (per_example_dots(loss, base.params, xs, ys, unravel(s)) + lam * flat @ s) / N
 
-# TRAK (Park et al. 2023): Φ = G R (R: P x k Gaussian, streamed), τ = φ(z)(ΦᵀWΦ + δ)⁻¹Φᵀ Q averaged over
-# models (each its own θ̂ at λ), W = diag(p(1 − p)) the one-step Newton weights
-trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=512, damping=1.0, newton_weights=True)  # (T, N)
+# TRAK (Park et al. 2023): per model (each its own θ̂ at λ), Φ = ∇ℓ R (R: P x k Gaussian, streamed) and the
+# after-kernel of the softmax Gauss-Newton matrix G: τ = φ(z)ᵀ(RᵀGR + λRᵀR)⁻¹Φᵀ / N, averaged over the models
+trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=1024, l2=lam)               # (T, N)
 
 # LDS: M models on random halves, trained at once with vmap over the subsets
 subsets = inf.random_subsets(N, 50)

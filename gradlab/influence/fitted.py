@@ -17,15 +17,19 @@ from gradlab import engine
 from gradlab.influence import evaluation, scores
 from gradlab.influence.solvers import InfluenceError, InverseHVP, Method, Minimum, minimize
 
-#: TRAK's defaults on the page: projection dimension k and ensemble size.
-TRAK_PROJ_DIM = 512
+#: TRAK's defaults on the page: projection dimension k and ensemble size. k ≥ P uses the gradients unprojected.
+TRAK_PROJ_DIM = 1024
 TRAK_MODELS = 5
-#: TRAK's kernel Φᵀ W Φ keeps the one-step Newton weights W = diag(p(1 − p)) (`scores.trak`, `newton_weights`).
-TRAK_NEWTON_WEIGHTS = True
-#: TRAK's kernel damping, relative to the mean diagonal of Φᵀ W Φ. Picked from {0.03, 0.1, 0.3, 1, 3} by the LDS on
-#: the digits MLP's test points 32–63 (5 models at θ̂, k = 512, W kept), which `benchmarks/lds.py` does not report:
-#: it reports test points 0–31.
-TRAK_DAMPING = 1.0
+
+
+def trak_scores(fitted, models: list, l2: float, test_xs, test_ys, *, proj_dim: int = TRAK_PROJ_DIM):
+    """`scores.trak` for a fitted experiment: the Gauss–Newton kernel of mean ℓ + λ/2‖θ‖² (λ = `l2`, the
+    objective every model of `models` converged) for classification, Algorithm 1 for regression. `(T, N)`."""
+    xs, ys = arrays(fitted)
+    task = fitted.data.task
+    return scores.trak(fitted.loss_fn, models, xs, ys, test_xs, test_ys, proj_dim=proj_dim, task=task,
+                       kernel="gauss_newton" if task == "classification" else "algorithm1", l2=l2,
+                       n_classes=fitted.data.n_classes if task == "classification" else None)
 
 
 def arrays(fitted):
@@ -117,9 +121,7 @@ def score_test_point(fitted, base: Minimum, test_index: int, *, damping: float, 
         errors["influence"] = str(err)
     if trak is not None:
         try:
-            out["trak"] = np.asarray(scores.trak(f, trak, xs, ys, x[None], y[None], proj_dim=min(proj_dim, len(ys)),
-                                                 task=fitted.data.task, damping=TRAK_DAMPING,
-                                                 newton_weights=TRAK_NEWTON_WEIGHTS)[0])
+            out["trak"] = np.asarray(trak_scores(fitted, trak, base.l2, x[None], y[None], proj_dim=proj_dim)[0])
         except InfluenceError as err:
             errors["trak"] = str(err)
     return PointScores({m: out[m] for m in scores.METHODS if m in out}, info, errors)
@@ -194,8 +196,7 @@ def lds_table(fitted, base: Minimum, *, m: int = 50, n_test: int = 32, damping: 
         "tracin": (lambda: sum(lr * _dots(f, c, xs, ys, txs, tys) for c, lr in zip(*tracin))) if tracin else None,
         "influence": lambda: scores.influence_scores(f, base.params, xs, ys, txs, tys, l2=base.l2, damping=damping,
                                                      method=solver)[0],
-        "trak": (lambda: scores.trak(f, trak, xs, ys, txs, tys, proj_dim=min(proj_dim, n), task=fitted.data.task,
-                                     damping=TRAK_DAMPING, newton_weights=TRAK_NEWTON_WEIGHTS)) if trak else None,
+        "trak": (lambda: trak_scores(fitted, trak, base.l2, txs, tys, proj_dim=proj_dim)) if trak else None,
     }
     results, errors = {}, {}
     for j, (name, run) in enumerate(stages.items()):

@@ -7,8 +7,8 @@ output; removing it would hurt), **low = opponent**.
 - `tracin`: TracInCP (Pruthi et al. 2020, eq. 3): Σ_c η_c ⟨∇ℓ(θ_c, z_i), ∇ℓ(θ_c, z)⟩ over the
   checkpoints saved *after* training steps, each weighted by the learning rate used there.
 - `predicted_loo_change`: influence functions (Koh & Liang 2017, eq. 2) at a converged θ̂.
-- `trak`: TRAK (Park et al. 2023, eq. 7-8): projected per-example gradients of the margin, the
-  after-kernel solve, averaged over an ensemble of independently trained models.
+- `trak`: TRAK (Park et al. 2023): projected per-example gradients, the after-kernel solve (the softmax
+  Gauss–Newton by default, or Algorithm 1's margin kernel), averaged over an ensemble of trained models.
 - `self_influence`: each example's support for itself; high = suspicious (mislabeled, atypical).
 
 Everything streams over chunks of training examples through `gradlab.engine`; nothing holds N × P.
@@ -35,7 +35,7 @@ METHODS = {
     "grad_cosine": "Gradient cosine",
     "tracin": "TracIn (checkpoints × learning rate used)",
     "influence": "Influence function (predicted leave-one-out change)",
-    "trak": "TRAK (projected after-kernel, ensemble)",
+    "trak": "TRAK (projected Gauss–Newton after-kernel, ensemble)",
 }
 
 #: Self-influence variants, name -> formula.
@@ -199,64 +199,129 @@ def margin(loss_fn: LossFn, task: str = "classification") -> LossFn:
     return f
 
 
-def _projection(key, p: int, k: int, dtype) -> Array:
-    """A P × K Gaussian (Johnson–Lindenstrauss) projection, entries N(0, 1/K)."""
-    return jax.random.normal(key, (p, k), dtype) / jnp.sqrt(k)
+def _projection(key, p: int, k: int, dtype) -> Array | None:
+    """A P × K Gaussian (Johnson–Lindenstrauss) projection, entries N(0, 1/K); None (no projection) when K ≥ P:
+    an invertible R leaves TRAK's scores unchanged, so the gradients are used as they are."""
+    return None if k >= p else jax.random.normal(key, (p, k), dtype) / jnp.sqrt(k)
+
+
+def _projected(loss_fn, params, xs, ys, r, chunk_size):
+    """Per-example loss gradients times R (streamed, `project`), or unprojected when R is None."""
+    return _per_chunk(loss_fn, params, xs, ys, chunk_size, (lambda g: g) if r is None else (lambda g: g @ r))
+
+
+def _ridge(k, c: float, r):
+    """K + c RᵀR: c‖θ‖²/2's curvature in the projected coordinates (c I without a projection)."""
+    if c == 0:
+        return k
+    return k + c * jnp.eye(k.shape[0], dtype=k.dtype) if r is None else k + c * (r.T @ r)
+
+
+def class_probabilities(loss_fn: LossFn, params: PyTree, xs, n_classes: int) -> Float[Array, "N C"]:
+    """p(c | x_i) = exp(−ℓ(θ, x_i, c)) for every class c: `(N, C)`. Assumes ℓ is a cross-entropy −log p_y."""
+    xs = jnp.asarray(xs)
+    at = jax.vmap(loss_fn, in_axes=(None, 0, 0))
+    return jnp.exp(-jnp.stack([at(params, xs, jnp.full((xs.shape[0],), c, jnp.int32)) for c in range(n_classes)], 1))
+
+
+def gauss_newton_kernel(loss_fn: LossFn, params: PyTree, xs, n_classes: int, r: Array | None, *,
+                        chunk_size: int | None = None) -> Float[Array, "K K"]:
+    """Rᵀ G R: the Gauss–Newton matrix G of the mean softmax cross-entropy, (1/N) Σ_i J_iᵀ(diag p_i − p_i p_iᵀ)J_i,
+    in the projected coordinates (R = None: P × P).
+
+    Built from loss gradients alone, through the identity diag p − ppᵀ = Σ_c p_c (e_c − p)(e_c − p)ᵀ and
+    ∇θℓ(θ, x, c) = J(p − e_c): G = (1/N) Σ_i Σ_c p_ic g_ic g_icᵀ with g_ic the gradient at label c. For a
+    softmax output this is also the Fisher information (Martens 2020, §9.2). C streamed gradient passes over N.
+    """
+    xs = jnp.asarray(xs)
+    n = xs.shape[0]
+    p = class_probabilities(loss_fn, params, xs, n_classes)
+    k = 0.0
+    for c in range(n_classes):
+        phi = _projected(loss_fn, params, xs, jnp.full((n,), c, jnp.int32), r, chunk_size)      # (N, k)
+        k = k + (phi * p[:, c:c + 1]).T @ phi
+    return k / n
+
+
+#: TRAK's kernels: the softmax Gauss–Newton of the trained objective (multiclass Newton step), or Algorithm 1's.
+TRAK_KERNELS = {
+    "gauss_newton": "Gauss–Newton of mean ℓ + λ/2‖θ‖² (the multiclass Newton step)",
+    "algorithm1": "Park et al. Algorithm 1: margin gradients, ΦᵀΦ, Q = 1 − p",
+}
 
 
 def trak(
     loss_fn: LossFn, models: Sequence[PyTree], train_xs, train_ys, test_xs, test_ys, *, proj_dim: int = 512,
-    task: str = "classification", damping: float = 0.0, newton_weights: bool = False, seed: int = 0,
-    chunk_size: int | None = None,
+    task: str = "classification", kernel: str = "gauss_newton", l2: float = 0.0, damping: float = 0.0,
+    n_classes: int | None = None, seed: int = 0, chunk_size: int | None = None,
 ) -> Float[Array, "T N"]:
-    """TRAK scores (Park et al. 2023, Algorithm 1 without sparsification) for T test points.
+    """TRAK scores (Park et al. 2023) for T test points, averaged over an ensemble of models.
 
-    For each model θ_m of the ensemble: Φ_m = G_m R_m with G_m the per-example gradients of the
-    output f (`margin`) and R_m a P × k Gaussian projection (streamed, `project`: never N × P);
-    the after-kernel solve gives φ_m(z)ᵀ(Φ_mᵀΦ_m + δI)⁻¹Φ_mᵀ. Averaged over models and multiplied by
-    Q = diag(1 − p_i) averaged over models (for regression Q = I):
+    Each model θ_m is linearized and its gradients projected by a P × k Gaussian R_m (streamed through the
+    engine, never N × P; k ≥ P uses them unprojected). Two after-kernels:
 
-        τ(z) = (1/M Σ_m φ_m(z)ᵀ(Φ_mᵀΦ_m + δI)⁻¹Φ_mᵀ) · (1/M Σ_m Q_m).
-
-    With k = P, one model and δ = 0 this is the exact after-kernel g(z)ᵀ(GᵀG)⁻¹GᵀQ (R is invertible).
-
-    `newton_weights=True` (classification) keeps the weights W = diag(p_i(1 − p_i)) of the one-step Newton
-    step for logistic regression that TRAK is derived from (Park et al. 2023, §3: the Hessian of the
-    logistic loss in the margin is p(1 − p)), i.e. the kernel Φ_mᵀW_mΦ_m; Algorithm 1 drops W (Φ_mᵀΦ_m).
+    - `"gauss_newton"` (classification; the default): the one-step Newton estimate of leave-one-out for the
+      linearized model under the softmax loss it was trained with, i.e. the influence function with the
+      Gauss–Newton matrix (`gauss_newton_kernel`) in the projected coordinates:
+          τ_m(z)_i = φ(z)ᵀ (RᵀGR + (λ + δ) RᵀR)⁻¹ Rᵀ(∇θℓᵢ + λθ_m) / N,   φ = Rᵀ∇θℓ,
+      in the influence function's units (predicted change of the test loss when z_i is removed; the λθ_m
+      term as there). λ is the objective's L2 (θ_m should be its optimum); δ optional damping. Park et al. reduce a multiclass output to
+      the binary margin (Algorithm 1); this keeps all C classes. With one model, k ≥ P and G replaced by the
+      Hessian it is `influence_scores`.
+    - `"algorithm1"`: Algorithm 1 without sparsification: φ = ∇ of the margin (`margin`), τ = φ(z)ᵀ(ΦᵀΦ + δRᵀR)⁻¹ΦᵀQ
+      with Q = diag(1 − p_i) averaged over models (regression: output −ℓ, Q = I).
 
     **Arguments** `models`: independently trained models of one architecture; `train_xs (N, ...)`,
-    `test_xs (T, ...)`; `proj_dim` k (≤ N for an invertible ΦᵀΦ without damping); `damping` δ ≥ 0
-    relative to the mean diagonal of the kernel; `newton_weights` as above; `seed` for the projections.
+    `test_xs (T, ...)`; `proj_dim` k; `l2` λ ≥ 0, `damping` δ ≥ 0; `n_classes` C (default: max label + 1);
+    `seed` for the projections.
 
     **Returns** `(T, N)`; high = proponent (raises the test output).
 
-    **Raises** `ValueError` for no models or k < 1; `InfluenceError` if ΦᵀΦ is singular (raise the damping).
+    **Raises** `ValueError` for no models, k < 1, an unknown kernel, or the Gauss–Newton kernel on regression;
+    `InfluenceError` if the kernel is singular (raise λ or δ; for Algorithm 1 lower k below N).
     """
     if len(models) == 0 or proj_dim < 1:
         raise ValueError(f"TRAK needs at least one model and a projection dimension ≥ 1, got {len(models)} and {proj_dim}")
-    f = margin(loss_fn, task)
-    kernel_sum, q_sum = 0.0, 0.0
+    if kernel not in TRAK_KERNELS or (kernel == "gauss_newton" and task != "classification"):
+        raise ValueError(f"unknown TRAK kernel {kernel!r} for {task}: use one of {list(TRAK_KERNELS)} "
+                         "(the Gauss–Newton kernel is for classification)")
+    train_xs, train_ys = jnp.asarray(train_xs), jnp.asarray(train_ys)
+    n = train_ys.shape[0]
+    if kernel == "gauss_newton" and n_classes is None:
+        n_classes = int(jnp.maximum(jnp.max(train_ys), jnp.max(jnp.asarray(test_ys)))) + 1
+    out = 0.0
+    q_sum = 0.0
     for m, params in enumerate(models):
         params = engine.as_params(params)
         p = engine.num_params(params)
         dtype = ravel_pytree(split(params)[0])[0].dtype
         r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), dtype)
-        phi = project(f, params, train_xs, train_ys, r, chunk_size=chunk_size)                # (N, k)
-        phi_test = flat_gradients(f, params, test_xs, test_ys) @ r                             # (T, k)
-        if task == "classification":
-            ell = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, jnp.asarray(train_xs), jnp.asarray(train_ys))
-            q = -jnp.expm1(-ell)                                                               # 1 − p_i
+        if kernel == "gauss_newton":
+            f = loss_fn
+            k = _ridge(gauss_newton_kernel(loss_fn, params, train_xs, n_classes, r, chunk_size=chunk_size), l2 + damping, r)
+            scale = 1.0 / n
         else:
-            q = jnp.ones(phi.shape[0], phi.dtype)
-        w = q * (1.0 - q) if newton_weights and task == "classification" else jnp.ones_like(q)
-        k = (phi * w[:, None]).T @ phi
-        k = k + damping * jnp.mean(jnp.diag(k)) * jnp.eye(k.shape[0], dtype=k.dtype)
+            f = margin(loss_fn, task)
+            k = None
+            scale = 1.0
+        phi = _projected(f, params, train_xs, train_ys, r, chunk_size)                         # (N, k)
+        phi_test = flat_gradients(f, params, test_xs, test_ys)
+        phi_test = phi_test if r is None else phi_test @ r                                    # (T, k)
+        if k is None:
+            k = _ridge(phi.T @ phi, damping, r)
         sol = jnp.linalg.solve(k, phi_test.T)                                                  # (k, T)
         if not bool(jnp.all(jnp.isfinite(sol))):
-            raise InfluenceError("TRAK's kernel ΦᵀΦ is singular: lower the projection dimension below N or raise the damping")
-        kernel_sum = kernel_sum + sol.T @ phi.T                                                # (T, N)
-        q_sum = q_sum + q
-    return (kernel_sum / len(models)) * (q_sum / len(models))
+            raise InfluenceError("TRAK's kernel is singular: raise the regularization λ or the damping δ"
+                                 + (", or lower the projection dimension below N" if kernel == "algorithm1" else ""))
+        out = out + scale * (sol.T @ phi.T)                                                    # (T, N)
+        if kernel == "gauss_newton" and l2:   # the λθ term of `influence_scores`: one constant per test point
+            theta = ravel_pytree(split(params)[0])[0]
+            out = out + scale * l2 * (sol.T @ (theta if r is None else theta @ r))[:, None]
+        if kernel == "algorithm1":
+            q_sum = q_sum + (-jnp.expm1(-jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, train_xs, train_ys))
+                             if task == "classification" else jnp.ones(n, phi.dtype))          # 1 − p_i
+    out = out / len(models)
+    return out * (q_sum / len(models)) if kernel == "algorithm1" else out
 
 
 # ------------------------------------------------------------------ self-influence
