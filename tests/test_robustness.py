@@ -57,10 +57,13 @@ def test_memory_estimates_match_the_real_arrays():
 
     from gradlab.influence import scores
 
-    assert scores._projection(jax.random.key(0), p, 64, jnp.float32).nbytes == 4 * p * 64
+    assert scores._projection(jax.random.key(0), p, 16, jnp.float32).nbytes == 4 * p * 16
     state = optax.lbfgs().init(jnp.zeros(p))
     assert optax.tree_utils.tree_get(state, "diff_params_memory").shape == (memory.LBFGS_MEMORY, p)
-    assert memory.influence_bytes(p, 64, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * (p * 64 + 3 * 64 * 64)
+    assert memory.influence_bytes(p, 16, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * (p * 16 + 3 * 16 * 16)
+    # k ≥ P: no projection, the P × P kernel and its two working copies
+    assert scores._projection(jax.random.key(0), p, p, jnp.float32) is None
+    assert memory.influence_bytes(p, 10 * p, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * 3 * p * p
 
 
 def test_over_budget_settings_are_refused_with_the_largest_that_fits():
