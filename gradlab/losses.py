@@ -6,6 +6,7 @@ fresh lambda per call would re-trace.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -26,17 +27,20 @@ def loss_for(task: str):
     return cross_entropy if task == "classification" else mse
 
 
+@eqx.filter_jit
 def predict(model, xs, task: str):
     """Predictions for a batch `xs (N, D)`: class ids `(N,)` or real values `(N,)`."""
     out = jax.vmap(model)(xs)
     return jnp.argmax(out, axis=-1) if task == "classification" else out
 
 
+@eqx.filter_jit
 def probabilities(model, xs):
     """Class probabilities `(N, K)` for a batch (classification models)."""
     return jax.nn.softmax(jax.vmap(model)(xs), axis=-1)
 
 
+@eqx.filter_jit
 def per_example_losses(loss_fn, model, xs, ys):
     """`(N,)` losses `loss_fn(model, x_i, y_i)` of a batch (one vmap)."""
     return jax.vmap(loss_fn, in_axes=(None, 0, 0))(model, xs, ys)

@@ -124,5 +124,6 @@ def influence_fix(num_params: int, proj_dims: Iterable[int], n_models: int, n_ch
     k = largest(dims, lambda d: influence_bytes(num_params, d, n_models, n_checkpoints))
     if k:
         return f"Use a TRAK projection dimension k ≤ {k} (TRAK settings) or a smaller model."
-    p_max = BUDGET_BYTES // influence_bytes(1, dims[0], n_models, n_checkpoints)
+    k = dims[0]  # the largest P with the smallest projected k: P·(k + models + checkpoints + …) + 3k² floats
+    p_max = (BUDGET_BYTES // 4 - 3 * k * k) // (k + int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6)
     return f"Use a model of at most {p_max:,} parameters (a smaller hidden width or fewer layers)."

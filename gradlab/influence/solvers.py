@@ -337,10 +337,15 @@ def inverse_hvp_batch(
                     "positive definite) or the scale (it must exceed the largest Hessian eigenvalue)")
             rows.append(v)
         x, iterations = jnp.stack(rows), lissa_depth
+    return x, InverseHVP(kind, note, iterations, float(_residual(loss_fn, params, xs, ys, x, bs, shift)))
+
+
+@eqx.filter_jit
+def _residual(loss_fn, params, xs, ys, x, bs, shift):
+    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖ (jitted: run op by op, its HVP compiled dozens of small programs)."""
     diff, static = split(params)
-    A = jax.vmap(_hvp_fn(loss_fn, diff, static, xs, ys, shift))
-    res = jnp.linalg.norm(A(x) - bs, axis=1) / jnp.maximum(jnp.linalg.norm(bs, axis=1), 1e-30)
-    return x, InverseHVP(kind, note, iterations, float(jnp.max(res)))
+    a = jax.vmap(_hvp_fn(loss_fn, diff, static, xs, ys, shift))
+    return jnp.max(jnp.linalg.norm(a(x) - bs, axis=1) / jnp.maximum(jnp.linalg.norm(bs, axis=1), 1e-30))
 
 
 def inverse_hvp(loss_fn: LossFn, params: PyTree, xs, ys, vector: PyTree, **kwargs) -> tuple[PyTree, InverseHVP]:
