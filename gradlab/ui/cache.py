@@ -175,12 +175,16 @@ def _libc():
     return None
 
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
+def limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
     """Cap glibc's malloc arenas (like `MALLOC_ARENA_MAX=2`): Streamlit runs each session's script in
-    its own thread, and every thread arena keeps the memory its frees leave behind."""
+    its own thread, and every thread arena keeps the memory its frees leave behind. And fix the mmap
+    threshold (like `MALLOC_MMAP_THRESHOLD_`): glibc otherwise raises it to 32 MB after the first large
+    free, so XLA's big temporary buffers land in the heap and its fragments stay resident; at a fixed
+    1 MB they are mapped and unmapped, and a computation's peak leaves when it ends."""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(-8, int(arenas))  # M_ARENA_MAX
+        libc.mallopt(-3, int(mmap_threshold))  # M_MMAP_THRESHOLD
 
 
 #: Above this resident size (MB) the compiled-function caches are dropped after a computation.
