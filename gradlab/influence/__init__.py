@@ -13,8 +13,8 @@ from gradlab.influence.evaluation import (  # noqa: F401
     loo_retrain, method_agreement, point_loss, random_subsets, subset_masks, subset_outputs, train_on_subsets,
 )
 from gradlab.influence.scores import (  # noqa: F401
-    METHODS, SELF_INFLUENCE, TRAK_KERNELS, class_probabilities, flat_gradients, gauss_newton_kernel, grad_cosine, grad_dot, influence_scores, margin, point_gradient,
-    predicted_loo_change, project, self_influence, tracin, tracin_checkpoints, trak,
+    METHODS, SELF_INFLUENCE, TRAK_KERNELS, class_probabilities, flat_gradients, gauss_newton_kernel, grad_cosine,
+    grad_dot, influence_scores, margin, point_gradient, predicted_loo_change, project, self_influence, tracin, tracin_checkpoints, trak,
 )
 from gradlab.influence.solvers import (  # noqa: F401
     EXACT_MAX_PARAMS, SOLVERS, InfluenceError, InverseHVP, Minimum, default_tol, hessian, hvp, inverse_hvp,

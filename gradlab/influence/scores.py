@@ -265,9 +265,9 @@ def trak(
       Gauss–Newton matrix (`gauss_newton_kernel`) in the projected coordinates:
           τ_m(z)_i = φ(z)ᵀ (RᵀGR + (λ + δ) RᵀR)⁻¹ Rᵀ(∇θℓᵢ + λθ_m) / N,   φ = Rᵀ∇θℓ,
       in the influence function's units (predicted change of the test loss when z_i is removed; the λθ_m
-      term as there). λ is the objective's L2 (θ_m should be its optimum); δ optional damping. Park et al. reduce a multiclass output to
-      the binary margin (Algorithm 1); this keeps all C classes. With one model, k ≥ P and G replaced by the
-      Hessian it is `influence_scores`.
+      term as there). λ is the objective's L2 (θ_m should be its optimum); δ optional damping. Park et al.
+      reduce a multiclass output to the binary margin (Algorithm 1); this keeps all C classes. With one
+      model, k ≥ P and G replaced by the Hessian it is `influence_scores`.
     - `"algorithm1"`: Algorithm 1 without sparsification: φ = ∇ of the margin (`margin`), τ = φ(z)ᵀ(ΦᵀΦ + δRᵀR)⁻¹ΦᵀQ
       with Q = diag(1 − p_i) averaged over models (regression: output −ℓ, Q = I).
 
