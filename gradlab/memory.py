@@ -108,13 +108,13 @@ LBFGS_MEMORY = 10
 
 def influence_bytes(num_params: int, proj_dim: int, n_models: int, n_checkpoints: int) -> int:
     """Bytes the influence scores hold at once for a model of P parameters (float32): TRAK's P × k
-    Gaussian projection (none when k ≥ P) and its k × k kernel with two working copies (factorization,
-    solve; k capped at P), its ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, and
+    Gaussian projection and its k × k kernel with two working copies (factorization, solve), or for
+    k ≥ P the vectors of its matrix-free conjugate gradient, its ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, and
     θ̂'s L-BFGS history (2 × `LBFGS_MEMORY` P-vectors) plus a few P-vectors of conjugate gradient.
     Per-example gradients are streamed in the engine's byte-sized chunks and not counted."""
     p, k = int(num_params), int(proj_dim)
-    projection = p * k if k < p else 0
-    return 4 * (projection + 3 * min(k, p) ** 2 + p * (int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6))
+    trak = p * k + 3 * k * k if k < p else 8 * 5 * p  # k ≥ P: matrix-free CG, 5 P-vectors for each of 8 test points
+    return 4 * (trak + p * (int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6))
 
 
 def influence_fix(num_params: int, proj_dims: Iterable[int], n_models: int, n_checkpoints: int) -> str:

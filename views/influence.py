@@ -65,15 +65,17 @@ def trak_models(data_key, n_models, l2, _fitted):
         return None, f"TRAK is unavailable: training its ensemble failed: {err}"
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def trak_all(data_key, n_models, l2, proj_dim, _fitted):
-    """TRAK's scores for every test point at once, `(T, N)`: one kernel per model serves them all, so picking
-    another test point costs nothing. `(scores, None)` or `(None, why)`."""
+@st.cache_data(max_entries=32, show_spinner=False)
+def trak_rows(data_key, n_models, l2, proj_dim, rows, _fitted):
+    """TRAK's scores for the test points `rows` (a tuple), `(len(rows), N)`: `(scores, None)` or `(None, why)`.
+    A projected kernel is built once per model, so the page asks for every test point at once; the exact
+    kernel (k ≥ P) is solved per test point."""
     models, why = trak_models(data_key, n_models, l2, _fitted)
     if models is None:
         return None, why
+    idx = np.asarray(rows)
     try:
-        return np.asarray(ifit.trak_scores(_fitted, models, l2, _fitted.data.x_test, _fitted.data.y_test,
+        return np.asarray(ifit.trak_scores(_fitted, models, l2, _fitted.data.x_test[idx], _fitted.data.y_test[idx],
                                            proj_dim=proj_dim)), None
     except inf.InfluenceError as err:
         return None, str(err)
@@ -95,6 +97,7 @@ def self_scores(exp, l2, damping, _fitted):
 
 OPTIMUM_ITERS = 500
 PROJ_DIMS = [64, 128, 256, 512, 1024, 2048, 4096]
+EXACT = "P (exact)"
 test_loss, test_pred = test_summary(exp, fitted)
 correct = (test_pred == data.y_test) if classify else (np.abs(test_pred - data.y_test) < 0.5)
 
@@ -147,10 +150,11 @@ with st.expander("TRAK settings"):
                                    key="infl_trak_models", bind="query-params",
                                    help="θ̂ (as the influence function) plus models trained with seeds seed+1, … on the same data, each "
                                         "converged to its own θ̂ of the same objective at λ."))
-    proj_dim = int(t2.select_slider("Projection dimension k", options=PROJ_DIMS,
-                                    value=ifit.TRAK_PROJ_DIM, key="infl_trak_k", bind="query-params",
-                                    help="Per-example gradients are projected to k dimensions by a Gaussian matrix; "
-                                         "k ≥ P uses them unprojected (the exact Gauss–Newton kernel)."))
+    k_pick = t2.select_slider("Projection dimension k", options=[*map(str, PROJ_DIMS), EXACT], value=EXACT,
+                              key="infl_trak_k", bind="query-params",
+                              help="Per-example gradients are projected to k dimensions by a Gaussian matrix. "
+                                   "P (exact): no projection; the Gauss–Newton kernel is solved by conjugate gradient.")
+    proj_dim = engine.num_params(fitted.model) if k_pick == EXACT else int(k_pick)
 
 # ------------------------------------------------------------------ what it will hold, before it runs
 with ui.guard("The influence scores do not fit this server", stop=True):
@@ -215,13 +219,15 @@ if res is None:
     st.stop()
 scores, errors = dict(res.scores), dict(res.errors)
 if method == "trak":  # TRAK trains its ensemble: only when asked for, then every test point at once
-    with st.spinner(f"TRAK: training {n_models - 1} more models, converging each to its θ̂, projecting to k = "
-                    f"{proj_dim} and solving the Gauss–Newton kernel for every test point (once)…"):
-        trak_scores, trak_error = trak_all(exp, n_models, float(l2), proj_dim, fitted)
+    exact = proj_dim >= engine.num_params(fitted.model)
+    rows = (test_index,) if exact else tuple(range(n_test))
+    with st.spinner(f"TRAK: training {n_models - 1} more models (once), converging each to its θ̂ and solving its "
+                    "Gauss–Newton kernel" + (" for this test point…" if exact else f" at k = {proj_dim} for every test point…")):
+        trak_scores, trak_error = trak_rows(exp, n_models, float(l2), proj_dim, rows, fitted)
     if trak_scores is None:
         errors["trak"] = trak_error
     else:
-        scores = {m_: (trak_scores[test_index] if m_ == "trak" else scores[m_]) for m_ in inf.METHODS
+        scores = {m_: (trak_scores[rows.index(test_index)] if m_ == "trak" else scores[m_]) for m_ in inf.METHODS
                   if m_ in scores or m_ == "trak"}
 for m_, err in errors.items():
     st.error(f"**{inf.METHODS[m_]} unavailable.** {err}", icon="⚠️")
@@ -472,7 +478,7 @@ predicted = (per_example_dots(loss, base.params, xs, ys, unravel(s)) + lam * fla
 
 # TRAK (Park et al. 2023): per model (each its own θ̂ at λ), Φ = ∇ℓ R (R: P x k Gaussian, streamed) and the
 # after-kernel of the softmax Gauss-Newton matrix G: τ = φ(z)ᵀ(RᵀGR + λRᵀR)⁻¹Φᵀ / N, averaged over the models
-trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=1024, l2=lam)               # (T, N)
+trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=P, l2=lam)  # (T, N); k ≥ P: CG, no P x P
 
 # LDS: M models on random halves, trained at once with vmap over the subsets
 subsets = inf.random_subsets(N, 50)

@@ -17,16 +17,19 @@ from gradlab import engine
 from gradlab.influence import evaluation, scores
 from gradlab.influence.solvers import InfluenceError, InverseHVP, Method, Minimum, minimize
 
-#: TRAK's defaults on the page: projection dimension k and ensemble size. k ≥ P uses the gradients unprojected.
-TRAK_PROJ_DIM = 1024
+#: TRAK's defaults on the page: projection dimension k (None: k = P, the exact kernel, solved matrix-free) and
+#: ensemble size.
+TRAK_PROJ_DIM = None
 TRAK_MODELS = 5
 
 
-def trak_scores(fitted, models: list, l2: float, test_xs, test_ys, *, proj_dim: int = TRAK_PROJ_DIM):
+def trak_scores(fitted, models: list, l2: float, test_xs, test_ys, *, proj_dim: int | None = TRAK_PROJ_DIM):
     """`scores.trak` for a fitted experiment: the Gauss–Newton kernel of mean ℓ + λ/2‖θ‖² (λ = `l2`, the
-    objective every model of `models` converged) for classification, Algorithm 1 for regression. `(T, N)`."""
+    objective every model of `models` converged) for classification, Algorithm 1 for regression; `proj_dim`
+    None is k = P. `(T, N)`."""
     xs, ys = arrays(fitted)
     task = fitted.data.task
+    proj_dim = engine.num_params(fitted.model) if proj_dim is None else proj_dim
     return scores.trak(fitted.loss_fn, models, xs, ys, test_xs, test_ys, proj_dim=proj_dim, task=task,
                        kernel="gauss_newton" if task == "classification" else "algorithm1", l2=l2,
                        n_classes=fitted.data.n_classes if task == "classification" else None)
@@ -97,7 +100,7 @@ class PointScores:
 
 
 def score_test_point(fitted, base: Minimum, test_index: int, *, damping: float, solver: Method = "auto",
-                     tracin: tuple | None = None, trak: list | None = None, proj_dim: int = TRAK_PROJ_DIM,
+                     tracin: tuple | None = None, trak: list | None = None, proj_dim: int | None = TRAK_PROJ_DIM,
                      **solver_args) -> PointScores:
     """All methods for test point `test_index`: grad dot / cosine at the trained model, TracIn over
     `tracin = (checkpoints, lrs)`, the influence function at θ̂ = `base` (λ = base.l2, damping δ), TRAK
@@ -169,7 +172,7 @@ class LDSTable:
 
 
 def lds_table(fitted, base: Minimum, *, m: int = 50, n_test: int = 32, damping: float, solver: Method = "auto",
-              tracin: tuple | None = None, trak: list | None = None, proj_dim: int = TRAK_PROJ_DIM, seed: int = 0,
+              tracin: tuple | None = None, trak: list | None = None, proj_dim: int | None = TRAK_PROJ_DIM, seed: int = 0,
               progress: Callable[[float, str], None] | None = None) -> LDSTable:
     """The linear datamodeling score of every method (Park et al. 2023) on the first `n_test` test points.
 

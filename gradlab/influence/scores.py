@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,7 @@ METHODS = {
     "grad_cosine": "Gradient cosine",
     "tracin": "TracIn (checkpoints × learning rate used)",
     "influence": "Influence function (predicted leave-one-out change)",
-    "trak": "TRAK (projected Gauss–Newton after-kernel, ensemble)",
+    "trak": "TRAK (Gauss–Newton after-kernel, ensemble)",
 }
 
 #: Self-influence variants, name -> formula.
@@ -243,6 +244,22 @@ def gauss_newton_kernel(loss_fn: LossFn, params: PyTree, xs, n_classes: int, r: 
     return k / n
 
 
+@eqx.filter_jit
+def _gauss_newton_solve(loss_fn, params, xs, labels, rhs, shift, tol):
+    """(G + shift·I)⁻¹ b for every row b of `rhs (T, P)` (T ≤ 8: the vmapped products hold T × N × C activations), matrix-free: conjugate gradient on Gauss–Newton-vector
+    products Gv = (1/N) Σ_ic p_ic g_ic (g_icᵀv), one `jvp` and one `vjp` of the (N, C) losses at every label."""
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    flat, unravel = ravel_pytree(diff)
+    every = lambda z: jax.vmap(lambda x: jax.vmap(lambda c: loss_fn(eqx.combine(unravel(z), static), x, c))(labels))(xs)
+    ell, pullback = jax.vjp(every, flat)
+    weight = jnp.exp(-ell) / xs.shape[0]                                                      # p_ic / N
+
+    def gv(v):
+        return pullback(weight * jax.jvp(every, (flat,), (v,))[1])[0] + shift * v
+
+    return jax.vmap(lambda b: jax.scipy.sparse.linalg.cg(gv, b, tol=tol, maxiter=10 * flat.size)[0])(rhs)
+
+
 #: TRAK's kernels: the softmax Gauss–Newton of the trained objective (multiclass Newton step), or Algorithm 1's.
 TRAK_KERNELS = {
     "gauss_newton": "Gauss–Newton of mean ℓ + λ/2‖θ‖² (the multiclass Newton step)",
@@ -258,7 +275,8 @@ def trak(
     """TRAK scores (Park et al. 2023) for T test points, averaged over an ensemble of models.
 
     Each model θ_m is linearized and its gradients projected by a P × k Gaussian R_m (streamed through the
-    engine, never N × P; k ≥ P uses them unprojected). Two after-kernels:
+    engine, never N × P; k ≥ P uses them unprojected, and the Gauss–Newton kernel is then solved matrix-free by
+    conjugate gradient, never P × P: `_gauss_newton_solve`). Two after-kernels:
 
     - `"gauss_newton"` (classification; the default): the one-step Newton estimate of leave-one-out for the
       linearized model under the softmax loss it was trained with, i.e. the influence function with the
@@ -296,6 +314,18 @@ def trak(
         p = engine.num_params(params)
         dtype = ravel_pytree(split(params)[0])[0].dtype
         r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), dtype)
+        if kernel == "gauss_newton" and r is None:   # k ≥ P: the exact kernel, matrix-free (never P × P)
+            g_test = flat_gradients(loss_fn, params, test_xs, test_ys)
+            tol = 1e-10 if g_test.dtype == jnp.float64 else 1e-5
+            shift = jnp.asarray(l2 + damping, g_test.dtype)
+            x = jnp.concatenate([_gauss_newton_solve(loss_fn, params, train_xs, jnp.arange(n_classes), g_test[i:i + 8],
+                                                     shift, tol) for i in range(0, len(g_test), 8)])  # (T, P)
+            if not bool(jnp.all(jnp.isfinite(x))):
+                raise InfluenceError("TRAK's Gauss–Newton solve failed: raise the regularization λ or the damping δ")
+            theta = ravel_pytree(split(params)[0])[0]
+            out = out + (project(loss_fn, params, train_xs, train_ys, x.T, chunk_size=chunk_size).T
+                         + l2 * (x @ theta)[:, None]) / n
+            continue
         if kernel == "gauss_newton":
             f = loss_fn
             k = _ridge(gauss_newton_kernel(loss_fn, params, train_xs, n_classes, r, chunk_size=chunk_size), l2 + damping, r)
