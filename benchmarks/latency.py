@@ -76,35 +76,28 @@ def _timed(page, log: Path, action) -> tuple[float, float]:
     return server, browser
 
 
-def _cold(path: str, url_query: str, log: Path, env: dict) -> tuple[float, float]:
-    """(server s, browser s) of the first visit to a freshly started server."""
-    from playwright.sync_api import sync_playwright
-
-    with streamlit_server(log_path=log, env=env) as (base, proc), sync_playwright() as p:
-        browser = launch(p)
-        first = browser.new_context(viewport={"width": 1280, "height": 1600}).new_page()
-        out = _timed(first, log, lambda: first.goto(f"{base}/{path}{url_query}"))
-        browser.close()
-    return out
+def _visit(browser, base: str, path: str, url_query: str, log: Path):
+    """A new browser session opens the page: (the page, (server s, browser s))."""
+    page = browser.new_context(viewport={"width": 1280, "height": 1600}).new_page()
+    return page, _timed(page, log, lambda: page.goto(f"{base}/{path}{url_query}"))
 
 
 def measure(path: str, query: str, log: Path) -> dict:
-    """Three fresh servers' worth of measurements sharing one empty XLA disk cache (the app keeps
-    compiled programs in `JAX_COMPILATION_CACHE_DIR`): the first visit ever (everything compiles), the first
-    visit to a restarted server (programs load from disk), then on that server a second visitor and a
-    widget change."""
+    """Two fresh servers sharing one empty XLA disk cache (the app keeps compiled programs in
+    `JAX_COMPILATION_CACHE_DIR`): on the first, the first visit ever (everything compiles); on the second
+    (a restart: programs load from disk), the first visit, a second visitor and a widget change."""
     from playwright.sync_api import sync_playwright
 
     url_query = f"?{query}" if query else ""
-    with tempfile.TemporaryDirectory(prefix="gradlab-latency-xla-") as cache:
+    with tempfile.TemporaryDirectory(prefix="gradlab-latency-xla-") as cache, sync_playwright() as p:
         env = {"GRADLAB_LOG_RUNS": "1", "JAX_COMPILATION_CACHE_DIR": cache}
-        first_ever = _cold(path, url_query, log, env)
-        with streamlit_server(log_path=log, env=env) as (base, proc), sync_playwright() as p:
-            browser = launch(p)
-            first = browser.new_context(viewport={"width": 1280, "height": 1600}).new_page()
-            cold = _timed(first, log, lambda: first.goto(f"{base}/{path}{url_query}"))
-            second = browser.new_context(viewport={"width": 1280, "height": 1600}).new_page()
-            warm = _timed(second, log, lambda: second.goto(f"{base}/{path}{url_query}"))
+        browser = launch(p)
+        with streamlit_server(log_path=log, env=env) as (base, proc):
+            page, first_ever = _visit(browser, base, path, url_query, log)
+            page.context.close()  # it would keep reconnecting to the stopped server
+        with streamlit_server(log_path=log, env=env) as (base, proc):
+            first, cold = _visit(browser, base, path, url_query, log)
+            second, warm = _visit(browser, base, path, url_query, log)
             what, change = "", (float("nan"), float("nan"))
             if path in WIDGETS:
                 what, act = WIDGETS[path]
@@ -113,7 +106,7 @@ def measure(path: str, query: str, log: Path) -> dict:
                 except Exception as err:  # noqa: BLE001 - report, keep measuring the other pages
                     what = f"{what} (failed: {type(err).__name__}: {str(err)[:120]})"
             errors = page_errors(first) + page_errors(second)
-            browser.close()
+        browser.close()
     return dict(first_ever=first_ever, cold=cold, warm=warm, change=change, what=what, errors=errors)
 
 
