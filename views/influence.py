@@ -17,8 +17,9 @@ st.markdown(
     "hurt (**opponent**, negative) that prediction. The gradient dot product ⟨∇ℓ(zᵢ), ∇ℓ(z)⟩ says how a gradient "
     "step on zᵢ moves the test loss; **TracIn** sums it over the checkpoints of an SGD run, weighted by the "
     "learning rate used (Pruthi et al. 2020); the **influence function** predicts the change of the test loss if "
-    "zᵢ were removed and the model retrained to the optimum θ̂ (Koh & Liang 2017); **TRAK** projects per-example "
-    "gradients and solves a kernel regression over an ensemble of models (Park et al. 2023). Scores alone can mean "
+    "zᵢ were removed and the model retrained to the optimum θ̂ (Koh & Liang 2017); **TRAK** makes that prediction "
+    "for the linearized model (its Gauss–Newton matrix), averaged over an ensemble of models (Park et al. 2023). "
+    "Scores alone can mean "
     "nothing, so the bottom of the page **retrains** without the top examples, and scores every method by the "
     "**linear datamodeling score**: how well it predicts models trained on random halves of the data."
 )
@@ -154,11 +155,12 @@ with st.expander("TRAK settings"):
                               key="infl_trak_k", bind="query-params",
                               help="Per-example gradients are projected to k dimensions by a Gaussian matrix. "
                                    "P (exact): no projection; the Gauss–Newton kernel is solved by conjugate gradient.")
-    proj_dim = engine.num_params(fitted.model) if k_pick == EXACT else int(k_pick)
+    P = engine.num_params(fitted.model)
+    proj_dim = P if k_pick == EXACT else int(k_pick)
 
 # ------------------------------------------------------------------ what it will hold, before it runs
 with ui.guard("The influence scores do not fit this server", stop=True):
-    P, n_ckpt = engine.num_params(fitted.model), len(fitted.run.checkpoints)
+    n_ckpt = len(fitted.run.checkpoints)
     memory.check(f"Influence scores for a model of P = {P:,} parameters with TRAK's k = {proj_dim}",
                  memory.influence_bytes(P, proj_dim, n_models, n_ckpt),
                  memory.influence_fix(P, PROJ_DIMS, n_models, n_ckpt))
@@ -218,8 +220,8 @@ with st.spinner("Scoring every training example with every method…"):
 if res is None:
     st.stop()
 scores, errors = dict(res.scores), dict(res.errors)
-if method == "trak":  # TRAK trains its ensemble: only when asked for, then every test point at once
-    exact = proj_dim >= engine.num_params(fitted.model)
+if method == "trak":  # TRAK trains its ensemble only when asked for; a projected kernel serves every test point
+    exact = proj_dim >= P
     rows = (test_index,) if exact else tuple(range(n_test))
     with st.spinner(f"TRAK: training {n_models - 1} more models (once), converging each to its θ̂ and solving its "
                     "Gauss–Newton kernel" + (" for this test point…" if exact else f" at k = {proj_dim} for every test point…")):
@@ -288,7 +290,7 @@ with a:
 with b:
     st.markdown("Rank correlations (`scipy.stats.spearmanr`) between the methods' scores for this test point. "
                 "Cosine discounts large-gradient examples; TracIn adds earlier checkpoints of an SGD run; the influence "
-                "function reweights directions by the inverse Hessian at θ̂; TRAK by the inverse Gauss–Newton matrix, projected, "
+                "function reweights directions by the inverse Hessian at θ̂; TRAK by the inverse Gauss–Newton matrix, "
                 "averaged over models (it joins this table when it is the scoring method: it trains its own ensemble). "
                 "Agreement is not correctness: the LDS below measures that.")
     me = list(scores).index(method)

@@ -100,11 +100,10 @@ class PointScores:
 
 
 def score_test_point(fitted, base: Minimum, test_index: int, *, damping: float, solver: Method = "auto",
-                     tracin: tuple | None = None, trak: list | None = None, proj_dim: int | None = TRAK_PROJ_DIM,
-                     **solver_args) -> PointScores:
-    """All methods for test point `test_index`: grad dot / cosine at the trained model, TracIn over
-    `tracin = (checkpoints, lrs)`, the influence function at θ̂ = `base` (λ = base.l2, damping δ), TRAK
-    over the models `trak`. A method that fails is reported in `errors`, the others still computed.
+                     tracin: tuple | None = None, **solver_args) -> PointScores:
+    """The single-model methods for test point `test_index`: grad dot / cosine at the trained model, TracIn over
+    `tracin = (checkpoints, lrs)`, the influence function at θ̂ = `base` (λ = base.l2, damping δ); TRAK, which
+    trains an ensemble, is `trak_scores`. A method that fails is reported in `errors`, the others still computed.
 
     **Raises** `ValueError` for a test index out of range.
     """
@@ -122,11 +121,6 @@ def score_test_point(fitted, base: Minimum, test_index: int, *, damping: float, 
         out["influence"] = np.asarray(s[0])
     except InfluenceError as err:
         errors["influence"] = str(err)
-    if trak is not None:
-        try:
-            out["trak"] = np.asarray(trak_scores(fitted, trak, base.l2, x[None], y[None], proj_dim=proj_dim)[0])
-        except InfluenceError as err:
-            errors["trak"] = str(err)
     return PointScores({m: out[m] for m in scores.METHODS if m in out}, info, errors)
 
 

@@ -312,8 +312,8 @@ def trak(
     for m, params in enumerate(models):
         params = engine.as_params(params)
         p = engine.num_params(params)
-        dtype = ravel_pytree(split(params)[0])[0].dtype
-        r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), dtype)
+        theta = ravel_pytree(split(params)[0])[0]
+        r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), theta.dtype)
         if kernel == "gauss_newton" and r is None:   # k ≥ P: the exact kernel, matrix-free (never P × P)
             g_test = flat_gradients(loss_fn, params, test_xs, test_ys)
             tol = 1e-10 if g_test.dtype == jnp.float64 else 1e-5
@@ -322,31 +322,25 @@ def trak(
                                                      shift, tol) for i in range(0, len(g_test), 8)])  # (T, P)
             if not bool(jnp.all(jnp.isfinite(x))):
                 raise InfluenceError("TRAK's Gauss–Newton solve failed: raise the regularization λ or the damping δ")
-            theta = ravel_pytree(split(params)[0])[0]
             out = out + (project(loss_fn, params, train_xs, train_ys, x.T, chunk_size=chunk_size).T
                          + l2 * (x @ theta)[:, None]) / n
             continue
-        if kernel == "gauss_newton":
-            f = loss_fn
-            k = _ridge(gauss_newton_kernel(loss_fn, params, train_xs, n_classes, r, chunk_size=chunk_size), l2 + damping, r)
-            scale = 1.0 / n
-        else:
-            f = margin(loss_fn, task)
-            k = None
-            scale = 1.0
+        f = loss_fn if kernel == "gauss_newton" else margin(loss_fn, task)
         phi = _projected(f, params, train_xs, train_ys, r, chunk_size)                         # (N, k)
         phi_test = flat_gradients(f, params, test_xs, test_ys)
         phi_test = phi_test if r is None else phi_test @ r                                    # (T, k)
-        if k is None:
+        if kernel == "gauss_newton":   # projected here: k < P
+            k = _ridge(gauss_newton_kernel(loss_fn, params, train_xs, n_classes, r, chunk_size=chunk_size), l2 + damping, r)
+        else:
             k = _ridge(phi.T @ phi, damping, r)
         sol = jnp.linalg.solve(k, phi_test.T)                                                  # (k, T)
         if not bool(jnp.all(jnp.isfinite(sol))):
             raise InfluenceError("TRAK's kernel is singular: raise the regularization λ or the damping δ"
                                  + (", or lower the projection dimension below N" if kernel == "algorithm1" else ""))
-        out = out + scale * (sol.T @ phi.T)                                                    # (T, N)
-        if kernel == "gauss_newton" and l2:   # the λθ term of `influence_scores`: one constant per test point
-            theta = ravel_pytree(split(params)[0])[0]
-            out = out + scale * l2 * (sol.T @ (theta if r is None else theta @ r))[:, None]
+        if kernel == "gauss_newton":   # in loss units, with the λθ term of `influence_scores` (a constant per test point)
+            out = out + (sol.T @ phi.T + l2 * (sol.T @ (theta @ r))[:, None]) / n             # (T, N)
+        else:
+            out = out + sol.T @ phi.T
         if kernel == "algorithm1":
             q_sum = q_sum + (-jnp.expm1(-jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, train_xs, train_ys))
                              if task == "classification" else jnp.ones(n, phi.dtype))          # 1 − p_i
