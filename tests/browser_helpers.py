@@ -88,8 +88,16 @@ def launch(playwright):
 
 
 def script_state(page) -> str:
-    """Streamlit's run state as the frontend shows it: initial, running, notRunning, rerunRequested, …"""
-    return page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state") or ""
+    """Streamlit's run state as the frontend shows it: initial, running, notRunning, rerunRequested, …
+
+    "" while the app is not mounted or the tab does not answer within 5 s: on a loaded 2-core machine a
+    renderer can stall for tens of seconds, and the caller's own deadline decides when that is a failure."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout  # here: the module imports without it
+
+    try:
+        return page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state", timeout=5000) or ""
+    except PlaywrightTimeout:
+        return ""
 
 
 def wait_until_idle(page, *, timeout: float = 240, settle: float = 1.0) -> None:

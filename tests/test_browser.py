@@ -165,6 +165,7 @@ def test_three_concurrent_sessions_tour_the_pages_without_leaks(server):
             with playwright_api.sync_playwright() as p:
                 b = launch(p)
                 pg = b.new_page(viewport={"width": 1280, "height": 1600})
+                pg.set_default_timeout(120_000)  # three Chromiums, a server and a second test share 2 cores
                 qs = urlencode(query)
                 for path, _, heading in TOUR:
                     pg.goto(f"{server}/{path}?{qs}")
