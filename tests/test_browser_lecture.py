@@ -32,7 +32,7 @@ def _check(page, step: int) -> dict:
 
 
 @pytest.mark.timeout(2400)  # 13 steps, cold: trains four experiments and times the performance sweep
-def test_walk_the_lecture_with_next_and_back_and_reopen_each_url(tmp_path, browser):
+def test_walk_the_lecture_with_next_and_back_and_reopen_a_step_of_each_page(tmp_path, browser):
     n = len(LECTURE)
     with streamlit_server(log_path=tmp_path / "server.log") as (base, _):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
