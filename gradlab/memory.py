@@ -105,15 +105,18 @@ def dp_sgd_fix(n: int, num_params: int) -> str:
 #: optax.lbfgs keeps this many (s, y) pairs of P-vectors (its default `memory_size`).
 LBFGS_MEMORY = 10
 
+#: Test points TRAK's exact (k ≥ P) Gauss–Newton solve takes at once (`influence.scores.trak`).
+TRAK_CG_BLOCK = 8
+
 
 def influence_bytes(num_params: int, proj_dim: int, n_models: int, n_checkpoints: int) -> int:
     """Bytes the influence scores hold at once for a model of P parameters (float32): TRAK's P × k
     Gaussian projection and its k × k kernel with two working copies (factorization, solve), or for
-    k ≥ P the vectors of its matrix-free conjugate gradient, its ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, and
-    θ̂'s L-BFGS history (2 × `LBFGS_MEMORY` P-vectors) plus a few P-vectors of conjugate gradient.
+    k ≥ P the vectors of its matrix-free conjugate gradient (`TRAK_CG_BLOCK` test points at once), its
+    ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, and θ̂'s L-BFGS history (2 × `LBFGS_MEMORY` P-vectors) plus a few P-vectors of conjugate gradient.
     Per-example gradients are streamed in the engine's byte-sized chunks and not counted."""
     p, k = int(num_params), int(proj_dim)
-    trak = p * k + 3 * k * k if k < p else 8 * 5 * p  # k ≥ P: matrix-free CG, 5 P-vectors for each of 8 test points
+    trak = p * k + 3 * k * k if k < p else 5 * p * TRAK_CG_BLOCK  # k ≥ P: conjugate gradient's 5 P-vectors per test point
     return 4 * (trak + p * (int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6))
 
 

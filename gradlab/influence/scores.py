@@ -29,6 +29,7 @@ from gradlab import engine
 from gradlab.influence.solvers import (
     EXACT_MAX_PARAMS, InfluenceError, InverseHVP, LossFn, Method, PyTree, hessian, inverse_hvp_batch, split,
 )
+from gradlab.memory import TRAK_CG_BLOCK
 
 #: The scoring methods, name -> label. The page's method list is this dict.
 METHODS = {
@@ -246,8 +247,9 @@ def gauss_newton_kernel(loss_fn: LossFn, params: PyTree, xs, n_classes: int, r: 
 
 @eqx.filter_jit
 def _gauss_newton_solve(loss_fn, params, xs, labels, rhs, shift, tol):
-    """(G + shift·I)⁻¹ b for every row b of `rhs (T, P)` (T ≤ 8: the vmapped products hold T × N × C activations), matrix-free: conjugate gradient on Gauss–Newton-vector
-    products Gv = (1/N) Σ_ic p_ic g_ic (g_icᵀv), one `jvp` and one `vjp` of the (N, C) losses at every label."""
+    """(G + shift·I)⁻¹ b for every row b of `rhs (T, P)` (T ≤ `TRAK_CG_BLOCK`: the vmapped products hold
+    T × N × C activations), matrix-free: conjugate gradient on Gauss–Newton-vector products
+    Gv = (1/N) Σ_ic p_ic g_ic (g_icᵀv), one `jvp` and one `vjp` of the (N, C) losses at every label."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     flat, unravel = ravel_pytree(diff)
     every = lambda z: jax.vmap(lambda x: jax.vmap(lambda c: loss_fn(eqx.combine(unravel(z), static), x, c))(labels))(xs)
@@ -318,8 +320,9 @@ def trak(
             g_test = flat_gradients(loss_fn, params, test_xs, test_ys)
             tol = 1e-10 if g_test.dtype == jnp.float64 else 1e-5
             shift = jnp.asarray(l2 + damping, g_test.dtype)
-            x = jnp.concatenate([_gauss_newton_solve(loss_fn, params, train_xs, jnp.arange(n_classes), g_test[i:i + 8],
-                                                     shift, tol) for i in range(0, len(g_test), 8)])  # (T, P)
+            x = jnp.concatenate([_gauss_newton_solve(loss_fn, params, train_xs, jnp.arange(n_classes),
+                                                     g_test[i:i + TRAK_CG_BLOCK], shift, tol)
+                                 for i in range(0, len(g_test), TRAK_CG_BLOCK)])                 # (T, P)
             if not bool(jnp.all(jnp.isfinite(x))):
                 raise InfluenceError("TRAK's Gauss–Newton solve failed: raise the regularization λ or the damping δ")
             out = out + (project(loss_fn, params, train_xs, train_ys, x.T, chunk_size=chunk_size).T
