@@ -55,7 +55,10 @@ def test_walk_the_lecture_with_next_and_back_and_reopen_a_step_of_each_page(tmp_
         # the URL of each page's first step and of the last step, opened in a fresh tab (a new session), shows
         # the same view: one step per page, since every step sets its page's controls the same way, and a
         # fresh tab costs ~9 s here (Chromium parses Plotly's 4.7 MB bundle again)
-        reopen = sorted({*{LECTURE[i].preset.page: i + 1 for i in reversed(range(n))}.values(), n})
+        first_of_page: dict[str, int] = {}
+        for step, lecture_step in enumerate(LECTURE, start=1):
+            first_of_page.setdefault(lecture_step.preset.page, step)
+        reopen = sorted({*first_of_page.values(), n})
         for step in reopen:
             url = urls[step - 1]
             fresh = browser.new_page(viewport={"width": 1400, "height": 900})
