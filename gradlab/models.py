@@ -16,7 +16,29 @@ import jax.numpy as jnp
 
 from gradlab.data import DataError
 
-ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "softplus": jax.nn.softplus}
+def identity(x):
+    return x
+
+
+def relu(x):
+    return jax.nn.relu(x)
+
+
+def tanh(x):
+    return jnp.tanh(x)
+
+
+def gelu(x):
+    return jax.nn.gelu(x)
+
+
+def softplus(x):
+    return jax.nn.softplus(x)
+
+
+# Plain module-level functions (not jax.nn's wrapped ones) so that a trained model pickles by reference
+# and the results store can keep it on disk.
+ACTIVATIONS = {"relu": relu, "tanh": tanh, "gelu": gelu, "softplus": softplus}
 MODELS = {"linear": "Linear / softmax regression", "mlp": "MLP", "cnn": "Small CNN (8×8 images)"}
 
 
@@ -38,7 +60,8 @@ class MLP(eqx.Module):
     mlp: eqx.nn.MLP
 
     def __init__(self, in_size: int, out_size: int, width: int, depth: int, activation: str, *, key):
-        self.mlp = eqx.nn.MLP(in_size, out_size, width, depth, activation=ACTIVATIONS[activation], key=key)
+        self.mlp = eqx.nn.MLP(in_size, out_size, width, depth, activation=ACTIVATIONS[activation],
+                               final_activation=identity, key=key)
 
     def __call__(self, x):
         return self.mlp(x)
