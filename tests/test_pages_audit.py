@@ -45,3 +45,15 @@ def test_bad_setting_is_a_message_not_a_traceback(page):
     assert_clean(at)
     assert any("Membership inference could not run" in e.value for e in at.error)
     assert float(metric(at, "Accountant's ε (PLD)")) > 0
+
+
+def test_a_second_visitor_sees_the_same_numbers_and_no_error():
+    """Both sections are shared results: the second session is served the first one's numbers, with no
+    error box (it used to replay the first session's progress bar and fail)."""
+    first = open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL)
+    second = open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL)
+    for at in (first, second):
+        assert_clean(at)
+        assert not at.error, [e.value for e in at.error]
+    for label in ("LiRA AUC, non-private", "Empirical ε lower bound (95%)"):
+        assert metric(first, label) == metric(second, label)

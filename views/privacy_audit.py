@@ -61,13 +61,13 @@ def calibrated_sigma(eps, q, steps, delta):
     return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def attack(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted, _progress):
+@ui.shared(label="Training target and shadow models")
+def attack(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted, progress):
     """Membership inference on both procedures, shared by sessions (keyed on every setting)."""
     d = _fitted.data
     return membership.private_vs_nonprivate(
         init_model(exp, d), _fitted.loss_fn, d.x_train[:pool], d.y_train[:pool], sample_rate=q, noise_multiplier=sigma,
-        clip_norm=c, optimizer=optimizer, lr=lr, steps=steps, n_shadows=shadows, seed=exp.seed, progress=_progress)
+        clip_norm=c, optimizer=optimizer, lr=lr, steps=steps, n_shadows=shadows, seed=exp.seed, progress=lambda f: progress(f, f"{f:.0%}"))
 
 
 results = None
@@ -81,10 +81,7 @@ with ui.guard("Membership inference could not run with these settings"):
     eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
     st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
                f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
-    bar = st.progress(0.0, text="Training target and shadow models…")
-    results = attack(exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted,
-                     lambda f: bar.progress(min(f, 1.0), text=f"Training target and shadow models… {f:.0%}"))
-    bar.empty()
+    results = attack(exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)
 
 if results is not None:
     pub, priv = results["non-private"], results["DP-SGD"]
@@ -156,17 +153,14 @@ if bug:
     st.info(f"**Planted bug: {bug}.** {audit.BUGS[bug].description}")
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def run_audit(sigma, steps, q, c, trials, canary, bug, _progress=None):
+@ui.shared(label="Auditing")
+def run_audit(sigma, steps, q, c, trials, canary, bug, progress):
     return audit.audit_dp_sgd(noise_multiplier=sigma, steps=steps, sample_rate=q, clip_norm=c, bug=bug, trials=trials,
-                              canary=canary, progress=_progress)
+                              canary=canary, progress=lambda i, n: progress(i / n, f"training run {i} of {n}"))
 
 
 with ui.guard("The audit could not run with these settings"):
-    bar = st.progress(0.0, text="Auditing…")
-    res = run_audit(float(sigma_a), int(steps_a), float(q_a), float(c_a), int(trials), canary, bug,
-                    _progress=lambda i, n: bar.progress(i / n, text=f"Auditing: training run {i} of {n}"))
-    bar.empty()
+    res = run_audit(float(sigma_a), int(steps_a), float(q_a), float(c_a), int(trials), canary, bug)
     m = st.columns(4)
     m[0].metric("Empirical ε lower bound (95%)", f"{res.epsilon_lower:.2f}")
     m[1].metric("Accountant's ε (PLD)", f"{res.epsilon_claimed:.2f}", help=f"dp-accounting, δ = {res.delta:g}")

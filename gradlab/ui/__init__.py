@@ -9,7 +9,7 @@ Pages import `from gradlab import ui` and use the names re-exported here.
 """
 
 from gradlab.ui.cache import (FIT_CACHE_SIZE, HASH_FUNCS, MEMORY_BUDGET_MB, cached, fitted, num_params,
-                              progress_bar, release_memory, requested, rss_mb)
+                              progress_bar, release_memory, requested, rss_mb, shared)
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
@@ -21,5 +21,5 @@ __all__ = [
     "apply_preset", "cached", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fitted", "fragment", "follow_preset", "guard",
     "num_params", "plotly_config", "preset_banner", "preset_picker", "progress_bar", "release_memory", "requested",
-    "rss_mb", "share_link", "upload_controls", "uploaded",
+    "rss_mb", "share_link", "shared", "upload_controls", "uploaded",
 ]

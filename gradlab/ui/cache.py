@@ -16,16 +16,35 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import inspect
 import logging
 import os
+from pathlib import Path
 
 import streamlit as st
 
 from gradlab import memory
+from gradlab.store import MB, Gate, Store, default_directory, key_of
 from gradlab.data import load_csv
 from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data
 
 log = logging.getLogger("gradlab")
+_MISSING = object()
+
+
+def _code_version() -> str:
+    """A hash of gradlab's and the views' sources and JAX's version: stored results from other code are never used."""
+    import jax
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256(jax.__version__.encode())
+    for path in sorted([*root.glob("gradlab/**/*.py"), *root.glob("views/*.py")]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+CODE_VERSION = _code_version()
 
 #: Trained experiments kept (each at most `memory.BUDGET_BYTES` of checkpoints, in practice a few MB).
 FIT_CACHE_SIZE = 4
@@ -231,3 +250,83 @@ def release_memory() -> None:
 
 
 limit_malloc_arenas()
+
+
+# ---------------------------------------------------------------- shared work: the gate and the store
+
+#: Heavy computations running at once (one on a 2-core machine) and the server's memory budget.
+GATE_SLOTS = int(os.environ.get("GRADLAB_GATE_SLOTS", "1"))
+SERVER_BUDGET_MB = float(os.environ.get("GRADLAB_SERVER_BUDGET_MB", "600"))
+#: Memory for stored results (evicted by bytes); the disk tier is bounded by `GRADLAB_STORE_DISK_MB`.
+STORE_MB = float(os.environ.get("GRADLAB_STORE_MB", "64"))
+
+STORE = Store(int(STORE_MB * MB), default_directory(),
+              int(float(os.environ.get("GRADLAB_STORE_DISK_MB", "256")) * MB))
+GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
+            relieve=STORE.clear_memory, after=lambda: release_memory())
+
+
+def _key_part(value):
+    if isinstance(value, Fitted):
+        return fitted_key(value)
+    return value
+
+
+def shared(fn=None, *, label: str = "Computing", persist: bool = True):
+    """A heavy page computation shared by every session: stored results, one gate, progress drawn here.
+
+    `fn(*args, progress=report)` runs in the gate's worker thread (never inside a Streamlit cache, so
+    no element is replayed into another visitor's page); `report(fraction, text)` moves the bar every
+    waiting visitor sees. Arguments named `_x` are not part of the key (a `Fitted` is keyed by its
+    experiment). Results are kept in `STORE` (on disk too unless `persist=False` or an argument is an
+    upload's experiment); identical requests join one run; a waiting visitor sees the queue.
+    `fn.stored(*args)` says whether a result is already stored (a section may then skip its button).
+    """
+    if fn is None:
+        return functools.partial(shared, label=label, persist=persist)
+    names = list(inspect.signature(fn).parameters)
+
+    def key(args, kwargs) -> tuple[str, bool]:
+        bound = dict(zip(names, args), **kwargs)
+        parts = {k: _key_part(v) for k, v in bound.items() if not k.startswith("_") and k != "progress"}
+        upload = any(isinstance(v, Experiment) and v.is_upload for v in parts.values()) or any(
+            isinstance(v, Fitted) and v.experiment.is_upload for v in bound.values())
+        return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), upload
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        k, upload = key(args, kwargs)
+        value = STORE.get(k, _MISSING)
+        if value is not _MISSING:
+            return value
+
+        def compute(report):
+            result = fn(*args, progress=report, **kwargs)
+            STORE.put(k, result, persist=persist and not upload)
+            return result
+
+        slot, shown = [None], [None]
+
+        def on_wait(job):
+            ahead, wait = GATE.position(job)
+            view = ("queue", ahead, round(wait)) if ahead else ("run", round(job.fraction * 40), job.text)
+            if view == shown[0]:
+                return
+            shown[0] = view
+            if slot[0] is None:
+                slot[0] = st.empty()
+            if ahead:
+                slot[0].info(f"**Queued:** {ahead} computation{'s' * (ahead > 1)} ahead of yours, about {wait:.0f} s. "
+                             "The server runs one heavy computation at a time; the rest of the page works meanwhile.",
+                             icon=":material/hourglass_top:")
+            else:
+                slot[0].progress(job.fraction, text=f"{label}… {job.text}")
+
+        try:
+            return GATE.run(k, fn.__qualname__, compute, on_wait=on_wait)
+        finally:
+            if slot[0] is not None:
+                slot[0].empty()
+
+    run.stored = lambda *args, **kwargs: key(args, kwargs)[0] in STORE
+    return run

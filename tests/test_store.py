@@ -1,0 +1,82 @@
+"""The results store and the gate: eviction by bytes, disk that outlives the object, single flight, queue."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gradlab.store import Gate, Store, key_of, nbytes
+
+
+def test_memory_tier_evicts_least_recently_used_by_bytes():
+    store = Store(memory_bytes=3 * 8000 + 500)
+    for name in "abc":
+        store.put(name, np.zeros(1000), persist=False)  # 8000 bytes each
+    store.get("a")  # a is now the most recently used
+    store.put("d", np.zeros(1000), persist=False)
+    assert "b" not in store and {"a", "c", "d"} <= {k for k in "abcd" if k in store}
+    assert store.used_bytes <= store.memory_bytes
+    assert nbytes({"x": np.zeros(10, np.float32)}) >= 40
+
+
+def test_disk_tier_outlives_the_store_and_uploads_stay_in_memory(tmp_path):
+    first = Store(1 << 20, str(tmp_path))
+    first.put("kept", {"v": np.arange(3)})
+    first.put("upload", np.arange(3), persist=False)
+    restarted = Store(1 << 20, str(tmp_path))
+    np.testing.assert_array_equal(restarted.get("kept")["v"], np.arange(3))
+    assert restarted.get("upload", None) is None
+
+
+def test_identical_requests_share_one_run_and_others_queue():
+    gate = Gate(slots=1)
+    calls, release = [], threading.Event()
+
+    def slow(report):
+        calls.append(1)
+        report(0.5, "half")
+        release.wait(5)
+        return 42
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(gate.run("k", "slow", slow))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    other = gate.submit("other", "fast", lambda report: 7)
+    ahead, wait = gate.position(other)
+    assert ahead == 1 and wait >= 0  # the shared run is ahead of it
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert results == [42, 42, 42] and len(calls) == 1
+    assert other.done.wait(5) and other.result == 7
+    gate.leave(other)
+
+
+def test_errors_reach_every_waiter_and_nested_calls_run_inline():
+    gate = Gate(slots=1)
+
+    def bad(report):
+        raise ValueError("impossible setting")
+
+    with pytest.raises(ValueError, match="impossible"):
+        gate.run("bad", "bad", bad)
+    assert gate.run("outer", "outer", lambda report: gate.run("inner", "inner", lambda r: 3) + 1) == 4
+
+
+def test_a_queued_job_nobody_waits_for_is_dropped():
+    gate = Gate(slots=1)
+    hold = threading.Event()
+    busy = gate.submit("busy", "busy", lambda report: hold.wait(5))
+    time.sleep(0.1)
+    queued = gate.submit("queued", "q", lambda report: 1)
+    gate.leave(queued)
+    assert queued.done.is_set() and queued.error is not None
+    hold.set()
+    assert busy.done.wait(5)
+
+
+def test_keys_hash_arrays_by_content():
+    assert key_of(np.arange(3), 1.0) == key_of(np.arange(3), 1.0) != key_of(np.arange(1, 4), 1.0)
