@@ -96,3 +96,17 @@ def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     assert memory.influence_bytes(p, 128, 5, 7) <= memory.BUDGET_BYTES < memory.influence_bytes(p, 256, 5, 7)
     assert "k ≤ 128" in memory.influence_fix(p, dims, 5, 7)
     assert "at most 2" in memory.influence_fix(826_378, dims, 5, 7)
+
+
+def test_a_link_over_the_work_budget_is_refused_before_training():
+    """The measured 175-CPU-s link: refused with the estimate and the most steps that fit, nothing trained."""
+    import time
+
+    from conftest import assert_clean, open_page
+
+    started = time.perf_counter()
+    at = open_page("norms", steps=2000, width=512, depth=4, batch_size=2048, checkpoint_every=500)
+    assert_clean(at)
+    text = " ".join(e.value for e in at.error)
+    assert "CPU-seconds" in text and "Training steps" in text, text
+    assert time.perf_counter() - started < 60  # it did not train (training alone is minutes here)

@@ -91,6 +91,20 @@ def check_training_memory(exp: Experiment, num_params: int) -> None:
                  f"{memory.n_checkpoints(exp.steps, exp.checkpoint_every)} checkpoints", need, fix)
 
 
+def check_training_work(exp: Experiment, num_params: int) -> None:
+    """Refuse a training over `memory.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
+    training steps that fit. **Raises** ValueError with the estimate and the fix."""
+    need = memory.training_seconds(num_params, exp.steps, exp.batch_size)
+    if need <= memory.WORK_BUDGET_SECONDS:
+        return
+    fits = [s for s in (25, 50, 100, 200, 300, 500, 1000, 2000)
+            if memory.training_seconds(num_params, s, exp.batch_size) <= memory.WORK_BUDGET_SECONDS]
+    fix = f"Set **Training steps** to {fits[-1]} or fewer, or a smaller batch or model." if fits else "Use a smaller model."
+    raise ValueError(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
+                     f"about {need:.0f} CPU-seconds on this shared server (the limit is {memory.WORK_BUDGET_SECONDS:.0f}). "
+                     + fix)
+
+
 def _data(exp: Experiment, upload: dict | None):
     """`exp`'s dataset (from `upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
     if exp.is_upload:
@@ -114,17 +128,6 @@ def num_params(exp: Experiment) -> int:
     return _num_params(exp, require_upload(exp) if exp.is_upload else None)
 
 
-@st.cache_resource(max_entries=FIT_CACHE_SIZE, show_spinner=False)
-def _fit(exp: Experiment, _upload: dict | None) -> Fitted:
-    """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
-    check_training_memory(exp, _num_params(exp, _upload))
-    data = _data(exp, _upload)
-    with progress_bar("Training on your data" if exp.is_upload else "Training") as progress:
-        result = fit(exp, data=data, progress=progress)
-    release_memory()
-    return result
-
-
 def fitted(exp: Experiment) -> Fitted:
     """The trained experiment, from the shared cache or trained now with a progress bar.
 
@@ -136,6 +139,8 @@ def fitted(exp: Experiment) -> Fitted:
 
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
+        if not _fit.stored(exp):
+            check_training_work(exp, _num_params(exp, upload))
         return _fit(exp, upload)
     raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
 
@@ -330,3 +335,12 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True):
 
     run.stored = lambda *args, **kwargs: key(args, kwargs)[0] in STORE
     return run
+
+
+@shared(label="Training")
+def _fit(exp: Experiment, _upload: dict | None, progress) -> Fitted:
+    """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`, and then the
+    model stays in memory only)."""
+    check_training_memory(exp, _num_params(exp, _upload))
+    data = _data(exp, _upload)
+    return fit(exp, data=data, progress=lambda step, steps: progress(step / max(steps, 1), f"step {step} of {steps}"))
