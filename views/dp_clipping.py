@@ -164,11 +164,8 @@ with d4:
     seed = st.number_input("Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed", bind="query-params")
 
 
-RUNS_KEPT = 4
-
-
-@st.cache_resource(max_entries=RUNS_KEPT, show_spinner=False, hash_funcs=ui.HASH_FUNCS)
-def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accountant, seed, every):
+@ui.shared(label="Training the DP-SGD model, then the non-private one")
+def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accountant, seed, every, progress):
     """A DP-SGD run and its non-private twin, shared by sessions: keyed on the complete experiment
     (`fitted`, an upload by the hash of its bytes) and every setting of this section."""
     data = fitted.data
@@ -179,14 +176,13 @@ def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accou
                  memory.dp_sgd_fix(n_train, engine.num_params(model0)))
     common = dict(sample_rate=q, optimizer=optimizer, lr=lr, steps=steps, seed=seed, checkpoint_every=every,
                   delta=delta, accountant=accountant)
-    with ui.progress_bar("Training the DP-SGD model, then the non-private one (steps)") as progress:
-        private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
-                               clip_norm=c_dp, progress=lambda s, t: progress(s, 2 * t), **common)
-        public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
-                              clip_norm=math.inf, progress=lambda s, t: progress(t + s, 2 * t), **common)
+    private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
+                           clip_norm=c_dp, progress=lambda s, t: progress(s / (2 * t), f"DP-SGD step {s} of {t}"), **common)
+    public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
+                          clip_norm=math.inf, progress=lambda s, t: progress((t + s) / (2 * t), f"non-private step {s} of {t}"),
+                          **common)
     evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
              for name, r in (("private", private), ("public", public))}
-    ui.release_memory()
     return dict(private=private, public=public, evals=evals)
 
 

@@ -363,13 +363,13 @@ st.markdown(
 )
 
 
-@st.cache_resource(max_entries=16, show_spinner=False)
-def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted, _bar):
+@ui.shared(label="Retraining")
+def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted, progress):
     base_ = optimum(data_key, l2, _fitted)
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
     return ifit.retraining_check(
         _fitted, base_, test_index, damping=damping, k=k, solver=solver, max_iter=RETRAIN_ITERS, **extra,
-        progress=lambda i, n: _bar.progress(i / n, text=f"Retrained {i} of {n} models without one example"))
+        progress=lambda i, n: progress(i / n, f"retrained {i} of {n} models without one example"))
 
 
 c1, c2 = st.columns([1, 3])
@@ -380,10 +380,8 @@ with c1:
 check_key = (exp, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk))
 chk = None
 if ui.requested("infl_retrain", check_key, go, kept=1):
-    bar = st.progress(0.0, text="Retraining…")
     with ui.guard("The retraining check failed"):
-        chk = retraining(*check_key, fitted, bar)
-    bar.empty()
+        chk = retraining(*check_key, fitted)
 if chk is None:
     st.caption("Press the button to retrain (a few seconds for linear models, longer for an MLP).")
 else:
@@ -413,12 +411,12 @@ st.markdown(
 )
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, _say):
+@ui.shared(label="Computing the LDS")
+def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, progress):
     base_ = optimum(data_key, l2, _fitted)
     table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
                             tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, l2, _fitted)[0],
-                            proj_dim=proj_dim_, progress=_say)
+                            proj_dim=proj_dim_, progress=progress)
     return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
 
 
@@ -430,10 +428,8 @@ with c3:
 lds_key = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim)
 lds_out = None
 if ui.requested("infl_lds", lds_key, go_lds, kept=1):
-    bar = st.progress(0.0, text="Starting…")
     with ui.guard("The LDS could not be computed"):
-        lds_out = lds_results(*lds_key, fitted, lambda frac, what: bar.progress(frac, text=what))
-    bar.empty()
+        lds_out = lds_results(*lds_key, fitted)
 if lds_out is None:
     st.caption(f"Press the button: {lds_m} models train in one vmapped scan, then every method scores "
                f"{lds_t} test points (tens of seconds on a laptop for the digits MLP).")
