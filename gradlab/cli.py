@@ -120,8 +120,11 @@ def load_data(spec: str, *, label: str | None, task: str, seed: int, label_noise
 
 
 def write_table(columns: dict[str, np.ndarray], out: str) -> Path:
-    """Write equally long columns as CSV, NPZ or Parquet (by the extension of `out`)."""
+    """Write equally long columns as CSV, NPZ or Parquet (by the extension of `out`); CSV cells that a
+    spreadsheet would run as formulas are defused (`export.to_csv`)."""
     import pandas as pd
+
+    from gradlab import export
 
     path = Path(out)
     kind = path.suffix.lower()
@@ -132,7 +135,7 @@ def write_table(columns: dict[str, np.ndarray], out: str) -> Path:
         np.savez_compressed(path, **{k: np.asarray(v) for k, v in columns.items()})
     else:
         frame = pd.DataFrame(columns)
-        frame.to_csv(path, index=False) if kind == ".csv" else frame.to_parquet(path, index=False)
+        path.write_bytes(export.to_csv(frame)) if kind == ".csv" else frame.to_parquet(path, index=False)
     return path
 
 

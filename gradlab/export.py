@@ -36,9 +36,26 @@ def export_bytes(table) -> int:
     return int(sum(np.asarray(v).nbytes for v in table.values()))
 
 
+#: A text cell starting with one of these is a formula to a spreadsheet (CSV injection, OWASP).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def defuse(text):
+    """`text` with a leading `'` when it starts like a spreadsheet formula (`= + - @`, tab, CR), else unchanged.
+    Non-strings (numbers, negative ones included) are returned as they are."""
+    return "'" + text if isinstance(text, str) and text.startswith(FORMULA_STARTS) else text
+
+
 def to_csv(table) -> bytes:
-    """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry)."""
+    """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry).
+
+    Text cells and column names that a spreadsheet would run as formulas (a class or column name such as
+    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'`; numbers stay numbers."""
     frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
+    frame = frame.rename(columns=lambda c: defuse(str(c)))
+    for col in frame.columns:
+        if frame[col].dtype == object or pd.api.types.is_string_dtype(frame[col]):
+            frame[col] = frame[col].map(defuse)
     return frame.to_csv(index=False).encode()
 
 

@@ -56,3 +56,19 @@ def test_norms_page_offers_downloads_and_refuses_a_huge_gradient_matrix():
         assert any("export limit" in c.value and "not built" in c.value for c in at.caption)
     finally:
         export.EXPORT_BUDGET_BYTES = old
+
+
+def test_csv_export_defuses_formulas_and_keeps_numbers():
+    import io
+
+    import pandas as pd
+
+    from gradlab.export import to_csv
+
+    table = pd.DataFrame({"=cmd|' /C calc'!A0": [1.5, -2.0], "label": ["=HYPERLINK(\"http://x\")", "@SUM(A1)"],
+                          "ok": ["cat", "-dog"]})
+    back = pd.read_csv(io.BytesIO(to_csv(table)))
+    assert list(back.columns)[0].startswith("'=")
+    assert list(back["label"]) == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)"]
+    assert list(back["ok"]) == ["cat", "'-dog"]
+    assert back.iloc[:, 0].tolist() == [1.5, -2.0]  # numbers, negative ones included, stay numbers
