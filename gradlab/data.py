@@ -288,6 +288,15 @@ def read_csv(file_like, *, max_rows: int = CSV_MAX_ROWS, max_features: int = CSV
     except (pd.errors.ParserError, ValueError) as err:
         raise DataError(f"the file could not be read as CSV ({str(err).strip().splitlines()[0]}); "
                         "check that every row has the same number of comma-separated fields") from None
+    if len(table) == 0:
+        raise DataError("the file has a header row but no data rows: add at least one row of numbers under it")
+    names = [str(c) for c in table.columns]
+    renamed = [c for c in names if "." in c and c.rsplit(".", 1)[0] in names and c.rsplit(".", 1)[1].isdigit()]
+    if renamed:
+        first = renamed[0].rsplit(".", 1)[0]
+        cols = [i + 1 for i, c in enumerate(names) if c == first or c in renamed and c.rsplit(".", 1)[0] == first]
+        raise DataError(f"the column name {first!r} appears more than once (columns {', '.join(map(str, cols))}): "
+                        "rename one so every column has its own name")
     if len(table) > max_rows:
         raise DataError(f"more than {max_rows:,} rows: the limit keeps the app fast and within memory; "
                         f"upload a random sample of at most {max_rows:,} rows")

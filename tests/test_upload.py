@@ -203,3 +203,15 @@ def test_uploads_never_leak_between_sessions():
     # a fourth session uploading A's bytes is served A's numbers (from the shared cache)
     d = _norms_page_with_upload(raw_a)
     assert _metric(d, "Median norm") == _metric(a, "Median norm")
+
+
+def test_header_only_and_duplicate_columns_get_clear_messages():
+    import pytest
+
+    from gradlab.data import DataError, read_csv
+
+    with pytest.raises(DataError, match="header row but no data rows"):
+        read_csv(b"a,b,label\n")
+    with pytest.raises(DataError, match=r"'a' appears more than once \(columns 1, 3\)"):
+        read_csv(b"a,b,a,label\n1,2,3,0\n4,5,6,1\n")
+    assert read_csv(b"a,b.1,label\n1,2,0\n").shape == (1, 3)  # a dotted name alone is no duplicate
