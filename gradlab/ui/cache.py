@@ -46,9 +46,6 @@ def _code_version() -> str:
 
 CODE_VERSION = _code_version()
 
-#: Trained experiments kept (each at most `memory.BUDGET_BYTES` of checkpoints, in practice a few MB).
-FIT_CACHE_SIZE = 4
-
 
 def fitted_key(f: Fitted) -> str:
     """What identifies a `Fitted` in a cache key: its complete experiment (upload hash included)."""
