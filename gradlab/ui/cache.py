@@ -1,11 +1,13 @@
-"""Caching on Streamlit's primitives, keyed on complete inputs, and memory hygiene for a shared server.
+"""Shared results keyed on complete inputs, the gate for heavy work, and memory hygiene for a shared server.
 
 One server serves every visitor, so every cache here is shared across sessions and its key holds
 every input that changes the result:
 
-- `fitted(exp)`: the trained experiment, `st.cache_resource` keyed on the complete `Experiment`
-  (an upload is `dataset="upload:<hash of its bytes, label column, task>"`, so a session only ever
-  gets a model trained on bytes it uploaded itself).
+- `shared`: heavy computations through `gradlab.store`'s gate and store (one at a time, identical
+  requests joined, the queue and progress drawn for each waiting visitor, results on disk).
+- `fitted(exp)`: the trained experiment, `shared`, keyed on the complete `Experiment` (an upload is
+  `dataset="upload:<hash of its bytes, label column, task>"`, so a session only ever gets a model
+  trained on bytes it uploaded itself; it is never written to disk).
 - `cached`: page computations, `st.cache_data` keyed on their arguments; a `Fitted` argument is
   hashed by its experiment (`hash_funcs`), so passing the model is enough to key on it.
 - `requested`: which button-started computations this session asked for (keys only, no results),
