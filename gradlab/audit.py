@@ -110,14 +110,14 @@ BUGS: dict[str, Bug] = {
 # ---------------------------------------------------------------- the ε lower bound
 
 
-def _cp_upper(k, n, alpha):
+def clopper_pearson_upper(k, n, alpha):
     """One-sided (1−α) Clopper–Pearson upper bound on a binomial proportion (k successes of n)."""
     k, n = np.asarray(k, float), np.asarray(n, float)
     with np.errstate(all="ignore"):
         return np.where(k >= n, 1.0, stats.beta.ppf(1 - alpha, k + 1, np.maximum(n - k, 1e-12)))
 
 
-def _cp_lower(k, n, alpha):
+def clopper_pearson_lower(k, n, alpha):
     """One-sided (1−α) Clopper–Pearson lower bound on a binomial proportion."""
     k, n = np.asarray(k, float), np.asarray(n, float)
     with np.errstate(all="ignore"):
@@ -161,7 +161,7 @@ def _bounds_at_thresholds(scores, is_in, delta, alpha):
     idx = np.unique(np.clip(np.r_[a_idx, b_idx, len(scores) - 1], 0, len(scores) - 1))
     # a threshold between tied scores is not a real guess: move to the end of the tie
     idx = np.searchsorted(-ranked, -ranked[idx], side="right") - 1
-    eps = epsilon_from_rates(_cp_upper(fp[idx], n_out, alpha / 2), _cp_lower(tp[idx], n_in, alpha / 2), delta)
+    eps = epsilon_from_rates(clopper_pearson_upper(fp[idx], n_out, alpha / 2), clopper_pearson_lower(tp[idx], n_in, alpha / 2), delta)
     return eps, ranked[idx]
 
 
@@ -202,8 +202,8 @@ def epsilon_lower_bound(scores, is_in, *, delta: float, confidence: float = 0.95
     guess = sign * scores[test] >= sign * t
     member = is_in[test]
     n_in, n_out = int(member.sum()), int((~member).sum())
-    eps = epsilon_from_rates(_cp_upper(np.sum(guess & ~member), n_out, alpha / 2),
-                             _cp_lower(np.sum(guess & member), n_in, alpha / 2), delta)
+    eps = epsilon_from_rates(clopper_pearson_upper(np.sum(guess & ~member), n_out, alpha / 2),
+                             clopper_pearson_lower(np.sum(guess & member), n_in, alpha / 2), delta)
     return float(eps), t * sign, sign
 
 
@@ -214,12 +214,12 @@ ANCHOR_SCALE = 2.0  # the anchor example's gradient norm in units of C (so micro
 CANARIES = {"gradient": "white-box gradient canary (a Dirac gradient)", "input": "input-space canary (a mislabeled outlier)"}
 
 
-def _gradient_loss(params, x, y):
+def gradient_canary_loss(params, x, y):
     """Loss of one example of the gradient audit: y·θ[block], a Dirac gradient of norm |y|."""
     return y * params["theta"][x[0].astype(jnp.int32)]
 
 
-def _input_loss(params, x, y):
+def input_canary_loss(params, x, y):
     """Logistic loss of one example of the input audit: block x[0], features x[1:], label y ∈ {−1, 1}."""
     w = params["w"][x[0].astype(jnp.int32)]
     return jax.nn.softplus(-y * jnp.dot(w, x[1:]))
@@ -252,7 +252,7 @@ def _trial_run(kind: str, is_in: np.ndarray, *, noise_multiplier, steps, sample_
         # example 2r: the canary (or a zero-gradient stand-in), example 2r+1: the anchor
         xs = np.repeat(blocks, 2)[:, None]
         ys = np.stack([np.where(is_in, CANARY_SCALE * clip_norm, 0.0), np.full(r, -ANCHOR_SCALE * clip_norm)], 1).ravel()
-        params, loss, lr = {"theta": jnp.zeros(r)}, _gradient_loss, GRADIENT_LR
+        params, loss, lr = {"theta": jnp.zeros(r)}, gradient_canary_loss, GRADIENT_LR
     else:
         f, y = _input_block(np.random.default_rng(0))
         n = len(f) + 1
@@ -260,7 +260,7 @@ def _trial_run(kind: str, is_in: np.ndarray, *, noise_multiplier, steps, sample_
         feats = np.concatenate([np.broadcast_to(f, (r,) + f.shape), np.where(is_in[:, None, None], cf, 0.0) * np.ones((r, 1, 2))], 1)
         xs = np.concatenate([np.repeat(blocks, n)[:, None], feats.reshape(-1, 2)], 1)
         ys = np.tile(np.r_[y, cy], r)
-        params, loss, lr = {"w": jnp.zeros((r, 2))}, _input_loss, INPUT_LR
+        params, loss, lr = {"w": jnp.zeros((r, 2))}, input_canary_loss, INPUT_LR
     run = train_dp_sgd(params, loss, jnp.asarray(xs, jnp.float32), jnp.asarray(ys, jnp.float32),
                        sample_rate=sample_rate, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                        optimizer=_sgd(lr), steps=steps, checkpoint_every=max(steps, 1), seed=seed, delta=delta,

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gradlab.membership import dp_roc_bound
-from gradlab.plots import TEMPLATE, _layout
+from gradlab.plots import TEMPLATE, style_figure
 
 FLOOR = 1e-4  # log axes: rates below this are drawn at it
 
@@ -30,7 +30,7 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
     fig.update_xaxes(type="log", range=[np.log10(floor), 0])
     fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
     fig.update_layout(legend=dict(x=0.42, y=0.05, bgcolor="rgba(255,255,255,0.8)"))
-    return _layout(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",
+    return style_figure(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",
                    height=480)
 
 
@@ -41,7 +41,7 @@ def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray, claimed: float, *, 
     fig.add_hline(y=claimed, line=dict(color="black", dash="dash"), annotation_text=f"accountant's ε = {claimed:.2f}")
     fig.update_xaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.2))
-    return _layout(fig, title, "trials (training runs with or without the canary)", "ε", height=400)
+    return style_figure(fig, title, "trials (training runs with or without the canary)", "ε", height=400)
 
 
 def observation_histogram(scores: np.ndarray, is_in: np.ndarray, threshold: float, *, xlabel: str,
@@ -54,4 +54,4 @@ def observation_histogram(scores: np.ndarray, is_in: np.ndarray, threshold: floa
     if np.isfinite(threshold):
         fig.add_vline(x=threshold, line=dict(color="black", dash="dash"), annotation_text="threshold")
     fig.update_layout(barmode="overlay", template=TEMPLATE, legend=dict(orientation="h", y=-0.2))
-    return _layout(fig, title, xlabel, "density", height=400)
+    return style_figure(fig, title, xlabel, "density", height=400)

@@ -166,30 +166,6 @@ def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int | None 
     return num_params * bytes_per_float
 
 
-def xla_memory(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
-               chunk_size: int | None = None) -> dict[str, int] | None:
-    """Bytes XLA's buffer assignment allocates for the compiled program: temporaries and outputs.
-
-    The peak extra memory of one call is about `temp + output` (arguments already exist). The
-    loop is not one program: None. Compiles the program once more (ahead of time).
-    """
-    params = engine.as_params(params)
-    n = int(jax.tree.leaves(xs)[0].shape[0])
-    chunk = engine._chunk(n, chunk_size)
-    fns = {
-        "vmap": (engine._per_example_grads, (None, "vmap")),
-        "rules": (engine._per_example_grads, (None, "ghost")),
-        "batch": (engine._batch_grad, (False,)),
-        "norms_vmap": (engine._sq_norms, (chunk, "vmap")),
-        "norms": (engine._sq_norms, (chunk, "auto")),
-    }
-    if approach not in fns:
-        return None
-    fn, extra = fns[approach]
-    analysis = fn.lower(loss_fn, params, xs, ys, *extra).compile().compiled.memory_analysis()
-    return {"temp": int(analysis.temp_size_in_bytes), "output": int(analysis.output_size_in_bytes)}
-
-
 # ---------------------------------------------------------------- the standard workload
 
 
@@ -235,7 +211,7 @@ def run_benchmark(*, repeats: int = 5, sizes: Sequence[int] = (16, 64, 256, 1024
                                 chunk_size=chunk_size) for a in APPROACHES}
     base = timings["batch"].run_s
     for a, t in timings.items():
-        mem = xla_memory(a, loss_fn, model, xs, ys, chunk_size=chunk_size)
+        mem = engine.xla_memory(a, loss_fn, model, xs, ys, chunk_size=chunk_size)
         xla = "-" if mem is None else _fmt_bytes(mem["temp"] + mem["output"])
         lines.append(f"{APPROACHES[a]:38s} {t.run_s * 1e3:9.1f} {t.run_s / base:7.2f}x {t.first_s * 1e3:14.0f} "
                      f"{_fmt_bytes(memory_bytes(a, n, p, chunk_size)):>27s} {xla:>13s}")

@@ -33,6 +33,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from gradlab import rules, sharding
+from gradlab.params import as_params, leaf_names, num_params, split_params
 
 LossFn = Callable[[Any, Any, Any], Any]
 PyTree = Any
@@ -53,27 +54,6 @@ METHODS = ("auto", "ghost", "vmap")
 #: How often each jitted body was traced (a trace precedes each compile). Tests and the
 #: benchmark read it to show that a second call with the same shapes does not recompile.
 TRACES: collections.Counter = collections.Counter()
-
-
-def as_params(params: PyTree) -> PyTree:
-    """Turn Python floats in `params` into float arrays so they are differentiable and traced.
-
-    The seeds write `w, b = 1.0, 0.0`; `jax.grad` accepts floats, but `eqx.filter_jit` would
-    treat them as static (recompiling for each value). Equinox modules are left as they are: by
-    Equinox's convention a float field (a pooling layer's `-inf` init, say) is not a parameter.
-    """
-    return jax.tree.map(
-        lambda v: jnp.asarray(v, dtype=jnp.result_type(float))
-        if isinstance(v, float) and not isinstance(v, bool)
-        else v,
-        params,
-        is_leaf=lambda v: isinstance(v, eqx.Module),
-    )
-
-
-def _split(params: PyTree) -> tuple[PyTree, PyTree]:
-    """(differentiable part, static part) of the parameters: floating arrays vs everything else."""
-    return eqx.partition(params, eqx.is_inexact_array)
 
 
 def _grad_one(loss_fn: LossFn, static: PyTree) -> Callable:
@@ -118,7 +98,13 @@ def scan_chunks(step: Callable, init: Any, arrays: Any, chunk: int) -> Any:
     return acc
 
 
-def _check_batch(xs, ys) -> int:
+def check_batch(xs: Any, ys: Any) -> int:
+    """N, the number of examples in `xs` and `ys` (pytrees, example axis first).
+
+    Every public function of the engine and of the libraries built on it starts with this check.
+
+    **Raises** `ValueError` if xs and ys disagree on N, or N is 0.
+    """
     nx = jax.tree.leaves(xs)[0].shape[0]
     ny = jax.tree.leaves(ys)[0].shape[0]
     if nx != ny:
@@ -221,7 +207,7 @@ def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
         act = rules.saved_bytes(dataclasses.replace(t.plan, rules={}))
     except Exception:
         act = 0
-    p = sum(a.size for a in jax.tree.leaves(_split(params)[0]))
+    p = sum(a.size for a in jax.tree.leaves(split_params(params)[0]))
     return 2 * act + 4 * p
 
 
@@ -251,7 +237,7 @@ def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
 
 
 def _diff_tree(params, values: list) -> PyTree:
-    diff, _ = _split(params)
+    diff, _ = split_params(params)
     return jax.tree.unflatten(jax.tree.structure(diff), values)
 
 
@@ -260,7 +246,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     TRACES["per_example_grads"] += 1
     n = xs.shape[0] if hasattr(xs, "shape") else jax.tree.leaves(xs)[0].shape[0]
     t = _traced(loss_fn, params, xs, ys, method)
-    diff, static = _split(params)
+    diff, static = split_params(params)
     if t is None:
         g = _grad_one(loss_fn, static)
         chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
@@ -330,7 +316,7 @@ def per_example_grads(
     Source: the JAX per-example gradient idiom (JAX docs, "Automatic vectorization"); seeds 000-002;
     Goodfellow (2015), arXiv:1510.01799, for the per-layer rules.
     """
-    n = _check_batch(xs, ys)
+    n = check_batch(xs, ys)
     _check_method(method)
     return _per_example_grads(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)
 
@@ -345,7 +331,7 @@ def _sq_norms(loss_fn, params, xs, ys, chunk, method="vmap"):
 def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
     n = jax.tree.leaves(xs)[0].shape[0]
     t = _traced(loss_fn, params, xs, ys, method)
-    diff, static = _split(params)
+    diff, static = split_params(params)
     if t is None:
         def one(d, x, y):
             return loss_fn(eqx.combine(d, static), x, y)
@@ -361,7 +347,7 @@ def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
 
 
 def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
-    n = _check_batch(xs, ys)
+    n = check_batch(xs, ys)
     _check_method(method)
     return _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)[1]
 
@@ -449,7 +435,7 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     """
     params = as_params(params)
     names = leaf_names(params)
-    shapes = [tuple(np.shape(a)) for a in jax.tree.leaves(_split(params)[0])]
+    shapes = [tuple(np.shape(a)) for a in jax.tree.leaves(split_params(params)[0])]
     try:
         t = _Traced(loss_fn, params, xs, ys)
     except Exception as err:  # noqa: BLE001 - shown to the user, the engine then uses vmap
@@ -470,7 +456,7 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
 def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
     TRACES["per_example_dots"] += 1
     n = jax.tree.leaves(xs)[0].shape[0]
-    diff, static = _split(params)
+    diff, static = split_params(params)
     vs = jax.tree.leaves(v)
     t = _traced(loss_fn, params, xs, ys, method)
     if t is None:
@@ -515,10 +501,10 @@ def per_example_dots(
 
     **Raises** `ValueError` as `per_example_grads`, or if `vector` has another structure.
     """
-    n = _check_batch(xs, ys)
+    n = check_batch(xs, ys)
     _check_method(method)
     params = as_params(params)
-    diff, _ = _split(params)
+    diff, _ = split_params(params)
     vector = as_params(vector)
     if jax.tree.structure(diff) != jax.tree.structure(vector):
         raise ValueError("vector must have the structure of the differentiable parameters")
@@ -530,7 +516,7 @@ def per_example_dots(
 
 def weighted_grad(loss_fn: LossFn, params: PyTree, xs, ys, weights) -> PyTree:
     """Σᵢ wᵢ·∇θ loss(θ, xᵢ, yᵢ) as ONE gradient of Σᵢ wᵢ·ℓᵢ (weights held constant). Traceable."""
-    diff, static = _split(params)
+    diff, static = split_params(params)
     w = jax.lax.stop_gradient(weights)
 
     def total(d):
@@ -566,10 +552,10 @@ def weighted_grads(loss_fn: LossFn, params: PyTree, xs, ys, weights, *, chunk_si
     **Raises** `ValueError` if the weights do not have N rows or one array per leaf.
     """
     params = as_params(params)
-    n = _check_batch(xs, ys)
+    n = check_batch(xs, ys)
     per_leaf = isinstance(weights, (list, tuple))
     w = [jnp.asarray(a, jnp.float32) for a in weights] if per_leaf else jnp.asarray(weights, jnp.float32)
-    n_leaves = len(jax.tree.leaves(_split(params)[0]))
+    n_leaves = len(jax.tree.leaves(split_params(params)[0]))
     if per_leaf and len(w) != n_leaves:
         raise ValueError(f"weights: one (N, K) array per differentiable leaf ({n_leaves}), got {len(w)}")
     for a in w if per_leaf else [w]:
@@ -587,7 +573,7 @@ def weighted_grads(loss_fn: LossFn, params: PyTree, xs, ys, weights, *, chunk_si
 @eqx.filter_jit
 def _weighted_grads(loss_fn, params, xs, ys, w, chunk):
     TRACES["weighted_grads"] += 1
-    diff, static = _split(params)
+    diff, static = split_params(params)
     per_leaf = isinstance(w, list)
 
     def step(acc, batch):
@@ -652,7 +638,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
             out[i] = jnp.tensordot(c.astype(g.dtype), g, axes=1)
         for j, i in enumerate(t.ruled):
             leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
-            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules._apply(t.graph, t.rule(i), wt, ai))(a), leaf)
+            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.graph, t.rule(i), wt, ai))(a), leaf)
             out[i] = vjp((c.reshape((-1,) + (1,) * (d.ndim - 1)) * d).astype(d.dtype))[0]
         return out, loss, norms
 
@@ -674,7 +660,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
 
 def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
     n = jax.tree.leaves(xs)[0].shape[0]
-    diff, static = _split(params)
+    diff, static = split_params(params)
     w = jnp.ones(n) if weights is None else weights
     vg = jax.value_and_grad(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y))
 
@@ -739,7 +725,7 @@ def clipped_grad_sum(
     """
     if not clip_norm > 0:
         raise ValueError(f"clipping norm C must be > 0, got {clip_norm}")
-    n = _check_batch(xs, ys)
+    n = check_batch(xs, ys)
     _check_method(method)
     if weights is not None:
         weights = jnp.asarray(weights, jnp.float32)
@@ -753,7 +739,7 @@ def clipped_grad_sum(
 @eqx.filter_jit
 def _batch_grad(loss_fn, params, xs, ys, mean):
     TRACES["batch_grad"] += 1
-    diff, static = _split(params)
+    diff, static = split_params(params)
 
     def total(d):
         losses = jax.vmap(lambda x, y: loss_fn(eqx.combine(d, static), x, y))(xs, ys)
@@ -783,7 +769,7 @@ def batch_grad(
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    _check_batch(xs, ys)
+    check_batch(xs, ys)
     return _batch_grad(loss_fn, as_params(params), xs, ys, reduction == "mean")
 
 
@@ -797,9 +783,9 @@ def loop_per_example_grads(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) ->
 
     **Returns** the same pytree as `per_example_grads`.
     """
-    n = _check_batch(xs, ys)
+    n = check_batch(xs, ys)
     params = as_params(params)
-    diff, static = _split(params)
+    diff, static = split_params(params)
     key = (loss_fn, jax.tree.structure(static), tuple(jax.tree.leaves(static)))
     try:
         g = _loop_grad_cache[key]
@@ -820,13 +806,32 @@ def flatten_per_example(grads: PyTree) -> Float[Array, "N P"]:
     return jnp.concatenate([a.reshape(a.shape[0], -1) for a in leaves], axis=1)
 
 
-def num_params(params: PyTree) -> int:
-    """P: the number of differentiable scalars in `params`."""
-    diff, _ = _split(as_params(params))
-    return int(sum(np.size(a) for a in jax.tree.leaves(diff)))
+def xla_memory(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
+               chunk_size: int | None = None) -> dict[str, int] | None:
+    """Bytes XLA's buffer assignment allocates for one approach's compiled program (nothing runs).
 
+    The peak extra memory of one call is about `temp + output` (arguments already exist).
 
-def leaf_names(params: PyTree) -> list[str]:
-    """Names of the differentiable leaves, in tree order (as in `per_example_layer_norms`)."""
-    diff, _ = _split(as_params(params))
-    return [jax.tree_util.keystr(p) or "params" for p, _ in jax.tree_util.tree_flatten_with_path(diff)[0]]
+    **Arguments**
+    - `approach`: `"vmap"` or `"rules"` (per-example gradients by `vmap(grad)` or by the per-layer
+      rules), `"batch"` (one batch gradient), `"norms_vmap"` or `"norms"` (streamed norms); any
+      other name (the Python loop, which is not one program) gives None.
+    - the rest as `per_example_grads`.
+
+    **Returns** `{"temp": bytes, "output": bytes}`, or None.
+    """
+    params = as_params(params)
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    chunk = _chunk(n, chunk_size)
+    fns = {
+        "vmap": (_per_example_grads, (None, "vmap")),
+        "rules": (_per_example_grads, (None, "ghost")),
+        "batch": (_batch_grad, (False,)),
+        "norms_vmap": (_sq_norms, (chunk, "vmap")),
+        "norms": (_sq_norms, (chunk, "auto")),
+    }
+    if approach not in fns:
+        return None
+    fn, extra = fns[approach]
+    analysis = fn.lower(loss_fn, params, xs, ys, *extra).compile().compiled.memory_analysis()
+    return {"temp": int(analysis.temp_size_in_bytes), "output": int(analysis.output_size_in_bytes)}

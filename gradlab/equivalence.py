@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradlab import engine, memory
+from gradlab.params import split_params
 
 #: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by
 #: chunk. Set so that one chunk with XLA's working copies stays within the memory budget in float64.
@@ -113,8 +114,8 @@ def _to(dtype, tree):
 def _summed_per_example_grads(loss_fn, params, xs, ys, chunk):
     """Σᵢ `grad(loss_fn)(θ, xᵢ, yᵢ)`, `vmap` over `chunk` examples at a time, summed in a scan:
     only one chunk's per-example gradients (chunk × P) are ever alive, never N × P."""
-    diff, static = engine._split(params)
-    grad_one = engine._grad_one(loss_fn, static)
+    diff, static = split_params(params)
+    grad_one = jax.grad(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y))
 
     def step(acc, batch):
         (x, y), mask = batch
@@ -137,7 +138,7 @@ def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = 
 
     **Raises** `ValueError` if xs and ys disagree on N or are empty.
     """
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     params = engine.as_params(params)
     p = max(engine.num_params(params), 1)
     chunk = max(1, min(n, MAX_MATERIALIZED // p))
@@ -163,7 +164,7 @@ def _ways(loss_fn, params, xs, ys, dtype) -> tuple[dict, dict, dict, dict]:
     Way (a) averaged is way (a) summed divided by N in `dtype`, as `way_a(reduction="mean")` does."""
     p, x, y = _to(dtype, (params, xs, ys))
     a_sum = way_a(loss_fn, p, x, y, reduction="sum")
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     return (_leaf_dict(params, a_sum), _leaf_dict(params, jax.tree.map(lambda a: a / n, a_sum)),
             _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="sum")),
             _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="mean")))
@@ -199,7 +200,7 @@ def compare_all(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> tuple[dict[
     `({"sum": Comparison, "mean": Comparison}, Scaling)`, equal to `compare(..., reduction=r)` and
     `mean_vs_sum(...)`. **Raises** as `compare`.
     """
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     w32 = _ways(loss_fn, params, xs, ys, jnp.float32)
     with jax.enable_x64(True):  # thread-local: other sessions keep float32
         w64 = _ways(loss_fn, params, xs, ys, jnp.float64)
@@ -262,7 +263,7 @@ def mean_vs_sum(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> Scaling:
 
     **Arguments** as `compare`. **Returns** a `Scaling` (float32 computations).
     """
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     return _scaling(n, *_ways(loss_fn, params, xs, ys, jnp.float32))
 
 

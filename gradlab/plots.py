@@ -129,7 +129,11 @@ def _power_ticks(ax) -> None:
         ax.update(exponentformat="power", minorloglabels="none")
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
+def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
+    """The house style on `fig`: title, axis titles, `TEMPLATE`, `height` pixels, margins, 15-pt dark text.
+
+    **Returns** `fig` (changed in place).
+    """
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE, height=height,
                       margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15, color="#111111"))
     return fig
@@ -147,7 +151,7 @@ def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray 
         fig.add_histogram(x=v, name="examples", nbinsx=bins, marker_color="#1f77b4")
     if log:
         _decades(fig, v)
-    return _layout(fig, "Distribution of per-example gradient norms",
+    return style_figure(fig, "Distribution of per-example gradient norms",
                    f"{NORM_LABEL} (log scale)" if log else NORM_LABEL, "number of training examples")
 
 
@@ -179,7 +183,7 @@ def layer_share(layer_norms: dict[str, np.ndarray]) -> go.Figure:
                            text=[f"{s * 100:.1f}% · median ‖g‖ {m:.3g}" for s, m in zip(share, median)],
                            textposition="auto"))
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, "Which layers carry the gradient", "share of Σᵢ‖gᵢ‖² in this parameter leaf (%)",
+    return style_figure(fig, "Which layers carry the gradient", "share of Σᵢ‖gᵢ‖² in this parameter leaf (%)",
                    "parameter leaf", height=max(260, 60 * len(names) + 120))
 
 
@@ -224,7 +228,7 @@ def scatter_2d(x: np.ndarray, color: np.ndarray, *, color_label: str, highlight:
         fig.add_trace(go.Scatter(x=x[highlight, 0], y=x[highlight, 1], mode="markers", name="top-k",
                                  marker=dict(size=16, color="rgba(0,0,0,0)", line=dict(color=FLIPPED_COLOR, width=2.5))))
     fig.update_layout(legend=dict(orientation="h", y=-0.15))
-    return _layout(fig, title, axis_names[0], axis_names[1], height=480)
+    return style_figure(fig, title, axis_names[0], axis_names[1], height=480)
 
 
 def scatter_1d(x: np.ndarray, y: np.ndarray, color: np.ndarray, *, color_label: str, highlight=None,
@@ -241,7 +245,7 @@ def roc_figure(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], title: s
         fig.add_trace(go.Scatter(x=fpr, y=tpr, mode="lines", name=f"{name} (AUC {auc:.3f})"))
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line=dict(dash="dot", color="gray")))
     fig.update_layout(legend=dict(x=0.45, y=0.08))
-    return _layout(fig, title, "false positive rate (clean examples flagged)", "true positive rate (flipped labels found)", height=420)
+    return style_figure(fig, title, "false positive rate (clean examples flagged)", "true positive rate (flipped labels found)", height=420)
 
 
 def training_curve(losses: np.ndarray, checkpoint_steps, current_step: int | None = None) -> go.Figure:
@@ -253,7 +257,7 @@ def training_curve(losses: np.ndarray, checkpoint_steps, current_step: int | Non
     if current_step is not None:
         fig.add_vline(x=current_step, line=dict(color=FLIPPED_COLOR, width=2))
     fig.update_yaxes(type="log")
-    return _layout(fig, "Training objective (red: the checkpoint shown)", "training step", "mean loss + λ/2‖θ‖² (log scale)", height=300)
+    return style_figure(fig, "Training objective (red: the checkpoint shown)", "training step", "mean loss + λ/2‖θ‖² (log scale)", height=300)
 
 
 # ---------------------------------------------------------------- influence (issue 5)
@@ -280,7 +284,7 @@ def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_nam
                              marker=dict(size=20, symbol="star", color="gold", line=dict(color="black", width=1.5)),
                              hoverinfo="skip"))
     fig.update_layout(legend=dict(orientation="h", y=-0.2), clickmode="event+select")
-    return _layout(fig, title + " (blue: correct, red ×: misclassified)", axis_names[0], axis_names[1], height=360)
+    return style_figure(fig, title + " (blue: correct, red ×: misclassified)", axis_names[0], axis_names[1], height=360)
 
 
 def influence_scatter_2d(x_train: np.ndarray, scores: np.ndarray, proponents, opponents, test_x: np.ndarray, *,
@@ -303,7 +307,7 @@ def influence_scatter_2d(x_train: np.ndarray, scores: np.ndarray, proponents, op
     fig.add_trace(go.Scatter(x=[t[0]], y=[t[1]], mode="markers", name="test point",
                              marker=dict(size=22, symbol="star", color="gold", line=dict(color="black", width=1.5))))
     fig.update_layout(legend=dict(orientation="h", y=-0.15))
-    return _layout(fig, title, axis_names[0], axis_names[1], height=480)
+    return style_figure(fig, title, axis_names[0], axis_names[1], height=480)
 
 
 def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agreement between methods") -> go.Figure:
@@ -312,7 +316,7 @@ def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agr
     fig = go.Figure(go.Heatmap(z=m, x=names, y=names, zmin=-1, zmax=1, colorscale="RdBu", reversescale=False,
                                text=np.round(m, 2), texttemplate="%{text}", colorbar=dict(title="Spearman ρ")))
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, "method", "method", height=380)
+    return style_figure(fig, title, "method", "method", height=380)
 
 
 def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, *, pearson: float, spearman: float,
@@ -334,7 +338,7 @@ def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, 
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(dash="dot", color="gray")))
     fig.update_layout(legend=dict(orientation="h", y=-0.2))
     title = title or f"Predicted vs actual leave-one-out change (Pearson {pearson:.3f}, Spearman {spearman:.3f})"
-    return _layout(fig, title, "predicted change in test loss (influence function)",
+    return style_figure(fig, title, "predicted change in test loss (influence function)",
                    "actual change in test loss (retrained without the example)", height=460)
 
 
@@ -361,7 +365,7 @@ def clipping_histograms(norms: np.ndarray, clipped_norms: np.ndarray, clip_norm:
     fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.22))
     if log:
         _decades(fig, np.concatenate([v, w]))
-    return _layout(fig, "Per-example norms before and after clipping at C",
+    return style_figure(fig, "Per-example norms before and after clipping at C",
                    f"{NORM_LABEL} (log scale)" if log else NORM_LABEL, "number of training examples", height=420)
 
 
@@ -390,7 +394,7 @@ def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.nda
     top = max(1.08, float(shown.max()) * 1.05) if shown.size else 1.08  # the norm ratio can exceed 1
     fig.update_yaxes(range=[min(-0.05, float(shown.min()) - 0.05) if shown.size else -0.05, top])
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return _layout(fig, "Clipping bias: clipped mean Ḡ_C vs true mean G",
+    return style_figure(fig, "Clipping bias: clipped mean Ḡ_C vs true mean G",
                    "clipping norm C (log scale)", "cos∠(Ḡ_C, G)  ·  ‖Ḡ_C‖/‖G‖  ·  fraction clipped", height=460)
 
 
@@ -407,7 +411,7 @@ def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.nda
     fig.update_yaxes(title_text="fraction clipped", range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="cosine · norm ratio", range=[0, 1.05], row=1, col=2)
     fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.25))
-    return _layout(fig, f"Per class at C = {clip_norm:.3g}: who gets clipped, whose gradient is distorted",
+    return style_figure(fig, f"Per class at C = {clip_norm:.3g}: who gets clipped, whose gradient is distorted",
                    "class", "", height=420)
 
 
@@ -427,7 +431,7 @@ def signal_noise_curve(grid: np.ndarray, clipped_mean_norm: np.ndarray, noise_no
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return _layout(fig, "Signal vs noise in one DP-SGD step", "clipping norm C (log scale)",
+    return style_figure(fig, "Signal vs noise in one DP-SGD step", "clipping norm C (log scale)",
                    "norm of the averaged update (log scale)", height=440)
 
 
@@ -439,7 +443,7 @@ def dp_accuracy_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], *, titl
         fig.add_trace(go.Scatter(x=steps, y=np.asarray(acc) * 100, mode="lines+markers", name=name, line=dict(color=color)))
     fig.update_yaxes(range=[0, 100])
     fig.update_layout(legend=dict(orientation="h", y=-0.22))
-    return _layout(fig, title, "training step", "test accuracy (%)", height=400)
+    return style_figure(fig, title, "training step", "test accuracy (%)", height=400)
 
 
 def epsilon_curve(steps: np.ndarray, epsilons: np.ndarray, *, delta: float, accountant: str,
@@ -450,7 +454,7 @@ def epsilon_curve(steps: np.ndarray, epsilons: np.ndarray, *, delta: float, acco
     if target is not None and np.isfinite(target):
         fig.add_hline(y=float(target), line=dict(color=FLIPPED_COLOR, dash="dash"), annotation_text=f"target ε = {target:g}")
     fig.update_layout(showlegend=False)
-    return _layout(fig, f"Privacy spent: ε after each step at δ = {delta:g} ({accountant})", "training step",
+    return style_figure(fig, f"Privacy spent: ε after each step at δ = {delta:g} ({accountant})", "training step",
                    "ε (privacy loss bound)", height=400)
 
 
@@ -463,7 +467,7 @@ def per_class_accuracy(class_names, private: np.ndarray, nonprivate: np.ndarray)
     fig.update_xaxes(type="category")
     fig.update_yaxes(range=[0, 100])
     fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.22))
-    return _layout(fig, "Per-class test accuracy: private vs non-private (who pays for privacy)", "class",
+    return style_figure(fig, "Per-class test accuracy: private vs non-private (who pays for privacy)", "class",
                    "test accuracy (%)", height=400)
 
 
@@ -499,7 +503,7 @@ def equivalence_bars(names: list[str], rel32, rel64, *, reduction: str = "sum") 
     hi = max([*nonzero, np.finfo(np.float32).eps]) * 100
     fig.update_yaxes(type="log", range=[np.log10(lo), np.log10(hi)], exponentformat="power", dtick=2)
     fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.3))
-    return _layout(fig, f"vmap(grad(f)).{reduction}(0) vs grad({reduction}(vmap(f))): max relative difference per leaf",
+    return style_figure(fig, f"vmap(grad(f)).{reduction}(0) vs grad({reduction}(vmap(f))): max relative difference per leaf",
                    "parameter leaf", "max |a − b| / max |b|")
 
 
@@ -515,7 +519,7 @@ def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return _layout(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)", height=460)
+    return style_figure(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)", height=460)
 
 
 def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
@@ -533,7 +537,7 @@ def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return _layout(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)", height=460)
+    return style_figure(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)", height=460)
 
 
 def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
@@ -546,7 +550,7 @@ def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
                     marker_color=FLOAT64_COLOR, text=[f"{b / 1e6:.3g} MB" for b in xla_bytes], textposition="outside")
     fig.update_yaxes(type="log")
     fig.update_layout(barmode="group")
-    return _layout(fig, "Memory each approach needs", "approach", "MB (log)")
+    return style_figure(fig, "Memory each approach needs", "approach", "MB (log)")
 
 
 # ---------------------------------------------------------------- geometry: two parameters on the screen
@@ -630,7 +634,7 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
     fig.update_xaxes(range=[float(a[0]), float(a[-1])], constrain="domain")
     fig.update_yaxes(range=[float(b[0]), float(b[-1])], scaleanchor="x", scaleratio=1, constrain="domain")
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0, yanchor="top"), hovermode="closest")
-    return _layout(fig, title or f"Per-example gradients gᵢ at θ on the loss contours (arrows ×{scale:.2g})",
+    return style_figure(fig, title or f"Per-example gradients gᵢ at θ on the loss contours (arrows ×{scale:.2g})",
                    f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=640)
 
 
@@ -665,7 +669,7 @@ def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", remov
                         marker=dict(size=22, symbol="x-open", color="#111111", line=dict(width=3)))
     fig.update_layout(clickmode="event+select", legend=dict(orientation="h", y=-0.25))
     names = ("x", "y") if kind == "line" else ("x₁", "x₂")
-    return _layout(fig, title, names[0], names[1], height=460)
+    return style_figure(fig, title, names[0], names[1], height=460)
 
 
 # ---------------------------------------------------------------- influence: the linear datamodeling score
@@ -681,7 +685,7 @@ def lds_bars(names: list[str], means, per_test: list, *, m: int) -> go.Figure:
                              marker=dict(size=4, color="#7f7f7f"), line=dict(width=0), fillcolor="rgba(0,0,0,0)",
                              showlegend=False, hovertemplate="Spearman ρ %{y:.3f}<extra></extra>"))
     fig.update_yaxes(range=[-1, 1.1])
-    return _layout(fig, f"Linear datamodeling score over {m} models trained on random halves",
+    return style_figure(fig, f"Linear datamodeling score over {m} models trained on random halves",
                    "attribution method", "Spearman ρ(predicted, actual output)", height=420)
 
 

@@ -102,7 +102,8 @@ def check_batch_size(batch_size: float) -> float:
     return b
 
 
-def _check_accountant(accountant: str) -> str:
+def check_accountant(accountant: str) -> str:
+    """The accountant's name. **Raises** `ValueError` unless it is a key of `ACCOUNTANTS`."""
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"unknown accountant {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}")
     return accountant
@@ -201,7 +202,7 @@ def make_accountant(accountant: Accountant = "rdp", *, coarse: bool = False) -> 
     """A fresh dp-accounting accountant: `"rdp"` → `RdpAccountant()` (its default orders), `"pld"` →
     `PLDAccountant()` (value discretization 1e-4, or `COARSE_PLD_INTERVAL` with `coarse=True`), both
     with add-or-remove-one neighbouring datasets."""
-    if _check_accountant(accountant) == "rdp":
+    if check_accountant(accountant) == "rdp":
         return dp_accounting.rdp.RdpAccountant()
     if coarse:
         return dp_accounting.pld.PLDAccountant(value_discretization_interval=COARSE_PLD_INTERVAL)
@@ -237,7 +238,7 @@ def dp_sgd_epsilon(
     sigma = check_noise_multiplier(noise_multiplier)
     t = check_steps(steps)
     d = check_delta(delta)
-    _check_accountant(accountant)
+    check_accountant(accountant)
     if t == 0:
         return 0.0
     if sigma == 0:
@@ -328,7 +329,7 @@ def noise_multiplier_for_epsilon(
     q = check_sample_rate(sample_rate)
     d = check_delta(delta)
     t = check_steps(steps)
-    _check_accountant(accountant)
+    check_accountant(accountant)
     eps = float(target_epsilon)
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"the target ε must be a finite number > 0, got {target_epsilon:g}")

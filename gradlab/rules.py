@@ -335,7 +335,7 @@ def _fold_transposes(graph: Graph, rule: Rule):
     return ((lc, wc), (lb, rb)) if rule.pos == 1 else ((wc, rc), (lb, rb))
 
 
-def _apply(graph: Graph, rule: Rule, w, saved):
+def apply_rule(graph: Graph, rule: Rule, w, saved):
     """The ruled op as a function of its (leaf) weight: chain of shape ops, then the layer op."""
     w0 = w
     for k in rule.chain:
@@ -391,7 +391,7 @@ def probe_avals(pl: Plan) -> list:
 
 def weight_grad(graph: Graph, rule: Rule, leaf_val, saved, delta):
     """One example's gradient for the ruled leaf: the VJP of its op in the weight, given (a, δ)."""
-    _, vjp = jax.vjp(lambda w: _apply(graph, rule, w, saved), leaf_val)
+    _, vjp = jax.vjp(lambda w: apply_rule(graph, rule, w, saved), leaf_val)
     return vjp(delta.astype(_apply_dtype(graph, rule)))[0]
 
 
@@ -401,7 +401,7 @@ def _apply_dtype(graph, rule):
 
 def weight_dot(graph: Graph, rule: Rule, v, saved, delta):
     """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight)."""
-    return jnp.vdot(delta, _apply(graph, rule, v.astype(jnp.result_type(v)), saved).astype(delta.dtype))
+    return jnp.vdot(delta, apply_rule(graph, rule, v.astype(jnp.result_type(v)), saved).astype(delta.dtype))
 
 
 def weight_sq_norm(graph: Graph, rule: Rule, leaf_val, saved, delta):

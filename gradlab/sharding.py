@@ -55,6 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gradlab.params import as_params
+
 PyTree = Any
 Kind = Literal["per_example", "sum"]
 
@@ -257,9 +259,7 @@ def _prepare(fn, kind, mesh, n, loss_fn, params, xs, ys, args, kw):
             xs, loss_fn = (xs, w), weighted_loss(loss_fn)
     axes = _axes(mesh)
     xs, ys, ws = _place((xs, ys, ws), NamedSharding(mesh, PartitionSpec(axes)))
-    from gradlab import engine  # here, not at the top: engine imports this module
-
-    rep = _place((engine.as_params(params), args), NamedSharding(mesh, PartitionSpec()))
+    rep = _place((as_params(params), args), NamedSharding(mesh, PartitionSpec()))
     return (fn, kind, mesh, n, tuple(sorted(kw.items())), loss_fn, rep, xs, ys, ws), mean
 
 

@@ -337,7 +337,7 @@ def train_dp_sgd(
         sigma = privacy.check_noise_multiplier(noise_multiplier)
         c = privacy.check_clip_norm(clip_norm)
         delta = privacy.check_delta(delta)
-        privacy._check_accountant(accountant)
+        privacy.check_accountant(accountant)
     except ValueError as err:
         raise TrainingError(str(err)) from None
     n = _check_run(xs, steps, checkpoint_every, l2)

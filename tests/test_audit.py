@@ -4,6 +4,7 @@ DP-SGD, and every planted bug caught."""
 import math
 
 import numpy as np
+import optax
 import pytest
 from scipy import stats
 
@@ -25,8 +26,8 @@ def gaussian_dp_epsilon(mu: float, delta: float) -> float:
 def test_clopper_pearson_matches_scipy_exact_interval():
     for k, n in [(0, 50), (3, 50), (25, 50), (50, 50), (7, 1000)]:
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-        assert float(audit._cp_lower(k, n, 0.025)) == pytest.approx(ci.low, abs=1e-9)
-        assert float(audit._cp_upper(k, n, 0.025)) == pytest.approx(ci.high, abs=1e-9)
+        assert float(audit.clopper_pearson_lower(k, n, 0.025)) == pytest.approx(ci.low, abs=1e-9)
+        assert float(audit.clopper_pearson_upper(k, n, 0.025)) == pytest.approx(ci.high, abs=1e-9)
 
 
 def test_epsilon_from_rates_is_the_dp_inequality():
@@ -94,15 +95,15 @@ def test_bug_hook_leaves_correct_training_alone():
 
     xs = jnp.arange(4.0)[:, None]
     ys = jnp.array([1.0, -3.0, 0.5, 2.0])
-    kw = dict(sample_rate=1.0, noise_multiplier=1.0, clip_norm=1.0, optimizer=audit._sgd(1.0), steps=2, seed=3)
+    kw = dict(sample_rate=1.0, noise_multiplier=1.0, clip_norm=1.0, optimizer=optax.sgd(1.0), steps=2, seed=3)
     p = {"theta": jnp.zeros(4)}
-    plain = train_dp_sgd(p, audit._gradient_loss, xs, ys, **kw).final["theta"]
-    unclipped = train_dp_sgd(p, audit._gradient_loss, xs, ys, bug="no per-example clipping", **kw).final["theta"]
+    plain = train_dp_sgd(p, audit.gradient_canary_loss, xs, ys, **kw).final["theta"]
+    unclipped = train_dp_sgd(p, audit.gradient_canary_loss, xs, ys, bug="no per-example clipping", **kw).final["theta"]
     # the same noise either way; θ_T = −Σ_t (sum + noise)/N, and only examples 1 (y = −3, clipped to −1) and
     # 3 (y = 2, clipped to 1) differ: plain − unclipped = −T·(clipped − raw)/N
     diff = np.asarray(plain - unclipped)
     np.testing.assert_allclose(diff, [0, -2 * 2 / 4, 0, -2 * -1 / 4], atol=1e-5)
     with pytest.raises(TrainingError, match="unknown planted bug"):
-        train_dp_sgd(p, audit._gradient_loss, xs, ys, bug="nope", **kw)
+        train_dp_sgd(p, audit.gradient_canary_loss, xs, ys, bug="nope", **kw)
     with pytest.raises(ValueError, match="unknown planted bug"):
         audit.audit_dp_sgd(noise_multiplier=1.0, steps=1, bug="nope")

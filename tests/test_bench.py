@@ -58,9 +58,9 @@ def test_memory_by_construction_and_xla(tiny):
     # XLA's output buffer for vmap(grad) is exactly the N x P per-example gradients it returns
     real = sum(a.nbytes for a in jax.tree.leaves(engine.per_example_grads(loss, model, xs, ys, method="vmap")))
     assert real == 8 * p * 4
-    out = bench.xla_memory("vmap", loss, model, xs, ys)["output"]
+    out = engine.xla_memory("vmap", loss, model, xs, ys)["output"]
     assert real <= out <= real + 16 * len(jax.tree.leaves(model))  # + XLA's tuple of buffer pointers
-    assert bench.xla_memory("loop", loss, model, xs, ys) is None
+    assert engine.xla_memory("loop", loss, model, xs, ys) is None
 
 
 def test_digits_workload_shape():

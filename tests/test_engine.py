@@ -161,12 +161,12 @@ def test_streamed_norms_never_allocate_n_by_p():
     d = load_dataset("digits", seed=0)
     m = build_model(ModelSpec("mlp", 256, 2), 64, 10, key=jax.random.key(0))
     xs, ys, p = jnp.asarray(d.x_train), jnp.asarray(d.y_train), engine.as_params(m)
-    full = engine._per_example_grads.lower(losses.cross_entropy, p, xs, ys, None, "vmap").compile().compiled.memory_analysis()
-    assert full.output_size_in_bytes >= xs.shape[0] * engine.num_params(m) * 4  # ~490 MB materialized
-    for chunk, method in ((128, "vmap"), (None, "auto")):  # the reference path, and the rules' byte-sized chunks
-        streamed = engine._sq_norms.lower(losses.cross_entropy, p, xs, ys, chunk, method).compile().compiled.memory_analysis()
-        extra = streamed.temp_size_in_bytes + streamed.output_size_in_bytes
-        assert extra < 150e6, f"streamed norms ({method}) need {extra / 1e6:.0f} MB"
+    full = engine.xla_memory("vmap", losses.cross_entropy, p, xs, ys)
+    assert full["output"] >= xs.shape[0] * engine.num_params(m) * 4  # ~490 MB materialized
+    for chunk, approach in ((128, "norms_vmap"), (None, "norms")):  # the reference path, and the rules' byte-sized chunks
+        streamed = engine.xla_memory(approach, losses.cross_entropy, p, xs, ys, chunk_size=chunk)
+        extra = streamed["temp"] + streamed["output"]
+        assert extra < 150e6, f"streamed norms ({approach}) need {extra / 1e6:.0f} MB"
 
 
 def test_bad_inputs_raise_clear_errors():

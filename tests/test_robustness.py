@@ -57,12 +57,12 @@ def test_memory_estimates_match_the_real_arrays():
 
     from gradlab.influence import scores
 
-    assert scores._projection(jax.random.key(0), p, 16, jnp.float32).nbytes == 4 * p * 16
+    assert scores.random_projection(jax.random.key(0), p, 16, jnp.float32).nbytes == 4 * p * 16
     state = optax.lbfgs().init(jnp.zeros(p))
     assert optax.tree_utils.tree_get(state, "diff_params_memory").shape == (memory.LBFGS_MEMORY, p)
     assert memory.influence_bytes(p, 16, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * (p * 16 + 3 * 16 * 16)
     # k ≥ P: no projection and no kernel, conjugate gradient's vectors for 8 test points at a time
-    assert scores._projection(jax.random.key(0), p, p, jnp.float32) is None
+    assert scores.random_projection(jax.random.key(0), p, p, jnp.float32) is None
     assert memory.influence_bytes(p, 10 * p, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * 40 * p
 
 

@@ -160,7 +160,7 @@ def influence_scores(
     `**solver` as `inverse_hvp_batch`. **Returns** `((T, N) loss units, InverseHVP)`.
     **Raises** `InfluenceError` as `inverse_hvp_batch`.
     """
-    n = engine._check_batch(train_xs, train_ys)
+    n = engine.check_batch(train_xs, train_ys)
     params = engine.as_params(params)
     g_test = flat_gradients(loss_fn, params, test_xs, test_ys)
     s, info = inverse_hvp_batch(loss_fn, params, train_xs, train_ys, g_test, l2=l2, damping=damping, method=method,
@@ -201,9 +201,15 @@ def margin(loss_fn: LossFn, task: str = "classification") -> LossFn:
     return f
 
 
-def _projection(key, p: int, k: int, dtype) -> Array | None:
-    """A P × K Gaussian (Johnson–Lindenstrauss) projection, entries N(0, 1/K); None (no projection) when K ≥ P:
-    an invertible R leaves TRAK's scores unchanged, so the gradients are used as they are."""
+def random_projection(key: Array, p: int, k: int, dtype) -> Float[Array, "P K"] | None:
+    """TRAK's projector: a P × K Gaussian (Johnson–Lindenstrauss) matrix R, entries N(0, 1/K).
+
+    **Arguments** `key`: a JAX PRNG key; `p`: P, the number of parameters; `k`: K, the projected
+    dimension; `dtype`: R's float dtype.
+
+    **Returns** `(P, K)` R, or None (no projection) when K ≥ P: an invertible R leaves TRAK's
+    scores unchanged, so the gradients are used as they are (Park et al. 2023, §3).
+    """
     return None if k >= p else jax.random.normal(key, (p, k), dtype) / jnp.sqrt(k)
 
 
@@ -315,7 +321,7 @@ def trak(
         params = engine.as_params(params)
         p = engine.num_params(params)
         theta = ravel_pytree(split(params)[0])[0]
-        r = _projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), theta.dtype)
+        r = random_projection(jax.random.fold_in(jax.random.key(seed), m), p, int(proj_dim), theta.dtype)
         if kernel == "gauss_newton" and r is None:   # k ≥ P: the exact kernel, matrix-free (never P × P)
             g_test = flat_gradients(loss_fn, params, test_xs, test_ys)
             tol = 1e-10 if g_test.dtype == jnp.float64 else 1e-5
@@ -362,7 +368,7 @@ def _quad_forms(loss_fn, params, xs, ys, a, chunk_size):
 def _per_chunk(loss_fn, params, xs, ys, chunk_size, rows):
     """`rows(G)` of each chunk's flat per-example gradients G (chunk × P), stacked over all N examples.
     The last chunk repeats the final example, so one compiled shape serves every chunk."""
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     chunk = int(min(chunk_size or engine.DEFAULT_CHUNK, n))
     out = []
@@ -398,7 +404,7 @@ def self_influence(
         return sum(lr * jnp.square(engine.per_example_norms(loss_fn, c, xs, ys, chunk_size=chunk_size))
                    for c, lr in zip(checkpoints, lrs))
     if method == "influence":
-        n = engine._check_batch(xs, ys)
+        n = engine.check_batch(xs, ys)
         p = engine.num_params(params)
         if p > exact_max_params:
             raise InfluenceError(f"influence-function self-influence needs the exact Hessian; P = {p:,} > "

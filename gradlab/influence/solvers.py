@@ -124,7 +124,7 @@ def minimize(
 
     **Returns** a `Minimum`. **Raises** `ValueError` if `exclude` is out of range or the batch is empty.
     """
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     params = engine.as_params(params)
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     if exclude is not None:
@@ -167,7 +167,7 @@ def hessian(loss_fn: LossFn, params: PyTree, xs, ys, *, l2: float = 0.0, damping
 
     **Returns** `(P, P)` symmetric. **Raises** `ValueError` for an empty batch.
     """
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     params = engine.as_params(params)
     dtype = ravel_pytree(split(params)[0])[0].dtype
     return _hessian(loss_fn, params, jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(l2 + damping, dtype), int(min(chunk_size, n)))
@@ -293,7 +293,7 @@ def inverse_hvp_batch(
     **Raises** `InfluenceError` when H_F + δI is singular (exact), conjugate gradient meets
     non-positive curvature or NaN, or LiSSA diverges: each message says to raise the damping δ.
     """
-    n = engine._check_batch(xs, ys)
+    n = engine.check_batch(xs, ys)
     if damping < 0 or l2 < 0:
         raise InfluenceError(f"λ and the damping must be ≥ 0, got λ = {l2:g}, damping = {damping:g}")
     params = engine.as_params(params)
