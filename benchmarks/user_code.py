@@ -5,7 +5,7 @@
 For each model: one batch gradient (the cost floor), `per_example_norms`, `clipped_grad_sum`
 (ghost clipping), and the chunked `vmap(grad)` norms for contrast, each as the median of
 `--repeats` steady-state runs after a compiling call; ratios are to the batch gradient measured in
-the same run. Then a DP-SGD step (`gradlab.train._dp_segment`: Poisson batch, clipped sum, noise,
+the same run. Then a DP-SGD step (a Poisson batch as `gradlab.train` draws it, `gradlab.privacy.dp_sgd_gradient`,
 optax) against the same step without privacy (same Poisson batch, plain mean gradient).
 
 Models (all losses hand-written, `-log_softmax(logits)[y]`):
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradlab import engine, models, train
+from gradlab import engine, models, privacy, train
 
 
 def nll(logits, y):
@@ -104,16 +104,21 @@ def engine_ratios(loss, params, xs, ys, repeats: int) -> dict:
 
 
 @eqx.filter_jit
-def _plain_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, buffer_size):
-    """The non-private step DP-SGD is compared with: the same Poisson batch, mean gradient, optax."""
+def _segment(loss_fn, params, opt_state, update, xs, ys, keys, q, buffer_size, private):
+    """len(keys) steps on Poisson batches: DP-SGD's step (`privacy.dp_sgd_gradient`, σ = 1, C = 1) if
+    `private`, else the step it is compared with (the same batch's mean gradient); then optax."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
 
     def step(carry, key):
         d, s = carry
         idx, mask, _ = train.poisson_sample(key[0], n, q, buffer_size)
-        g = engine.weighted_grad(loss_fn, eqx.combine(d, static), xs[idx], ys[idx], mask.astype(jnp.float32))
-        g = jax.tree.map(lambda a: a / (q * n), g)
+        w, p = mask.astype(jnp.float32), eqx.combine(d, static)
+        if private:
+            g, _, _ = privacy.dp_sgd_gradient(loss_fn, p, xs[idx], ys[idx], key[1], clip_norm=1.0, noise_multiplier=1.0,
+                                              batch_size=q * n, weights=w)
+        else:
+            g = jax.tree.map(lambda a: a / (q * n), engine.weighted_grad(loss_fn, p, xs[idx], ys[idx], w))
         updates, s = update(g, s, d)
         return (optax.apply_updates(d, updates), s), None
 
@@ -128,9 +133,9 @@ def dp_step_ratio(loss, params, xs, ys, repeats: int, steps: int = 10, q: float 
     state = opt.init(eqx.filter(params, eqx.is_inexact_array))
     n = xs.shape[0]
     m = train.dp_buffer_size(n, q)
-    keys = train._dp_keys(0, steps)
-    dp = lambda: train._dp_segment(loss, params, state, opt.update, xs, ys, keys, q, 1.0, 1.0, 0.0, m)  # noqa: E731
-    plain = lambda: _plain_segment(loss, params, state, opt.update, xs, ys, keys, q, m)  # noqa: E731
+    keys = jax.vmap(lambda k: jax.random.split(k, 2))(jax.random.split(jax.random.key(0), steps))  # (sampling, noise)
+    dp = lambda: _segment(loss, params, state, opt.update, xs, ys, keys, q, m, True)  # noqa: E731
+    plain = lambda: _segment(loss, params, state, opt.update, xs, ys, keys, q, m, False)  # noqa: E731
     return _time(dp, repeats) / steps, _time(plain, repeats) / steps
 
 

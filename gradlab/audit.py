@@ -36,7 +36,7 @@ import numpy as np
 import optax
 from scipy import stats
 
-from gradlab import privacy
+from gradlab import engine, privacy
 from gradlab.train import train_dp_sgd
 
 # ---------------------------------------------------------------- planted bugs
@@ -44,12 +44,33 @@ from gradlab.train import train_dp_sgd
 
 @dataclasses.dataclass(frozen=True)
 class Bug:
-    """A planted DP-SGD bug: `privatize(per_example_grads, key, C, σ, qN) -> (sum, noise)` replaces
-    the correct clipped sum Σ clip_C(gᵢ) and noise N(0, σ²C²) (the step then adds them and divides by qN)."""
+    """A planted DP-SGD bug: `privatize` is a `privacy.Privatize` that computes the noisy clipped sum
+    wrongly; `train_dp_sgd(…, privatize=bug.privatize)` runs DP-SGD with it."""
 
     name: str
     description: str
-    privatize: Callable
+    privatize: privacy.Privatize
+
+
+def _per_example(wrong_sum: Callable) -> privacy.Privatize:
+    """A privatizer from `wrong_sum(per_example_grads, key, C, σ, batch_size) -> (sum, noise)`.
+
+    The per-example gradients (`engine.per_example_grads`, the reference `vmap(grad)`) are masked by
+    the batch's weights first, so a padded Poisson batch's padding contributes nothing.
+    """
+
+    def privatize(loss_fn, params, xs, ys, key, *, clip_norm, noise_multiplier, weights=None, batch_size=1.0):
+        g = engine.per_example_grads(loss_fn, params, xs, ys, method="vmap")
+        if weights is not None:
+            g = jax.tree.map(lambda a: a * weights.reshape((-1,) + (1,) * (a.ndim - 1)), g)
+        summed, noise = wrong_sum(g, key, clip_norm, noise_multiplier, batch_size)
+        losses = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, xs, ys)
+        norms = jnp.sqrt(sum(jnp.sum(jnp.square(a).reshape(a.shape[0], -1), 1) for a in jax.tree.leaves(g)))
+        return jax.tree.map(jnp.add, summed, noise), losses, norms
+
+    privatize.__name__ = privatize.__qualname__ = wrong_sum.__name__.lstrip("_")
+    privatize.__doc__ = wrong_sum.__doc__
+    return privatize
 
 
 def _tree_sum(g):
@@ -89,21 +110,21 @@ def _noise_divided_by_batch_twice(g, key, clip_norm, sigma, batch):
     return summed, jax.tree.map(lambda z: z / batch, noise)
 
 
-#: The planted bugs by name. Each is a mistake real DP-SGD code has shipped; `train_dp_sgd(bug=name)`
-#: runs it in place of the correct clipped sum and noise.
+#: The planted bugs by name. Each is a mistake real DP-SGD code has shipped;
+#: `train_dp_sgd(…, privatize=BUGS[name].privatize)` runs it in place of the correct noisy clipped sum.
 BUGS: dict[str, Bug] = {
     b.name: b
     for b in (
         Bug("no per-example clipping", "The per-example gradients are summed without clipping; the noise "
-            "is still σ·C, so one large gradient shows through.", _no_clipping),
+            "is still σ·C, so one large gradient shows through.", _per_example(_no_clipping)),
         Bug("noise not scaled by C", "The noise std is σ instead of σ·C: harmless at C = 1, too little "
-            "noise for C > 1 (invisible at C = 1: audit with C > 1).", _noise_not_scaled_by_c),
+            "noise for C > 1 (invisible at C = 1: audit with C > 1).", _per_example(_noise_not_scaled_by_c)),
         Bug("sum clipped per microbatch", "The sum of each microbatch of two examples is clipped instead "
             "of each example, so one example can move the clipped sum by 2C while the accountant assumes C.",
-            _sum_clipped_per_microbatch),
+            _per_example(_sum_clipped_per_microbatch)),
         Bug("noise divided by the batch size twice", "The noise is averaged over the batch before the noisy "
             "sum is divided by the batch size: the noise on the mean gradient is σC/B² instead of σC/B.",
-            _noise_divided_by_batch_twice),
+            _per_example(_noise_divided_by_batch_twice)),
     )
 }
 
@@ -264,7 +285,7 @@ def _trial_run(kind: str, is_in: np.ndarray, *, noise_multiplier, steps, sample_
     run = train_dp_sgd(params, loss, jnp.asarray(xs, jnp.float32), jnp.asarray(ys, jnp.float32),
                        sample_rate=sample_rate, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                        optimizer=_sgd(lr), steps=steps, checkpoint_every=max(steps, 1), seed=seed, delta=delta,
-                       bug=bug)
+                       privatize=privacy.noisy_clipped_sum if bug is None else BUGS[bug].privatize)
     if kind == "gradient":
         n_total = len(ys)
         return -np.asarray(run.final["theta"], np.float64) * sample_rate * n_total / clip_norm

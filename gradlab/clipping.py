@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradlab import engine
-from gradlab.engine import as_params
+from gradlab.params import as_params
 from gradlab.privacy import check_batch_size, check_clip_norm, check_noise_multiplier, noise_std_of_mean
 
 DEFAULT_GRID = 40

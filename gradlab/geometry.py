@@ -10,7 +10,8 @@ No Streamlit. A `Problem` is a per-example loss of a 2-vector θ = (θ₀, θ₁
   ℓ = softplus(−s·θ·x) + λ/2‖θ‖² with s = ±1 and λ = 0.05 (so the optimum is finite).
 
 Per-example gradients come from `gradlab.engine.per_example_grads`, their mean from
-`gradlab.engine.batch_grad`; clipping from `gradlab.privacy` (optax). Everything returns NumPy.
+`gradlab.engine.batch_grad`; the trajectories take DP-SGD's own step (`gradlab.privacy.dp_sgd_gradient`).
+Everything returns NumPy.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine
+from gradlab import engine, privacy
 from gradlab.data import flip_labels
 
 PROBLEMS = {
@@ -187,14 +188,13 @@ def trajectory(p: Problem, method: str, *, lr: float, steps: int, batch_size: in
 
 @functools.partial(jax.jit, static_argnums=0)
 def _run(loss_fn, start, xs, ys, batches, lr, clip_norm, sigma, key):
-    from gradlab.privacy import clip_and_sum, gaussian_noise
+    """The path of θ: each step θ ← θ − η·`privacy.dp_sgd_gradient` on its minibatch (σ = 0, C = inf: SGD)."""
 
     def step(theta, inp):
         idx, k = inp
-        g = engine.per_example_grads(loss_fn, theta, xs[idx], ys[idx])
-        total, _ = clip_and_sum(g, clip_norm)
-        total = total + gaussian_noise(k, total, jnp.where(jnp.isfinite(clip_norm), clip_norm, 0.0), sigma)
-        theta = theta - lr * total / idx.shape[0]
+        g, _, _ = privacy.dp_sgd_gradient(loss_fn, theta, xs[idx], ys[idx], k, clip_norm=clip_norm,
+                                          noise_multiplier=sigma, batch_size=idx.shape[0])
+        theta = theta - lr * g
         return theta, theta
 
     keys = jax.random.split(key, batches.shape[0])

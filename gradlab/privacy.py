@@ -21,7 +21,7 @@ import contextlib
 import functools
 import logging
 import math
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import dp_accounting
 import jax
@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jaxtyping import Array, Float
+
+from gradlab import engine
 
 PyTree = Any
 Accountant = Literal["rdp", "pld"]
@@ -163,6 +165,78 @@ def gaussian_noise(key: Array, like: PyTree, clip_norm: float | Array, noise_mul
     keys = jax.random.split(key, len(leaves))
     noise = [std.astype(a.dtype) * jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves)]
     return jax.tree.unflatten(treedef, noise)
+
+
+#: A privatizer: `privatize(loss_fn, params, xs, ys, key, *, clip_norm, noise_multiplier, weights,
+#: batch_size) -> (noisy sum, losses (B,), norms (B,))`, the one part of a DP-SGD step that sees
+#: individual examples. `noisy_clipped_sum` is the correct one; `gradlab.audit.BUGS` holds wrong ones.
+Privatize = Callable[..., tuple[PyTree, Array, Array]]
+
+
+def noisy_clipped_sum(
+    loss_fn: Callable,
+    params: PyTree,
+    xs: Any,
+    ys: Any,
+    key: Array,
+    *,
+    clip_norm: float | Array,
+    noise_multiplier: float | Array,
+    weights: Float[Array, "B"] | None = None,
+    batch_size: float | Array | None = None,
+) -> tuple[PyTree, Float[Array, "B"], Float[Array, "B"]]:
+    """The privatized sum of one batch: Σᵢ wᵢ·min(1, C/‖gᵢ‖)·gᵢ + N(0, σ²C² I) (Abadi et al. 2016, Algorithm 1).
+
+    The clipped sum is ghost clipping (`engine.clipped_sum_core`: norms by the per-layer rules,
+    then one weighted backward pass, no per-example gradient built); the noise is `gaussian_noise`.
+    Traceable: called inside the jitted DP-SGD step.
+
+    **Arguments**
+    - `loss_fn(params, x, y)`, `params`, `xs (B, …)`, `ys (B, …)`: as `engine.per_example_grads`.
+    - `key`: the PRNG key of the noise; `clip_norm` C > 0 (inf: no clipping); `noise_multiplier` σ ≥ 0.
+    - `weights (B,)`: per-example weights wᵢ (the 0/1 mask of a padded Poisson batch); None: all 1.
+    - `batch_size`: the divisor the step applies afterwards; the correct privatizer does not need it
+      (it is part of the privatizer's signature for the planted bugs that misuse it).
+
+    **Returns** `(noisy sum, a pytree like the differentiable params; losses (B,); unclipped
+    gradient norms ‖gᵢ‖ (B,))`.
+    """
+    summed, losses, norms = engine.clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=weights)
+    noise = gaussian_noise(key, summed, clip_norm, noise_multiplier)
+    return jax.tree.map(jnp.add, summed, noise), losses, norms
+
+
+def dp_sgd_gradient(
+    loss_fn: Callable,
+    params: PyTree,
+    xs: Any,
+    ys: Any,
+    key: Array,
+    *,
+    clip_norm: float | Array,
+    noise_multiplier: float | Array,
+    batch_size: float | Array,
+    weights: Float[Array, "B"] | None = None,
+    privatize: Privatize = noisy_clipped_sum,
+) -> tuple[PyTree, Float[Array, "B"], Float[Array, "B"]]:
+    """One DP-SGD gradient: the privatized sum of the batch divided by the (expected) batch size.
+
+    The step every DP-SGD loop in gradlab takes (`gradlab.train.train_dp_sgd`, the Geometry page's
+    trajectories, the audit's planted bugs through `privatize`); the optimizer then applies it
+    (Abadi et al. 2016, Algorithm 1: g̃ = (Σᵢ clip_C(gᵢ) + N(0, σ²C² I)) / B).
+
+    **Arguments**
+    - `loss_fn`, `params`, `xs (B, …)`, `ys (B, …)`, `key`, `clip_norm` C, `noise_multiplier` σ,
+      `weights (B,)`: as `noisy_clipped_sum`.
+    - `batch_size`: the divisor: qN (the expected size of a Poisson batch, public) or B.
+    - `privatize`: the function that turns the batch into its noisy clipped sum; `noisy_clipped_sum`
+      (default) is correct DP-SGD.
+
+    **Returns** `(gradient, a pytree like the differentiable params; losses (B,); norms (B,))`.
+    """
+    noisy, losses, norms = privatize(loss_fn, params, xs, ys, key, clip_norm=clip_norm,
+                                     noise_multiplier=noise_multiplier, weights=weights, batch_size=batch_size)
+    return jax.tree.map(lambda a: a / batch_size, noisy), losses, norms
 
 
 def noise_std_of_mean(clip_norm: float, noise_multiplier: float, batch_size: float) -> float:

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradlab import engine, privacy
-from gradlab.engine import as_params
+from gradlab import privacy
+from gradlab.params import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9"}
 
@@ -254,13 +254,11 @@ def dp_sgd_batches(n: int, sample_rate: float, steps: int, seed: int = 0) -> lis
 
 
 @eqx.filter_jit
-def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size, bug=None):
-    """len(keys) DP-SGD steps with lax.scan: Poisson batch → ghost-clipped sum → noise → /qN → optax.
+def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size, privatize):
+    """len(keys) DP-SGD steps with lax.scan: Poisson batch → `privacy.dp_sgd_gradient` → + λθ → optax.
 
-    The clipped sum is `engine.clipped_sum_core` with the batch's padding mask as per-example
-    weights: norms by the per-layer rules, then one weighted backward pass (ghost clipping).
-    A planted bug (`gradlab.audit.BUGS`, auditing only) replaces the clipped sum and its noise and
-    needs the masked per-example gradients, so that path builds them with `vmap(grad)`.
+    The padded batch's mask is the per-example weight of the privatized sum, so padding counts for
+    nothing; the divisor is the expected batch size qN (public, as the accountant assumes).
     """
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
@@ -269,16 +267,11 @@ def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, 
         d, s = carry
         idx, mask, count = poisson_sample(key[0], n, q, buffer_size)
         m = mask.astype(jnp.float32)
-        summed, losses, norms = engine.clipped_sum_core(
-            loss_fn, eqx.combine(d, static), xs[idx], ys[idx], clip_norm, weights=m)
+        g, losses, norms = privacy.dp_sgd_gradient(
+            loss_fn, eqx.combine(d, static), xs[idx], ys[idx], key[1], clip_norm=clip_norm, noise_multiplier=sigma,
+            batch_size=q * n, weights=m, privatize=privatize)
         n_clipped = jnp.sum(m * (norms > clip_norm))
-        noise = privacy.gaussian_noise(key[1], summed, clip_norm, sigma)
-        if bug is not None:  # a planted bug (gradlab.audit.BUGS): its own clipped sum and noise
-            g = jax.vmap(jax.grad(lambda d_, x, y: loss_fn(eqx.combine(d_, static), x, y)), in_axes=(None, 0, 0))(
-                d, xs[idx], ys[idx])
-            g = jax.tree.map(lambda a: a * m.reshape((-1,) + (1,) * (a.ndim - 1)), g)
-            summed, noise = bug(g, key[1], clip_norm, sigma, q * n)
-        grad = jax.tree.map(lambda a, z, p: (a + z) / (q * n) + l2 * p, summed, noise, d)
+        grad = jax.tree.map(lambda a, p: a + l2 * p, g, d)
         updates, s = update(grad, s, d)
         b = jnp.maximum(count, 1)
         return (optax.apply_updates(d, updates), s), (jnp.sum(losses * m) / b, count, n_clipped / b)
@@ -305,15 +298,15 @@ def train_dp_sgd(
     delta: float = 1e-5,
     accountant: str = "rdp",
     progress: Callable[[int, int], None] | None = None,
-    bug: str | None = None,
+    privatize: privacy.Privatize = privacy.noisy_clipped_sum,
 ) -> DPTrainResult:
     """Train with DP-SGD (Abadi et al. 2016, Algorithm 1) with any optax optimizer, keeping checkpoints.
 
     Each step: Poisson-sample a batch (each example joins with probability q, the sampling the
     accountant assumes; a fixed-size padded buffer with a mask keeps one compiled shape), compute
-    the sum of per-example gradients each clipped to L2 norm ≤ C (ghost clipping,
-    `engine.clipped_grad_sum`: per-layer-rule norms, then one weighted backward pass), add N(0, σ²C² I), divide by the expected batch
-    size qN, add the (data-independent) L2 term λθ, and apply the optimizer. With σ = 0 and
+    the sum of per-example gradients each clipped to L2 norm ≤ C (ghost clipping: per-layer-rule
+    norms, then one weighted backward pass), add N(0, σ²C² I), divide by the expected batch size
+    qN (`privacy.dp_sgd_gradient`), add the (data-independent) L2 term λθ, and apply the optimizer. With σ = 0 and
     C = inf it is plain minibatch training on the same sampled batches.
 
     **Arguments**
@@ -324,8 +317,9 @@ def train_dp_sgd(
     - `steps` ≥ 0; `l2` ≥ 0; `seed` for sampling, noise; `checkpoint_every` ≥ 1.
     - `delta` δ ∈ (0, 1) and `accountant` (`"rdp"` | `"pld"`) for the ε reported at each checkpoint.
     - `progress(step, steps)`: called after each checkpoint.
-    - `bug`: None (correct DP-SGD), or the name of a planted bug in `gradlab.audit.BUGS`, which
-      replaces the clipped sum and its noise; only for auditing (`gradlab.audit.audit_dp_sgd`).
+    - `privatize`: what turns each batch into its noisy clipped sum (`privacy.Privatize`); the
+      default `privacy.noisy_clipped_sum` is correct DP-SGD. The audit passes its planted bugs
+      (`gradlab.audit.BUGS`) here to check that it catches them.
 
     **Returns** a `DPTrainResult`.
 
@@ -341,12 +335,6 @@ def train_dp_sgd(
     except ValueError as err:
         raise TrainingError(str(err)) from None
     n = _check_run(xs, steps, checkpoint_every, l2)
-    if bug is not None:  # planted DP-SGD bugs live with the audit that must catch them
-        from gradlab.audit import BUGS
-
-        if bug not in BUGS:
-            raise TrainingError(f"unknown planted bug {bug!r}; choose one of {', '.join(BUGS)}")
-        bug = BUGS[bug].privatize
     opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else make_optimizer(optimizer, lr)
     params = as_params(model)
     opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
@@ -357,7 +345,7 @@ def train_dp_sgd(
     checkpoints, at, losses, counts, clipped, done = [params], [0], [], [], [], 0
     while done < steps:
         k = min(checkpoint_every, steps - done)
-        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], *scalars, m, bug)
+        params, opt_state, seg, cnt, clp = _dp_segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], *scalars, m, privatize)
         seg = np.asarray(seg)
         params_ok = all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array)))
         if not (np.all(np.isfinite(seg)) and params_ok):
