@@ -27,7 +27,8 @@ from jaxtyping import Array, Float
 
 from gradlab import engine
 from gradlab.influence.solvers import (
-    EXACT_MAX_PARAMS, InfluenceError, InverseHVP, LossFn, Method, PyTree, hessian, inverse_hvp_batch, split,
+    EXACT_MAX_PARAMS, InfluenceError, InverseHVP, LossFn, Method, PyTree, conjugate_gradient, hessian, inverse_hvp_batch,
+    split,
 )
 from gradlab.memory import TRAK_CG_BLOCK
 
@@ -265,7 +266,7 @@ def _gauss_newton_solve(loss_fn, params, xs, labels, rhs, shift, tol):
     def gv(v):
         return pullback(weight * jax.jvp(every, (flat,), (v,))[1])[0] + shift * v
 
-    return jax.vmap(lambda b: jax.scipy.sparse.linalg.cg(gv, b, tol=tol, maxiter=10 * flat.size)[0])(rhs)
+    return jax.vmap(lambda b: conjugate_gradient(gv, b, tol, 10 * flat.size)[0])(rhs)
 
 
 #: TRAK's kernels: the softmax Gauss–Newton of the trained objective (multiclass Newton step), or Algorithm 1's.
