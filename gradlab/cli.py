@@ -21,15 +21,21 @@ writes the file).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
 
-WRITERS = (".csv", ".npz", ".parquet")
+from gradlab import data, engine, export, influence, losses, sharding, train
+from gradlab.experiment import Experiment, fit, init_model
+
+#: The result formats, by file extension: `gradlab.export`'s encodings.
+WRITERS = {".csv": export.to_csv, ".npz": export.to_npz, ".parquet": export.to_parquet}
 
 
 class CLIError(ValueError):
@@ -39,42 +45,21 @@ class CLIError(ValueError):
 # ------------------------------------------------------------------------------ progress
 
 
-class Progress:
-    """A text progress bar on stderr: `label [#####.....] 50% 5/10 0:03 < 0:03`.
+def progress_bar(label: str, total: int, stream=None) -> Callable[..., None]:
+    """A `tqdm` bar on stderr (or `stream`) driven as the train functions report: `progress(done, total)`.
 
-    Redrawn in place on a terminal; elsewhere (a log file, a batch job) one line per 10%.
+    **Returns** `progress(done, total=None)`: moves the bar to `done` of `total` units; closes it at the end.
     """
+    bar = tqdm(total=max(int(total), 1), desc=label, file=stream or sys.stderr, dynamic_ncols=True)
 
-    def __init__(self, label: str, total: int, stream=None, width: int = 30):
-        self.label, self.total, self.width = label, max(int(total), 1), width
-        self.stream = stream or sys.stderr
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
-        self.start, self.done, self.last_decile = time.perf_counter(), 0, -1
+    def progress(done: int, total: int | None = None) -> None:
+        if total is not None and max(int(total), 1) != bar.total:
+            bar.total = max(int(total), 1)
+        bar.update(min(int(done), bar.total) - bar.n)
+        if bar.n >= bar.total:
+            bar.close()
 
-    def __call__(self, done: int, total: int | None = None) -> None:
-        """Record progress: `done` of `total` units (the train functions' `progress(step, steps)`)."""
-        if total is not None:
-            self.total = max(int(total), 1)
-        self.done = min(int(done), self.total)
-        frac = self.done / self.total
-        decile = int(frac * 10)
-        if not self.tty and decile == self.last_decile and self.done < self.total:
-            return
-        self.last_decile = decile
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / frac - elapsed if frac > 0 else float("nan")
-        bar = "#" * round(frac * self.width) + "." * (self.width - round(frac * self.width))
-        line = f"{self.label} [{bar}] {frac:4.0%} {self.done}/{self.total} {_clock(elapsed)} < {_clock(eta)}"
-        end = "\n" if (not self.tty or self.done >= self.total) else ""
-        self.stream.write(("\r" if self.tty else "") + line + end)
-        self.stream.flush()
-
-
-def _clock(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?:??"
-    m, s = divmod(int(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+    return progress
 
 
 def _fmt_bytes(b: float) -> str:
@@ -93,8 +78,6 @@ def load_data(spec: str, *, label: str | None, task: str, seed: int, label_noise
 
     **Raises** `CLIError` for a missing file or an unknown name, `DataError` for bad contents.
     """
-    from gradlab import data
-
     common = dict(seed=seed, label_noise=label_noise, test_fraction=test_fraction)
     if spec in data.DATASETS:
         return data.load_dataset(spec, **common)
@@ -120,32 +103,23 @@ def load_data(spec: str, *, label: str | None, task: str, seed: int, label_noise
 
 
 def write_table(columns: dict[str, np.ndarray], out: str) -> Path:
-    """Write equally long columns as CSV, NPZ or Parquet (by the extension of `out`); CSV cells that a
-    spreadsheet would run as formulas are defused (`export.to_csv`)."""
-    import pandas as pd
+    """Write equally long columns as CSV, NPZ or Parquet (by the extension of `out`), as the app's downloads
+    (`gradlab.export`: CSV cells that a spreadsheet would run as formulas are defused).
 
-    from gradlab import export
-
+    **Raises** `CLIError` for another extension.
+    """
     path = Path(out)
-    kind = path.suffix.lower()
-    if kind not in WRITERS:
+    encode = WRITERS.get(path.suffix.lower())
+    if encode is None:
         raise CLIError(f"--out {out!r}: use a .csv, .npz or .parquet file name")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == ".npz":
-        np.savez_compressed(path, **{k: np.asarray(v) for k, v in columns.items()})
-    else:
-        frame = pd.DataFrame(columns)
-        path.write_bytes(export.to_csv(frame)) if kind == ".csv" else frame.to_parquet(path, index=False)
+    path.write_bytes(encode(columns))
     return path
 
 
 def to_host(a) -> np.ndarray:
     """A (possibly sharded, possibly multi-host) array as one NumPy array on this host."""
-    import jax
-
     if isinstance(a, jax.Array) and not a.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(a, tiled=True))
     return np.asarray(a)
 
@@ -153,28 +127,27 @@ def to_host(a) -> np.ndarray:
 # ------------------------------------------------------------------------ model, training
 
 
-def _model_and_loss(args, ds):
-    import jax
-
-    from gradlab import losses
-    from gradlab.models import ModelSpec, build_model
-
-    spec = ModelSpec(args.model, width=args.width, depth=args.depth, activation=args.activation)
-    model = build_model(spec, ds.n_features, ds.n_classes, key=jax.random.key(args.seed), image_shape=ds.image_shape)
-    return model, losses.loss_for(ds.task)
+def _experiment(args, ds) -> Experiment:
+    """The command line's model and training settings as an `Experiment` on the data `ds`."""
+    steps = getattr(args, "train_steps", 0)
+    return Experiment(dataset=ds.name, model=args.model, width=args.width, depth=args.depth, activation=args.activation,
+                      optimizer=args.optimizer, lr=args.lr, steps=steps, batch_size=args.batch_size, l2=args.l2,
+                      label_noise=args.label_noise, seed=args.seed, checkpoint_every=max(1, steps // 20),
+                      test_fraction=args.test_fraction)
 
 
-def _train(args, ds, model, loss_fn, log):
-    from gradlab import train
+def _model_and_loss(exp: Experiment, ds):
+    """The untrained model and the loss of one example for the experiment's task."""
+    return init_model(exp, ds), losses.loss_for(ds.task)
 
-    if args.train_steps == 0:
-        return model
-    bar = Progress(f"training ({args.train_steps} {args.optimizer} steps)", args.train_steps)
-    result = train.train(model, loss_fn, ds.x_train, ds.y_train, optimizer=args.optimizer, lr=args.lr,
-                         steps=args.train_steps, batch_size=args.batch_size, l2=args.l2, seed=args.seed,
-                         checkpoint_every=max(1, args.train_steps // 20), progress=bar)
-    log(f"trained: final minibatch loss {float(result.losses[-1]):.4f}")
-    return result.final
+
+def _train(exp: Experiment, ds, log):
+    """The model `experiment.fit` trains (the app's training), or the initial one for 0 steps."""
+    if exp.steps == 0:
+        return init_model(exp, ds)
+    fitted = fit(exp, data=ds, progress=progress_bar(f"training ({exp.steps} {exp.optimizer} steps)", exp.steps))
+    log(f"trained: final minibatch loss {float(fitted.run.losses[-1]):.4f}")
+    return fitted.model
 
 
 def _blocks(n: int, block: int, devices: int) -> list[tuple[int, int]]:
@@ -190,11 +163,9 @@ def _padded(a: np.ndarray, size: int) -> np.ndarray:
 
 def _streamed(fn: Callable, xs, ys, block: int, label: str) -> list:
     """Call `fn(x_block, y_block)` over blocks of examples with a progress bar; rows trimmed."""
-    import jax
-
     spans = _blocks(len(xs), block, jax.device_count())
     size = spans[0][1] - spans[0][0]
-    bar, outs = Progress(label, len(xs)), []
+    bar, outs = progress_bar(label, len(xs)), []
     for start, stop in spans:
         out = fn(_padded(xs[start:stop], size), _padded(ys[start:stop], size))
         outs.append(jax.tree.map(lambda a: to_host(a)[: stop - start], out))
@@ -210,10 +181,6 @@ def _estimate(args, log, parts: dict[str, int]) -> None:
 
 def _device_block_memory(engine_fn, loss_fn, params, xs, ys, block: int, *extra, **kw) -> int:
     """Per-device bytes XLA allocates for one block (arguments + outputs + temporaries)."""
-    import jax
-
-    from gradlab import sharding
-
     size = _blocks(len(xs), block, jax.device_count())[0]
     n = size[1] - size[0]
     return sharding.memory_analysis(engine_fn, loss_fn, params, _padded(xs[:n], n), _padded(ys[:n], n),
@@ -224,10 +191,7 @@ def _device_block_memory(engine_fn, loss_fn, params, xs, ys, block: int, *extra,
 
 
 def cmd_devices(args, log) -> int:
-    import jax
-
-    from gradlab import sharding
-
+    """The devices JAX sees: kind, count, processes."""
     log(f"devices: {sharding.describe_devices()}")
     log(f"process {jax.process_index()} of {jax.process_count()}; local devices: {jax.local_device_count()}")
     for d in jax.devices():
@@ -237,12 +201,9 @@ def cmd_devices(args, log) -> int:
 
 def cmd_norms(args, log) -> int:
     """Per-example gradient norms (global and per layer) and losses of every training example."""
-    import jax.numpy as jnp
-
-    from gradlab import engine, losses
-
     ds = _dataset(args)
-    model, loss_fn = _model_and_loss(args, ds)
+    exp = _experiment(args, ds)
+    model, loss_fn = _model_and_loss(exp, ds)
     xs, ys = ds.x_train, ds.y_train
     p = engine.num_params(model)
     log(f"norms: {ds.name}, N = {len(xs):,} training examples, {args.model} with P = {p:,} parameters")
@@ -254,7 +215,7 @@ def cmd_norms(args, log) -> int:
     })
     if args.estimate_only:
         return 0
-    params = _train(args, ds, model, loss_fn, log)
+    params = _train(exp, ds, log)
 
     def block(x, y):
         layers = engine.per_example_layer_norms(loss_fn, params, x, y, chunk_size=args.chunk_size)
@@ -274,16 +235,15 @@ def cmd_norms(args, log) -> int:
 
 def cmd_influence(args, log) -> int:
     """Predicted leave-one-out change of chosen test losses, and self-influence, per training example."""
-    from gradlab import engine, influence
-
     ds = _dataset(args)
-    model, loss_fn = _model_and_loss(args, ds)
+    exp = _experiment(args, ds)
+    model, loss_fn = _model_and_loss(exp, ds)
     xs, ys = ds.x_train, ds.y_train
     bad = [i for i in args.test_index if not 0 <= i < len(ds.x_test)]
     if bad:
         raise CLIError(f"--test-index {bad[0]} is out of range: the test split has {len(ds.x_test)} examples")
     p = engine.num_params(model)
-    exact_max = getattr(influence, "EXACT_MAX_PARAMS", 1000)
+    exact_max = influence.EXACT_MAX_PARAMS
     log(f"influence: {ds.name}, N = {len(xs):,} training examples, P = {p:,}, test points {args.test_index}")
     _estimate(args, log, {
         "per device (XLA, scores of one block)": _device_block_memory(
@@ -296,9 +256,9 @@ def cmd_influence(args, log) -> int:
     })
     if args.estimate_only:
         return 0
-    params = _train(args, ds, model, loss_fn, log)
+    params = _train(exp, ds, log)
     columns = {"example": np.arange(len(xs)), "label": ys}
-    bar = Progress("influence (one inverse HVP per test point)", len(args.test_index) + 1)
+    bar = progress_bar("influence (one inverse HVP per test point)", len(args.test_index) + 1)
     for k, i in enumerate(args.test_index):
         scores = influence.predicted_loo_change(loss_fn, params, xs, ys, ds.x_test[i], ds.y_test[i],
                                                 damping=args.damping, chunk_size=args.chunk_size)
@@ -315,10 +275,8 @@ def cmd_influence(args, log) -> int:
 
 def cmd_dp_sgd(args, log) -> int:
     """A DP-SGD run (`gradlab.train.train_dp_sgd`): one row per step, ε at each checkpoint."""
-    from gradlab import engine, losses, train
-
     ds = _dataset(args)
-    model, loss_fn = _model_and_loss(args, ds)
+    model, loss_fn = _model_and_loss(_experiment(args, ds), ds)
     n, p = len(ds.x_train), engine.num_params(model)
     if not 0 < args.sample_rate <= 1:
         raise CLIError(f"--sample-rate q must be in (0, 1], got {args.sample_rate}")
@@ -332,7 +290,7 @@ def cmd_dp_sgd(args, log) -> int:
     })
     if args.estimate_only:
         return 0
-    bar = Progress(f"DP-SGD ({args.steps} steps)", args.steps)
+    bar = progress_bar(f"DP-SGD ({args.steps} steps)", args.steps)
     res = train.train_dp_sgd(model, loss_fn, ds.x_train, ds.y_train, sample_rate=args.sample_rate,
                              noise_multiplier=args.noise_multiplier, clip_norm=args.clip_norm,
                              optimizer=args.optimizer, lr=args.lr, steps=args.steps, seed=args.seed,
@@ -355,8 +313,6 @@ def _dataset(args):
 
 
 def _finish(args, log, columns, summary: str) -> None:
-    import jax
-
     if jax.process_index() == 0:
         path = write_table(columns, args.out)
         log(f"wrote {path} ({len(next(iter(columns.values()))):,} rows, {len(columns)} columns); {summary}")
@@ -424,23 +380,17 @@ COMMANDS = {"devices": cmd_devices, "norms": cmd_norms, "influence": cmd_influen
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` and run the subcommand. **Returns** the exit status (2 on a bad input, with the reason)."""
     args = parser().parse_args(argv)
-    if args.distributed:
-        import jax
-
+    if args.distributed:  # before any computation: importing gradlab starts no JAX backend
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
 
     def log(msg: str) -> None:
-        import jax
-
         if jax.process_index() == 0:
             print(msg, flush=True)
-
-    from gradlab.data import DataError
 
     try:
         if getattr(args, "out", None) and Path(args.out).suffix.lower() not in WRITERS:
             raise CLIError(f"--out {args.out!r}: use a .csv, .npz or .parquet file name")
         return COMMANDS[args.command](args, log)
-    except (CLIError, DataError, ValueError) as err:
+    except (CLIError, data.DataError, ValueError) as err:
         print(f"gradlab {args.command}: error: {err}", file=sys.stderr)
         return 2

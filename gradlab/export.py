@@ -1,14 +1,18 @@
-"""Export encodings for per-example results: CSV and NPZ bytes, sizes, the full gradient matrix.
+"""Export encodings for per-example results: CSV, NPZ and Parquet bytes, sizes, the full gradient matrix.
 
-No Streamlit: the pages' download buttons (`gradlab.ui.widgets`) call these, and so can a notebook.
+No Streamlit: the pages' download buttons (`gradlab.ui.widgets`) and the command line (`gradlab.cli`)
+call these, and so can a notebook.
 """
 
 from __future__ import annotations
 
 import io
 
+import jax
 import numpy as np
 import pandas as pd
+
+from gradlab import engine
 
 #: Tables larger than this are not offered as a download (the reason is shown instead).
 EXPORT_BUDGET_BYTES = 64 * 2**20
@@ -73,6 +77,14 @@ def to_npz(table) -> bytes:
     return buf.getvalue()
 
 
+def to_parquet(table) -> bytes:
+    """Parquet bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry)."""
+    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
 def gradients_npz(fitted, checkpoint: int = -1) -> bytes:
     """NPZ bytes of the full per-example gradient matrix of a `Fitted` experiment at a checkpoint.
 
@@ -80,10 +92,6 @@ def gradients_npz(fitted, checkpoint: int = -1) -> bytes:
     `engine.leaf_names` order), `labels (N,)`, `leaf_names (L,)`, `leaf_sizes (L,)`. Holds N × P × 4
     bytes: callers check `memory.per_example_grads_bytes` first.
     """
-    import jax
-
-    from gradlab import engine
-
     model = fitted.run.checkpoints[checkpoint]
     g = engine.per_example_grads(fitted.loss_fn, model, fitted.data.x_train, fitted.data.y_train, chunk_size=256)
     buf = io.BytesIO()

@@ -17,7 +17,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sklearn import metrics
+
+from gradlab.metrics import Roc, roc
+from gradlab.train import train_dp_sgd
 
 
 def logit_confidence(logits, labels) -> np.ndarray:
@@ -64,39 +66,6 @@ def lira_offline_scores(target_conf, shadow_conf, shadow_in) -> np.ndarray:
     return (target_conf - mu) / max(sd, 1e-12)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Roc:
-    """An attack's ROC: `fpr (M,)`, `tpr (M,)` (from `sklearn.metrics.roc_curve`), `auc`, TPR at FPR 1% and 0.1%."""
-
-    fpr: np.ndarray
-    tpr: np.ndarray
-    auc: float
-    tpr_at_1: float
-    tpr_at_01: float
-
-
-def tpr_at_fpr(fpr, tpr, at: float) -> float:
-    """The largest TPR among ROC points with FPR ≤ `at` (the low-FPR regime Carlini et al. 2022 argue for)."""
-    fpr, tpr = np.asarray(fpr), np.asarray(tpr)
-    ok = fpr <= at
-    return float(tpr[ok].max()) if np.any(ok) else 0.0
-
-
-def roc(scores, is_member) -> Roc:
-    """ROC of a membership score (higher ⇒ member) with scikit-learn.
-
-    **Arguments** `scores (N,)` float; `is_member (N,)` bool, both classes present.
-
-    **Returns** a `Roc`. **Raises** `ValueError` if only one class is present.
-    """
-    is_member = np.asarray(is_member, bool)
-    if is_member.all() or not is_member.any():
-        raise ValueError("an ROC needs both members and non-members")
-    fpr, tpr, _ = metrics.roc_curve(is_member, scores)
-    return Roc(fpr=fpr, tpr=tpr, auc=float(metrics.roc_auc_score(is_member, scores)),
-               tpr_at_1=tpr_at_fpr(fpr, tpr, 0.01), tpr_at_01=tpr_at_fpr(fpr, tpr, 0.001))
-
-
 def dp_roc_bound(fpr, epsilon: float, delta: float) -> np.ndarray:
     """The highest TPR any membership test can reach at `fpr` against an (ε, δ)-DP training run.
 
@@ -122,7 +91,7 @@ class MembershipResult:
     losses: np.ndarray
     conf: np.ndarray
     scores: dict
-    rocs: dict
+    rocs: dict[str, Roc]
     train_accuracy: float
     test_accuracy: float
 
@@ -197,7 +166,6 @@ def private_vs_nonprivate(model, loss_fn: Callable, xs, ys, *, sample_rate: floa
 
     **Raises** `ValueError` (`TrainingError`) for impossible settings or a diverging run.
     """
-    from gradlab.train import train_dp_sgd
 
     def logits_fn(m, x):
         return jax.vmap(m)(jnp.asarray(x))

@@ -1,33 +1,62 @@
-"""Summary statistics of per-example quantities: detection ROC, gradient noise scale."""
+"""Summary statistics of per-example quantities: the ROC of a score as a detector, gradient noise scale."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+from jaxtyping import Bool, Float
 from sklearn.metrics import roc_auc_score, roc_curve
 
 
-@dataclasses.dataclass(frozen=True)
-class Detection:
-    """How well a score ranks flagged examples first: ROC curve `(fpr, tpr)` and its AUC."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Roc:
+    """How well a score ranks the positives first: ROC curve `fpr (M,)`, `tpr (M,)` and its area `auc`."""
 
     fpr: np.ndarray
     tpr: np.ndarray
     auc: float
 
+    def tpr_at(self, fpr: float) -> float:
+        """The largest TPR among ROC points with FPR ≤ `fpr` (0 if none)."""
+        ok = self.fpr <= fpr
+        return float(self.tpr[ok].max()) if np.any(ok) else 0.0
 
-def detection_roc(scores: np.ndarray, flagged: np.ndarray) -> Detection | None:
-    """ROC of `scores (N,)` (high = suspicious) as a detector of `flagged (N,) bool` (e.g. flipped labels).
+    @property
+    def tpr_at_1(self) -> float:
+        """TPR at 1% FPR (the low-FPR regime Carlini et al. 2022 argue membership attacks be judged in)."""
+        return self.tpr_at(0.01)
 
-    Uses scikit-learn's `roc_curve` / `roc_auc_score`. **Returns** None when `flagged` is all one value.
+    @property
+    def tpr_at_01(self) -> float:
+        """TPR at 0.1% FPR."""
+        return self.tpr_at(0.001)
+
+
+def roc(scores: Float[np.ndarray, "N"], positive: Bool[np.ndarray, "N"]) -> Roc:
+    """ROC of `scores` (high = positive) as a detector of `positive`, by scikit-learn's `roc_curve` and `roc_auc_score`.
+
+    NaN scores count as 0 and +inf as the largest float (a diverged example is still ranked).
+
+    **Arguments** `scores (N,)` float; `positive (N,)` bool (flipped labels, training-set members, …).
+
+    **Returns** a `Roc`. **Raises** `ValueError` unless both classes are present.
+    """
+    positive = np.asarray(positive, bool)
+    if positive.all() or not positive.any():
+        raise ValueError("an ROC needs both positives and negatives")
+    scores = np.nan_to_num(np.asarray(scores, np.float64), nan=0.0, posinf=np.finfo(np.float64).max)
+    fpr, tpr, _ = roc_curve(positive, scores)
+    return Roc(fpr, tpr, float(roc_auc_score(positive, scores)))
+
+
+def detection_roc(scores: Float[np.ndarray, "N"], flagged: Bool[np.ndarray, "N"]) -> Roc | None:
+    """`roc(scores, flagged)`, or None when `flagged` is all one value (a page then shows no detection).
+
+    **Arguments** `scores (N,)` (high = suspicious), `flagged (N,)` bool (e.g. flipped labels).
     """
     flagged = np.asarray(flagged, bool)
-    if flagged.all() or not flagged.any():
-        return None
-    scores = np.nan_to_num(np.asarray(scores, np.float64), nan=0.0, posinf=np.finfo(np.float64).max)
-    fpr, tpr, _ = roc_curve(flagged, scores)
-    return Detection(fpr, tpr, float(roc_auc_score(flagged, scores)))
+    return None if flagged.all() or not flagged.any() else roc(scores, flagged)
 
 
 def fraction_in_top(scores: np.ndarray, flagged: np.ndarray, fraction: float) -> float:

@@ -102,15 +102,18 @@ def test_csv_without_label_column(moons_csv, capsys):
     assert "needs --label COLUMN" in capsys.readouterr().err
 
 
-def test_progress_bar_in_a_log_prints_every_tenth():
+def test_progress_bar_follows_the_train_functions_progress_calls():
     stream = io.StringIO()
-    bar = cli.Progress("work", 100, stream=stream)
-    for i in range(1, 101):
-        bar(i)
-    lines = stream.getvalue().splitlines()
-    assert len(lines) == 11  # the first step, then each tenth
-    assert lines[0].startswith("work [" + "." * 30 + "]   1% 1/100")
-    assert lines[-1].startswith("work [" + "#" * 30 + "] 100% 100/100")
+    bar = cli.progress_bar("work", 100, stream=stream)
+    for i in (1, 50, 100):  # progress(step, steps) as train() calls it, after each checkpoint
+        bar(i, 100)
+    out = stream.getvalue()
+    assert out.startswith("\rwork:") and out.endswith("\n")  # closed at the end
+    assert "100%" in out and "100/100" in out.rsplit("\r", 1)[-1]
+    later = cli.progress_bar("more", 10, stream=stream)
+    later(4, 8)  # a new total from the caller
+    later(8, 8)
+    assert "8/8" in stream.getvalue().rsplit("\r", 1)[-1]
 
 
 def test_python_dash_m_gradlab_devices():

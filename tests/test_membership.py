@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from gradlab import audit, losses, membership, privacy
+from gradlab import audit, losses, membership, metrics, privacy
 from gradlab.train import train_dp_sgd
 
 
@@ -37,12 +37,12 @@ def test_lira_offline_scores_by_hand():
 def test_roc_and_tpr_at_low_fpr():
     is_member = np.array([1, 1, 1, 0, 0, 0, 0, 0], bool)
     scores = np.array([9, 8, 1, 7, 2, 3, 4, 0.5])
-    r = membership.roc(scores, is_member)
+    r = metrics.roc(scores, is_member)
     # pairs (member, non-member) ranked correctly: 9 and 8 beat all 5, 1 beats only 0.5 → 11/15
     assert r.auc == pytest.approx(11 / 15)
     assert r.tpr_at_1 == pytest.approx(2 / 3) and r.tpr_at_01 == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="both"):
-        membership.roc(scores, np.ones(8, bool))
+        metrics.roc(scores, np.ones(8, bool))
 
 
 def test_dp_roc_bound():
