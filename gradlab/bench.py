@@ -30,6 +30,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.datasets import load_digits
 
 from gradlab import engine, losses
 from gradlab import sharding
@@ -174,8 +175,6 @@ def digits_mlp(seed: int = 0, width: int = 256, depth: int = 2):
 
     **Returns** `(loss_fn, model, xs (1797, 64) float32, ys (1797,) int32)`.
     """
-    from sklearn.datasets import load_digits
-
     x, y = load_digits(return_X_y=True)
     x = (x - x.mean(0)) / np.maximum(x.std(0), 1e-8)
     model = eqx.nn.MLP(64, 10, width, depth, activation=jax.nn.relu, key=jax.random.key(seed))

@@ -7,8 +7,10 @@ generated from a seed. Features are standardized with the training split's mean 
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import numpy as np
+import pandas as pd
 from sklearn import datasets as skd
 from sklearn.model_selection import train_test_split
 
@@ -271,10 +273,6 @@ def read_csv(file_like, *, max_rows: int = CSV_MAX_ROWS, max_features: int = CSV
 
     **Raises** `DataError` when the file is empty, not UTF-8 text, not parseable as CSV, or over a limit.
     """
-    import io
-
-    import pandas as pd
-
     if isinstance(file_like, (bytes, bytearray)):
         file_like = io.BytesIO(file_like)
     if hasattr(file_like, "seek"):
@@ -397,6 +395,4 @@ def load_csv(
 
 def _numeric(column) -> bool:
     """Whether a pandas column holds numbers (bools count as 0/1)."""
-    import pandas as pd
-
     return bool(pd.api.types.is_numeric_dtype(column.dtype))

@@ -13,6 +13,7 @@ keyed on the experiment can serve one person's upload to another.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Callable
 
 import jax
@@ -125,8 +126,6 @@ UPLOAD = "upload"
 def upload_name(raw: bytes, label: str, task: str) -> str:
     """The `dataset` name of an uploaded CSV: `"upload:"` + 16 hex digits of SHA-256 over its bytes,
     label column and task. Different bytes, label or task give a different name (and cache key)."""
-    import hashlib
-
     digest = hashlib.sha256(raw + b"\0" + label.encode() + b"\0" + task.encode()).hexdigest()[:16]
     return f"{UPLOAD}:{digest}"
 

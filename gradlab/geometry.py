@@ -23,6 +23,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.datasets import make_blobs
 
 from gradlab import engine, privacy
 from gradlab.data import flip_labels
@@ -99,8 +100,6 @@ def problem(name: str, seed: int = 0) -> Problem:
                        np.array([-1.0, 4.0], np.float32), np.zeros(n, int), marked, "outlier", ("w", "b"),
                        ((-2.0, 5.0), (-2.0, 5.0)), 0.05, 8)
     if name == "logistic":
-        from sklearn.datasets import make_blobs
-
         n = 60
         x, y = make_blobs(n, centers=[(-1.2, -0.8), (1.2, 0.8)], cluster_std=0.9, random_state=seed)
         y_noisy, flipped = flip_labels(y.astype(np.int32), 0.1, 2, rng)

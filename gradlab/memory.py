@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable, TypeVar
 
+from gradlab.train import dp_buffer_size
+
 MB = 2**20
 
 #: Bytes one computation may hold (GRADLAB_COMPUTE_BUDGET_MB, default 96 MB): with the Python +
@@ -84,8 +86,6 @@ def check(what: str, needed: int, fix: str = "", budget: int = BUDGET_BYTES) -> 
 def dp_sgd_bytes(n: int, sample_rate: float, num_params: int) -> int:
     """Bytes of one DP-SGD step: the per-example gradients of its padded Poisson batch buffer
     (`train.dp_buffer_size(N, q)` examples × P), which it must hold to clip each one."""
-    from gradlab.train import dp_buffer_size
-
     return per_example_grads_bytes(dp_buffer_size(n, sample_rate), num_params)
 
 

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
+import diskcache
 import numpy as np
 
 log = logging.getLogger("gradlab")
@@ -80,8 +81,6 @@ class Store:
         self._disk = None
         if directory:
             try:
-                import diskcache
-
                 self._disk = diskcache.Cache(directory, size_limit=int(disk_bytes), eviction_policy="least-recently-used")
             except Exception as err:  # noqa: BLE001 - a read-only or full disk leaves the memory tier working
                 log.warning("results store on disk unavailable (%s): memory only", err)

@@ -17,6 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from streamlit.testing.v1 import AppTest
+from streamlit.web import cli
+
+from gradlab.presets import LECTURE
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,8 +30,6 @@ def run_step(step: int, *, presenter: bool = False, timeout: float = 600):
 
     **Raises** `RuntimeError` if the page shows an exception.
     """
-    from streamlit.testing.v1 import AppTest
-
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
     at.query_params["step"] = str(step)
     if presenter:
@@ -45,8 +48,6 @@ def warm(steps=None, *, log=print) -> list[dict]:
 
     **Returns** one dict per step: `step`, `title`, `cold_s`, `warm_s` (server seconds for one run).
     """
-    from gradlab.presets import LECTURE
-
     steps = steps or range(1, len(LECTURE) + 1)
     rows = []
     for i in steps:
@@ -70,8 +71,6 @@ def main(argv=None) -> int:
     print(f"warmed {len(rows)} steps in {total:.0f} s; slowest warm step {max(r['warm_s'] for r in rows):.2f} s, "
           f"median cold {sorted(r['cold_s'] for r in rows)[len(rows) // 2]:.2f} s")
     if args.serve:
-        from streamlit.web import cli
-
         sys.argv = ["streamlit", "run", str(ROOT / "app.py"), "--server.port", str(args.port),
                     "--server.headless", "true", "--browser.gatherUsageStats", "false"]
         return cli.main()

@@ -13,7 +13,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine
+from gradlab import engine, experiment
 from gradlab.influence import evaluation, scores
 from gradlab.influence.solvers import InfluenceError, InverseHVP, Method, Minimum, minimize
 
@@ -61,9 +61,7 @@ def tracin_run(fitted, fit: Callable | None = None):
     exp = fitted.experiment
     if exp.optimizer == "sgd":
         return fitted.run, None
-    if fit is None:
-        from gradlab.experiment import fit
-    sgd = fit(exp.replace(optimizer="sgd"), data=fitted.data)
+    sgd = (fit or experiment.fit)(exp.replace(optimizer="sgd"), data=fitted.data)
     return sgd.run, (f"TracIn is derived for SGD steps; this experiment trains with {exp.optimizer}. TracIn here "
                      f"follows the same experiment trained with SGD (momentum 0.9, learning rate {exp.lr:g}).")
 
@@ -78,8 +76,7 @@ def trak_models(fitted, n_models: int = TRAK_MODELS, fit: Callable | None = None
     itself, the others converge from the extra seeds' trained weights. TRAK then explains the same
     regularized optimum the influence function does, averaged over seeds.
     """
-    if fit is None:
-        from gradlab.experiment import fit
+    fit = fit or experiment.fit
     exp = fitted.experiment
     trained = [fit(exp.replace(seed=exp.seed + s), data=fitted.data).model for s in range(1, n_models)]
     if base is None:
