@@ -1,9 +1,15 @@
-"""gradlab: per-example gradients in JAX, made visible. The library holds no Streamlit."""
+"""gradlab: per-example gradients in JAX, made visible. The library holds no Streamlit.
 
-from gradlab import engine, influence, privacy  # noqa: F401  (gradlab.privacy.dp_sgd_epsilon etc.)
+The engine's contract is re-exported here (`gradlab.per_example_grads`, …); the rest lives in its
+modules: `gradlab.privacy` (DP-SGD's clipping, noise and accounting), `gradlab.influence`
+(training-data attribution), `gradlab.sharding` (the engine over every device), and so on.
+"""
+
+from gradlab import engine, influence, privacy
 from gradlab.engine import (
     batch_grad,
     clipped_grad_sum,
+    explain,
     loop_per_example_grads,
     per_example_dots,
     per_example_grads,
@@ -14,9 +20,13 @@ from gradlab.engine import (
 __all__ = [
     "batch_grad",
     "clipped_grad_sum",
+    "explain",
     "loop_per_example_grads",
     "per_example_dots",
     "per_example_grads",
     "per_example_layer_norms",
     "per_example_norms",
+    "engine",
+    "influence",
+    "privacy",
 ]

@@ -35,6 +35,16 @@ from jaxtyping import Array, Float
 from gradlab import rules, sharding
 from gradlab.params import as_params, leaf_names, num_params, split_params
 
+__all__ = [
+    # the engine contract (DESIGN.md)
+    "per_example_grads", "per_example_norms", "per_example_layer_norms", "per_example_dots", "clipped_grad_sum",
+    "batch_grad", "explain",
+    # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
+    "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
+    "resolve_method", "clip_factors", "clipped_sum_core", "weighted_grad", "weighted_grads", "scan_chunks",
+    "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "DEFAULT_CHUNK",
+]
+
 LossFn = Callable[[Any, Any, Any], Any]
 PyTree = Any
 
@@ -44,7 +54,6 @@ DEFAULT_CHUNK = 256
 #: layer inputs, fallback leaves' per-example gradients) take about this many bytes: small enough
 #: to stay in cache and in the allocator's reused memory (fresh pages cost a fault each).
 CHUNK_BYTES = 8 * 2**20
-GHOST_CHUNK_BYTES = CHUNK_BYTES  # the name the first engine used
 #: ... and at most this many examples: bigger chunks of small examples measured slower (cache).
 MAX_CHUNK = 256
 

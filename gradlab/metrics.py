@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Real
 from sklearn.metrics import roc_auc_score, roc_curve
 
 
@@ -33,7 +33,7 @@ class Roc:
         return self.tpr_at(0.001)
 
 
-def roc(scores: Float[np.ndarray, "N"], positive: Bool[np.ndarray, "N"]) -> Roc:
+def roc(scores: Real[np.ndarray, "N"], positive: Bool[np.ndarray, "N"]) -> Roc:
     """ROC of `scores` (high = positive) as a detector of `positive`, by scikit-learn's `roc_curve` and `roc_auc_score`.
 
     NaN scores count as 0 and +inf as the largest float (a diverged example is still ranked).
@@ -50,7 +50,7 @@ def roc(scores: Float[np.ndarray, "N"], positive: Bool[np.ndarray, "N"]) -> Roc:
     return Roc(fpr, tpr, float(roc_auc_score(positive, scores)))
 
 
-def detection_roc(scores: Float[np.ndarray, "N"], flagged: Bool[np.ndarray, "N"]) -> Roc | None:
+def detection_roc(scores: Real[np.ndarray, "N"], flagged: Bool[np.ndarray, "N"]) -> Roc | None:
     """`roc(scores, flagged)`, or None when `flagged` is all one value (a page then shows no detection).
 
     **Arguments** `scores (N,)` (high = suspicious), `flagged (N,)` bool (e.g. flipped labels).
