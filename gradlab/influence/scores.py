@@ -21,7 +21,6 @@ from typing import Literal, Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
