@@ -265,7 +265,7 @@ def _gauss_newton_solve(loss_fn, params, xs, labels, rhs, shift, tol):
     def gv(v):
         return pullback(weight * jax.jvp(every, (flat,), (v,))[1])[0] + shift * v
 
-    return jax.vmap(lambda b: conjugate_gradient(gv, b, tol, 10 * flat.size)[0])(rhs)
+    return jax.vmap(lambda b: conjugate_gradient(gv, b, tol, 10 * flat.size))(rhs)
 
 
 #: TRAK's kernels: the softmax Gauss–Newton of the trained objective (multiclass Newton step), or Algorithm 1's.
