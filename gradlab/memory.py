@@ -131,15 +131,3 @@ def influence_fix(num_params: int, proj_dims: Iterable[int], n_models: int, n_ch
     p_max = (BUDGET_BYTES // 4 - 3 * k * k) // (k + int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6)
     return f"Use a model of at most {p_max:,} parameters (a smaller hidden width or fewer layers)."
 
-
-#: CPU-seconds a link may make the server compute before a button is pressed.
-WORK_BUDGET_SECONDS = float(os.environ.get("GRADLAB_WORK_BUDGET_S", "30"))
-#: Training throughput, (steps × batch × parameters) per CPU-second: measured on the 2-core CPU this project is
-#: built on (MLP 512×4 on digits, batch 2048: 5.1e10 per wall second on both cores, about 2.5e10 per CPU-second).
-TRAIN_RATE = 2.5e10
-
-
-def training_seconds(num_params: int, steps: int, batch_size: int) -> float:
-    """Estimated CPU-seconds to train `num_params` parameters for `steps` minibatches of `batch_size`
-    (2 s of compiling and set-up plus `steps · batch_size · num_params / TRAIN_RATE`)."""
-    return 2.0 + steps * batch_size * num_params / TRAIN_RATE

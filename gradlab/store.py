@@ -15,6 +15,7 @@ Nothing here imports Streamlit: `gradlab.ui.cache` draws the queue and the progr
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -25,6 +26,7 @@ import time
 from typing import Any, Callable
 
 import diskcache
+import filelock
 import numpy as np
 
 log = logging.getLogger("gradlab")
@@ -138,11 +140,40 @@ class Store:
                 _, (_, s) = self._memory.popitem(last=False)
                 self._used -= s
 
+    def lock(self, key: str, *, timeout: float = 900.0):
+        """A lock on `key` held across processes (a file lock beside the disk tier), so that two servers sharing
+        the directory compute one result once: the second waits, then finds the first's result stored.
+        Without a disk tier, a no-op. A lock not acquired within `timeout` s is skipped (compute anyway)."""
+        if self._disk is None:
+            return contextlib.nullcontext()
+        path = os.path.join(self._disk.directory, "locks", hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return _Lock(filelock.FileLock(path), timeout)
+
     def clear_memory(self) -> None:
         """Drop the memory tier (the disk tier stays)."""
         with self._lock:
             self._memory.clear()
             self._used = 0
+
+
+class _Lock:
+    """A file lock that gives up after `timeout` s instead of raising (a stale lock must not stall a page)."""
+
+    def __init__(self, lock: filelock.FileLock, timeout: float):
+        self._file, self._timeout, self._held = lock, timeout, False
+
+    def __enter__(self):
+        try:
+            self._file.acquire(timeout=self._timeout)
+            self._held = True
+        except filelock.Timeout:
+            log.warning("store lock %s not acquired in %.0f s: computing anyway", self._file.lock_file, self._timeout)
+        return self
+
+    def __exit__(self, *exc):
+        if self._held:
+            self._file.release()
 
 
 @dataclasses.dataclass

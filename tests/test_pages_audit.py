@@ -11,11 +11,37 @@ def metric(at, label):
     return next(m.value for m in at.metric if m.label == label)
 
 
+def press(at, *names):
+    """Press the heavy sections' buttons (a link alone never starts them)."""
+    for name in names:
+        if f"run_{name}" in {b.key for b in at.button}:  # absent when the result is already stored
+            at.button(key=f"run_{name}").click()
+            at.run()
+    return at
+
+
 @pytest.fixture(scope="module")
 def page():
-    at = open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL)
+    at = press(open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL), "mia", "audit")
     assert_clean(at)
     return at
+
+
+def test_a_link_starts_nothing_heavy_and_one_over_budget_says_what_fits():
+    """Opening the page shows buttons with their estimates, not results; the issue's crafted link is refused
+    before any button with its cost and the largest setting that fits."""
+    at = open_page("privacy_audit", steps=50, checkpoint_every=25, **dict(SMALL, mia_pool=60, audit_trials=16384))
+    assert_clean(at)
+    assert not [m for m in at.metric if m.label.startswith("LiRA")]
+    assert {b.key for b in at.button} >= {"run_mia", "run_audit"}
+    assert any("about" in b.label for b in at.button if b.key == "run_mia")
+    heavy = open_page("privacy_audit", steps=50, checkpoint_every=25, mia_shadows=16, mia_steps=2000, mia_pool=1437,
+                      audit_trials=262144, audit_steps=16)
+    assert_clean(heavy)
+    warnings = [w.value for w in heavy.warning if "CPU-seconds" in w.value]
+    assert len(warnings) == 2, [w.value for w in heavy.warning]
+    assert "training steps" in warnings[0] and "trials" in warnings[1]
+    assert "run_mia" not in {b.key for b in heavy.button}
 
 
 def test_membership_and_audit_render(page):
@@ -48,9 +74,9 @@ def test_bad_setting_is_a_message_not_a_traceback(page):
 
 
 def test_a_second_visitor_sees_the_same_numbers_and_no_error():
-    """Both sections are shared results: the second session is served the first one's numbers, with no
-    error box (it used to replay the first session's progress bar and fail)."""
-    first = open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL)
+    """Both sections are shared results: the second session is served the first one's stored numbers without
+    pressing anything, with no error box (it used to replay the first session's progress bar and fail)."""
+    first = press(open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL), "mia", "audit")
     second = open_page("privacy_audit", steps=50, checkpoint_every=25, **SMALL)
     for at in (first, second):
         assert_clean(at)

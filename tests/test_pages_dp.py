@@ -61,7 +61,7 @@ def test_dp_page_trains_private_and_nonprivate():
     at.number_input(key="dp_sgd_sigma").set_value(1.0).run()
     at.number_input(key="dp_sgd_steps").set_value(20).run()
     at.radio(key="dp_sgd_accountant").set_value("pld").run()
-    at.button(key="dp_sgd_train").click().run()
+    at.button(key="run_dp_sgd").click().run()
     assert_clean(at)
     assert not at.error
     # the page's numbers are the library's on the same experiment and settings (independent run here)

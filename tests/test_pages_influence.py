@@ -56,7 +56,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
 
     # the retraining check at the same θ̂: scatter + Pearson / Spearman
     at.number_input(key="infl_retrain_k").set_value(3)
-    at.button(key="infl_retrain").click()
+    at.button(key="run_infl_retrain").click()
     at.run()
     assert_clean(at)
     pear = _metric(at, "Pearson r")
@@ -66,7 +66,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     # the LDS of every method on the same subsets, behind its button
     at.select_slider(key="infl_lds_m").set_value(20)
     at.select_slider(key="infl_lds_t").set_value(16)
-    at.button(key="infl_lds").click()
+    at.button(key="run_infl_lds").click()
     at.run()
     assert_clean(at)
     lds = {m.label: float(m.value) for m in _metric(at, "LDS ·")}

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import clipping, engine, memory, plots, privacy, ui
+from gradlab import clipping, costs, engine, memory, plots, privacy, ui
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
 
@@ -29,13 +29,13 @@ classify = data.task == "classification"
 n_train = len(data.y_train)
 
 
-@ui.cached
+@ui.shared(label="Computing per-example gradient norms")
 def norms_at(exp, checkpoint, _fitted):
     model = _fitted.run.checkpoints[checkpoint]
     return np.asarray(engine.per_example_norms(_fitted.loss_fn, model, _fitted.data.x_train, _fitted.data.y_train))
 
 
-@ui.cached(max_entries=32)
+@ui.shared(label="Clipping every example")
 def analysis_at(exp, checkpoint, clip_norm, _fitted):
     d = _fitted.data
     labels = d.y_train if d.task == "classification" else None
@@ -164,7 +164,11 @@ with d4:
     seed = st.number_input("Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed", bind="query-params")
 
 
-@ui.shared(label="Training the DP-SGD model, then the non-private one")
+def dp_sgd_cost(fitted, q, steps, *_):
+    return 2 * costs.dp_sgd_seconds(engine.num_params(fitted.model), steps, q * len(fitted.data.y_train))
+
+
+@ui.shared(label="Training the DP-SGD model, then the non-private one", cost=dp_sgd_cost)
 def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accountant, seed, every, progress):
     """A DP-SGD run and its non-private twin, shared by sessions: keyed on the complete experiment
     (`fitted`, an upload by the hash of its bytes) and every setting of this section."""
@@ -186,7 +190,7 @@ def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accou
     return dict(private=private, public=public, evals=evals)
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@ui.shared(gated=False)
 def calibrated_sigma(eps, q, steps, delta, accountant):
     return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta,
                                                 accountant=accountant)
@@ -214,12 +218,12 @@ if settings_ok:
     settings = (q, int(steps), c_dp, float(sigma), optimizer, float(lr), delta, accountant, int(seed), every)
     st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
                f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
-    go = st.button("Train private and non-private models", type="primary", key="dp_sgd_train")
-    go = go or st.session_state.pop("_dp_sgd_go", False)
     res = None
-    if ui.requested("dp_sgd", (exp, *settings), go):
-        with ui.guard("DP-SGD training failed"):
-            res = dp_sgd_comparison(fitted, *settings)
+    with ui.guard("DP-SGD training failed"):
+        fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
+        res = ui.on_request(dp_sgd_comparison, fitted, *settings, name="dp_sgd", button="Train private and non-private models",
+                            go=st.session_state.pop("_dp_sgd_go", False),
+                            fix=f"Use at most {fits} steps or a smaller sampling rate q." if fits else "Use a smaller q or model.")
     if res is not None:
         private, evals = res["private"], res["evals"]
         acc_p = np.array([e[0] for e in evals["private"]])

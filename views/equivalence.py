@@ -29,7 +29,7 @@ with c2:
 exp = ui.experiment()
 
 
-@ui.cached
+@ui.shared(label="Computing both ways in float32 and float64")
 def comparison(exp, example, _fitted=None):
     """Both reductions at once (one pass of each way per precision): the Reduction radio is then a cache hit."""
     if example == "scalar":
@@ -40,7 +40,7 @@ def comparison(exp, example, _fitted=None):
     return *equivalence.compare_all(f.loss_fn, f.model, xs, ys), equivalence.shapes(f.loss_fn, f.model, xs, ys)
 
 
-@ui.cached
+@ui.shared(label="Running the pitfalls")
 def pitfalls():
     return equivalence.run_pitfalls()
 

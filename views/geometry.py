@@ -62,25 +62,25 @@ play = b2.button("Play", key="geo_play_btn", width="stretch")
 b3.button("Reset", on_click=_step, args=(-10_000,), key="geo_reset_btn", width="stretch")
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@ui.shared(label="Following every method's path")
 def paths(name, lr, steps, batch, clip_norm, sigma):
     pr = geometry.problem(name)
     return {m: geometry.trajectory(pr, m, lr=lr, steps=steps, batch_size=min(batch, pr.n), clip_norm=clip_norm,
                                    noise_multiplier=sigma) for m in geometry.METHODS}
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@ui.shared(gated=False)
 def at_point(name, theta):
     pr = geometry.problem(name)
     return geometry.arrows(pr, np.asarray(theta, np.float32)), geometry.mean_arrow(pr, np.asarray(theta, np.float32))
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@ui.shared(gated=False)
 def surface(name):
     return geometry.loss_surface(geometry.problem(name))
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@ui.shared(label="Retraining without the example")
 def removal(name, index):
     return geometry.remove_example(geometry.problem(name), index)
 

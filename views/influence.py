@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import influence as inf
-from gradlab import engine, losses, memory, plots, ui
+from gradlab import costs, engine, losses, memory, plots, ui
 from gradlab.influence import fitted as ifit
 from gradlab.metrics import detection_roc, fraction_in_top
 
@@ -32,7 +32,7 @@ n_test = len(data.y_test)
 pixels = (lambda rows: data.raw(rows))  # digits are drawn in raw pixels, never standardized ones
 
 
-@ui.cached
+@ui.shared(label="Scoring the test set")
 def test_summary(exp, _fitted):
     """Test losses and predictions at the trained model."""
     d = _fitted.data
@@ -40,13 +40,13 @@ def test_summary(exp, _fitted):
     return loss, np.asarray(losses.predict(_fitted.model, d.x_test, d.task))
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
+@ui.shared(label="Converging to θ̂ (L-BFGS)")
 def optimum(data_key, l2, _fitted):
     """θ̂ for (experiment, λ): converged once, shared by the ranking, self-influence and the check."""
     return ifit.optimum(_fitted, l2, max_iter=OPTIMUM_ITERS)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@ui.shared(label="Training the SGD run TracIn follows")
 def tracin_run(data_key, _fitted):
     """((checkpoints, lrs), note), or (None, why) when there is no SGD run to follow (no steps, diverged)."""
     try:
@@ -56,7 +56,7 @@ def tracin_run(data_key, _fitted):
         return None, f"TracIn is unavailable: {err}"
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@ui.shared(label="Training TRAK's ensemble")
 def trak_models(data_key, n_models, l2, _fitted):
     """TRAK's ensemble (each model's own θ̂ at λ), or None when one of its extra models cannot be trained (the
     message is shown)."""
@@ -66,7 +66,7 @@ def trak_models(data_key, n_models, l2, _fitted):
         return None, f"TRAK is unavailable: training its ensemble failed: {err}"
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@ui.shared(label="Scoring with TRAK")
 def trak_rows(data_key, n_models, l2, proj_dim, rows, _fitted):
     """TRAK's scores for the test points `rows` (a tuple), `(len(rows), N)`: `(scores, None)` or `(None, why)`.
     A projected kernel is built once per model, so the page asks for every test point at once; the exact
@@ -82,7 +82,7 @@ def trak_rows(data_key, n_models, l2, proj_dim, rows, _fitted):
         return None, str(err)
 
 
-@ui.cached(max_entries=32)
+@ui.shared(label="Scoring every training example")
 def point_scores(exp, test_index, l2, damping, solver, lissa_scale, _fitted):
     base = optimum(exp, l2, _fitted)
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
@@ -90,7 +90,7 @@ def point_scores(exp, test_index, l2, damping, solver, lissa_scale, _fitted):
                                  tracin=tracin_run(exp, _fitted)[0])
 
 
-@ui.cached
+@ui.shared(label="Computing self-influence")
 def self_scores(exp, l2, damping, _fitted):
     base = optimum(exp, l2, _fitted)
     return ifit.self_influence_scores(_fitted, base, damping=damping, tracin=tracin_run(exp, _fitted)[0])
@@ -363,7 +363,11 @@ st.markdown(
 )
 
 
-@ui.shared(label="Retraining")
+def retraining_cost(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted):
+    return costs.retraining_seconds(engine.num_params(_fitted.model), len(_fitted.data.y_train), k=k)
+
+
+@ui.shared(label="Retraining", cost=retraining_cost)
 def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted, progress):
     base_ = optimum(data_key, l2, _fitted)
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
@@ -376,12 +380,12 @@ c1, c2 = st.columns([1, 3])
 with c1:
     rk = st.number_input("k (retrains 2k models)", min_value=2, max_value=25, value=8, key="infl_retrain_k",
                          bind="query-params")
-    go = st.button("Check against retraining", type="primary", key="infl_retrain")
-check_key = (exp, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk))
+check_args = (exp, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk), fitted)
 chk = None
-if ui.requested("infl_retrain", check_key, go, kept=1):
-    with ui.guard("The retraining check failed"):
-        chk = retraining(*check_key, fitted)
+with c1, ui.guard("The retraining check failed"):
+    fits = costs.largest(range(2, int(rk) + 1), lambda k_: retraining_cost(*check_args[:6], k_, fitted))
+    chk = ui.on_request(retraining, *check_args, name="infl_retrain", button="Check against retraining",
+                        fix=f"Use k ≤ {fits}." if fits else "Use a smaller model.")
 if chk is None:
     st.caption("Press the button to retrain (a few seconds for linear models, longer for an MLP).")
 else:
@@ -411,7 +415,13 @@ st.markdown(
 )
 
 
-@ui.shared(label="Computing the LDS")
+def lds_cost(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted):
+    e = _fitted.experiment
+    return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=e.steps, batch_size=e.batch_size,
+                             n_test=n_test_, n=len(_fitted.data.y_train))
+
+
+@ui.shared(label="Computing the LDS", cost=lds_cost)
 def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, progress):
     base_ = optimum(data_key, l2, _fitted)
     table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
@@ -423,13 +433,12 @@ def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_,
 c1, c2, c3 = st.columns([1, 1, 2])
 lds_m = int(c1.select_slider("Models M", options=[20, 50, 100], value=50, key="infl_lds_m", bind="query-params"))
 lds_t = int(c2.select_slider("Test points", options=[16, 32, 64], value=32, key="infl_lds_t", bind="query-params"))
-with c3:
-    go_lds = st.button("Compute the LDS of every method", key="infl_lds")
-lds_key = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim)
+lds_args = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim, fitted)
 lds_out = None
-if ui.requested("infl_lds", lds_key, go_lds, kept=1):
-    with ui.guard("The LDS could not be computed"):
-        lds_out = lds_results(*lds_key, fitted)
+with c3, ui.guard("The LDS could not be computed"):
+    fits = costs.largest([20, 50, 100], lambda m_: lds_cost(exp, m_, *lds_args[2:]))
+    lds_out = ui.on_request(lds_results, *lds_args, name="infl_lds", button="Compute the LDS of every method",
+                            fix=f"Use M ≤ {fits} models." if fits else "Use fewer test points or a smaller model.")
 if lds_out is None:
     st.caption(f"Press the button: {lds_m} models train in one vmapped scan, then every method scores "
                f"{lds_t} test points (tens of seconds on a laptop for the digits MLP).")

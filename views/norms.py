@@ -22,7 +22,7 @@ fitted = ui.fitted(exp)
 data = fitted.data
 
 
-@ui.cached
+@ui.shared(label="Computing per-example gradients")
 def summary(exp, checkpoint, _fitted):
     return norm_summary(_fitted, checkpoint)
 

@@ -39,7 +39,7 @@ with c2:
 exp = ui.experiment()
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@ui.shared(gated=False, persist=False)
 def problem(workload, exp, _data=None):
     """(loss_fn, params, xs, ys) for the workload. Timing does not depend on trained weights.
     `_data`: an upload's dataset (its hash is in `exp.dataset`)."""
@@ -76,16 +76,14 @@ if skipped:
                f"parameters), these cells are skipped: {'; '.join(skipped)}. Pick a smaller model or N.", icon="⚠️")
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def timings(workload, exp, approach, ns, repeats, loop_max, attempt, _problem):
-    """One approach's rows of the sweep, shared by sessions (one cache entry per approach, so adding or
-    removing another approach reuses these); `attempt` > 0 measures again ("Run the sweep again")."""
-    with ui.progress_bar(f"Timing {bench.APPROACHES[approach]}") as progress:
-        rows = [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s)
-                for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
-                                     progress=lambda f, text: progress(int(100 * f), 100, text))]
-    ui.release_memory()  # the sweep compiles one program per size and approach
-    return rows
+@ui.shared(label="Timing", persist=False)
+def timings(workload, exp, approach, ns, repeats, loop_max, attempt, _problem, progress):
+    """One approach's rows of the sweep, shared by sessions (one entry per approach, so adding or removing
+    another approach reuses these); `attempt` > 0 measures again ("Run the sweep again"). Timings are of
+    this server now, so they are not kept on disk."""
+    return [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s)
+            for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
+                                 progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"))]
 
 
 if st.button("Run the sweep again", help="Timings vary with the machine's load; measure again."):

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import audit, audit_plots, membership, plots, privacy, ui
+from gradlab import audit, audit_plots, costs, engine, membership, plots, privacy, ui
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS
 
@@ -56,12 +56,16 @@ with c4:
 delta = 1e-5
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@ui.shared(gated=False)
 def calibrated_sigma(eps, q, steps, delta):
     return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta)
 
 
-@ui.shared(label="Training target and shadow models")
+def attack_cost(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted):
+    return costs.attack_seconds(engine.num_params(_fitted.model), pool=pool, sample_rate=q, steps=steps, shadows=shadows)
+
+
+@ui.shared(label="Training target and shadow models", cost=attack_cost)
 def attack(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted, progress):
     """Membership inference on both procedures, shared by sessions (keyed on every setting)."""
     d = _fitted.data
@@ -81,7 +85,11 @@ with ui.guard("Membership inference could not run with these settings"):
     eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
     st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
                f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
-    results = attack(exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)
+    args = (exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)
+    fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: attack_cost(*args[:3], t, *args[4:]))
+    results = ui.on_request(attack, *args, name="mia", button="Run the membership attack",
+                            fix=f"Use at most {fits} training steps, fewer shadow models or a smaller pool." if fits
+                            else "Use fewer shadow models or a smaller pool.")
 
 if results is not None:
     pub, priv = results["non-private"], results["DP-SGD"]
@@ -153,14 +161,23 @@ if bug:
     st.info(f"**Planted bug: {bug}.** {audit.BUGS[bug].description}")
 
 
-@ui.shared(label="Auditing")
+def audit_cost(sigma, steps, q, c, trials, canary, bug):
+    return costs.audit_seconds(trials=trials, steps=steps, canary=canary)
+
+
+@ui.shared(label="Auditing", cost=audit_cost)
 def run_audit(sigma, steps, q, c, trials, canary, bug, progress):
     return audit.audit_dp_sgd(noise_multiplier=sigma, steps=steps, sample_rate=q, clip_norm=c, bug=bug, trials=trials,
                               canary=canary, progress=lambda i, n: progress(i / n, f"training run {i} of {n}"))
 
 
+res = None
 with ui.guard("The audit could not run with these settings"):
-    res = run_audit(float(sigma_a), int(steps_a), float(q_a), float(c_a), int(trials), canary, bug)
+    audit_args = (float(sigma_a), int(steps_a), float(q_a), float(c_a), int(trials), canary, bug)
+    fits = costs.largest([4096, 16384, 65536, 131072, 262144], lambda t: audit_cost(*audit_args[:4], t, *audit_args[5:]))
+    res = ui.on_request(run_audit, *audit_args, name="audit", button="Run the audit",
+                        fix=f"Use at most {fits:,} trials or fewer steps." if fits else "Use fewer steps.")
+if res is not None:
     m = st.columns(4)
     m[0].metric("Empirical ε lower bound (95%)", f"{res.epsilon_lower:.2f}")
     m[1].metric("Accountant's ε (PLD)", f"{res.epsilon_claimed:.2f}", help=f"dp-accounting, δ = {res.delta:g}")

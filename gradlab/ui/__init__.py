@@ -1,15 +1,15 @@
 """The Streamlit glue (the only part of gradlab that imports Streamlit), one module per job:
 
 - `state`: the experiment sidebar bound to the URL, share links, presets' glue;
-- `cache`: Streamlit caches keyed on complete inputs, memory hygiene for a shared server;
+- `cache`: page computations shared through one store and gate (`shared`, `on_request`, `fitted`), memory hygiene;
 - `upload`: the CSV uploader and this session's upload;
 - `widgets`: error guard, code panel, checkpoint picker, downloads, charts.
 
 Pages import `from gradlab import ui` and use the names re-exported here.
 """
 
-from gradlab.ui.cache import (HASH_FUNCS, MEMORY_BUDGET_MB, cached, fitted, num_params,
-                              progress_bar, release_memory, requested, rss_mb, shared)
+from gradlab.ui.cache import (HASH_FUNCS, MEMORY_BUDGET_MB, fitted, num_params, on_request,
+                              release_memory, requested, rss_mb, shared)
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
@@ -18,8 +18,8 @@ from gradlab.ui.widgets import (chart, checkpoint_picker, code_panel, download, 
 
 __all__ = [
     "DEFAULT", "HASH_FUNCS", "LEARNING_RATES", "MEMORY_BUDGET_MB", "STEPS", "UPLOAD_LABEL",
-    "apply_preset", "cached", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
+    "apply_preset", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fitted", "fragment", "follow_preset", "guard",
-    "num_params", "plotly_config", "preset_banner", "preset_picker", "progress_bar", "release_memory", "requested",
+    "num_params", "plotly_config", "preset_banner", "preset_picker", "on_request", "release_memory", "requested",
     "rss_mb", "share_link", "shared", "upload_controls", "uploaded",
 ]

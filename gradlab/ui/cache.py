@@ -3,15 +3,18 @@
 One server serves every visitor, so every cache here is shared across sessions and its key holds
 every input that changes the result:
 
-- `shared`: heavy computations through `gradlab.store`'s gate and store (one at a time, identical
-  requests joined, the queue and progress drawn for each waiting visitor, results on disk).
+- `shared`: the one decorator for page computations: results in `gradlab.store`'s store (memory by
+  bytes, then disk, so a restarted server answers from disk), heavy work through its gate (one at a
+  time, identical requests joined, the queue and progress drawn for each waiting visitor).
+- `on_request`: a heavy section that starts from a button (never from a link) unless already stored,
+  and refuses a run over the work budget with its estimate.
 - `fitted(exp)`: the trained experiment, `shared`, keyed on the complete `Experiment` (an upload is
   `dataset="upload:<hash of its bytes, label column, task>"`, so a session only ever gets a model
   trained on bytes it uploaded itself; it is never written to disk).
-- `cached`: page computations, `st.cache_data` keyed on their arguments; a `Fitted` argument is
-  hashed by its experiment (`hash_funcs`), so passing the model is enough to key on it.
 - `requested`: which button-started computations this session asked for (keys only, no results),
-  so a second visitor gets a cached result instantly by pressing the button, never unasked.
+  so a second visitor gets a stored result by pressing the button, never unasked.
+
+Streamlit's own `clear_cache` (any visitor can send it) clears `st.cache_*` only: nothing here lives there.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from gradlab import memory
+from gradlab import costs, memory
 from gradlab.store import MB, Gate, Store, default_directory, key_of
 from gradlab.data import load_csv
 from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data
@@ -57,27 +60,6 @@ def fitted_key(f: Fitted) -> str:
 HASH_FUNCS = {Fitted: fitted_key}
 
 
-@contextlib.contextmanager
-def progress_bar(text: str, *, updates: int = 20):
-    """A progress bar created where it is used (inside a cached function: replayed as empty on a hit).
-
-    Yields `progress(done, total, detail=None)`; redraws at most `updates` times, then removes the bar.
-    """
-    bar = st.progress(0.0, text=f"{text}…")
-    shown = [-1]
-
-    def progress(done, total, detail=None):
-        tick = int(updates * done / max(total, 1))
-        if tick != shown[0]:
-            shown[0] = tick
-            bar.progress(min(1.0, done / max(total, 1)), text=f"{text}: {detail or f'{done} of {total}'}")
-
-    try:
-        yield progress
-    finally:
-        bar.empty()
-
-
 def check_training_memory(exp: Experiment, num_params: int) -> None:
     """Refuse to train and keep more checkpoints than fit the budget; name the setting that fits."""
     need = memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, exp.checkpoint_every))
@@ -91,76 +73,17 @@ def check_training_memory(exp: Experiment, num_params: int) -> None:
 
 
 def check_training_work(exp: Experiment, num_params: int) -> None:
-    """Refuse a training over `memory.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
+    """Refuse a training over `costs.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
     training steps that fit. **Raises** ValueError with the estimate and the fix."""
-    need = memory.training_seconds(num_params, exp.steps, exp.batch_size)
-    if need <= memory.WORK_BUDGET_SECONDS:
+    need = costs.training_seconds(num_params, exp.steps, exp.batch_size)
+    if need <= costs.WORK_BUDGET_SECONDS:
         return
     fits = [s for s in (25, 50, 100, 200, 300, 500, 1000, 2000)
-            if memory.training_seconds(num_params, s, exp.batch_size) <= memory.WORK_BUDGET_SECONDS]
+            if costs.training_seconds(num_params, s, exp.batch_size) <= costs.WORK_BUDGET_SECONDS]
     fix = f"Set **Training steps** to {fits[-1]} or fewer, or a smaller batch or model." if fits else "Use a smaller model."
     raise ValueError(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
-                     f"about {need:.0f} CPU-seconds on this shared server (the limit is {memory.WORK_BUDGET_SECONDS:.0f}). "
+                     f"about {need:.0f} CPU-seconds on this shared server (the limit is {costs.WORK_BUDGET_SECONDS:.0f}). "
                      + fix)
-
-
-def _data(exp: Experiment, upload: dict | None):
-    """`exp`'s dataset (from `upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
-    if exp.is_upload:
-        return load_csv(upload["bytes"], upload["label"], upload["task"], seed=exp.seed,
-                        label_noise=exp.label_noise, test_fraction=exp.test_fraction)
-    return load_data(exp)
-
-
-@st.cache_data(max_entries=32, show_spinner=False)
-def _num_params(exp: Experiment, _upload: dict | None) -> int:
-    from gradlab import engine
-
-    return engine.num_params(init_model(exp, _data(exp, _upload)))
-
-
-def num_params(exp: Experiment) -> int:
-    """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
-    refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
-    from gradlab.ui.upload import require_upload
-
-    return _num_params(exp, require_upload(exp) if exp.is_upload else None)
-
-
-def fitted(exp: Experiment) -> Fitted:
-    """The trained experiment, from the shared cache or trained now with a progress bar.
-
-    A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
-    experiment is trained on this session's upload, whose hash must match `exp.dataset`.
-    """
-    from gradlab.ui.upload import require_upload
-    from gradlab.ui.widgets import guard
-
-    upload = require_upload(exp) if exp.is_upload else None
-    with guard("These settings cannot be trained", stop=True):
-        if not _fit.stored(exp):
-            check_training_work(exp, _num_params(exp, upload))
-        return _fit(exp, upload)
-    raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
-
-
-def cached(fn=None, *, max_entries: int = 16):
-    """`st.cache_data` for a page computation `fn(...)` returning NumPy arrays or plain data.
-
-    Every argument is part of the key (a `Fitted` by its experiment; arguments named `_x` are not),
-    so the key must hold every input that changes the result. Memory is released after a real
-    computation (a cache miss).
-    """
-    if fn is None:
-        return functools.partial(cached, max_entries=max_entries)
-
-    @functools.wraps(fn)
-    def computed(*args, **kwargs):  # runs on a cache miss only
-        result = fn(*args, **kwargs)
-        release_memory()  # hand XLA's scratch memory back after a real computation
-        return result
-
-    return st.cache_data(max_entries=max_entries, show_spinner=False, hash_funcs=HASH_FUNCS)(computed)
 
 
 _REQUESTED = "_requested"
@@ -169,9 +92,9 @@ _REQUESTED = "_requested"
 def requested(name: str, key, pressed: bool, *, kept: int = 8) -> bool:
     """Whether this session asked for computation `name` with `key` (pressed now, or before).
 
-    For results a button starts (DP-SGD runs, retraining checks): the result itself lives in a
-    shared `st.cache_resource` keyed on `key`; this remembers only which keys this session asked
-    for, so nobody is shown a result before they ask for it.
+    For results a button starts (DP-SGD runs, retraining checks): the result itself lives in the
+    shared store; this remembers only which keys this session asked for, so nobody is shown a
+    result before they ask for it.
     """
     asked = st.session_state.setdefault(_REQUESTED, {}).setdefault(name, [])
     if pressed and key not in asked:
@@ -276,19 +199,28 @@ def _key_part(value):
     return value
 
 
-def shared(fn=None, *, label: str = "Computing", persist: bool = True):
-    """A heavy page computation shared by every session: stored results, one gate, progress drawn here.
+def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bool = True, cost=None):
+    """The one cache of page computations: shared by every session, stored, and heavy work through the gate.
 
-    `fn(*args, progress=report)` runs in the gate's worker thread (never inside a Streamlit cache, so
-    no element is replayed into another visitor's page); `report(fraction, text)` moves the bar every
-    waiting visitor sees. Arguments named `_x` are not part of the key (a `Fitted` is keyed by its
-    experiment). Results are kept in `STORE` (on disk too unless `persist=False` or an argument is an
-    upload's experiment); identical requests join one run; a waiting visitor sees the queue.
-    `fn.stored(*args)` says whether a result is already stored (a section may then skip its button).
+    - Key: every argument (a `Fitted` by its experiment; arguments named `_x` are left out, so the key
+      must hold every input that changes the result), the function's name and `CODE_VERSION`.
+    - Store: results are kept in `STORE` (memory by bytes, and on disk unless `persist=False` or an
+      argument is an upload's experiment); a file lock on the key makes two servers sharing the store
+      directory compute a result once.
+    - Gate (`gated=True`): `fn` runs in the gate's worker thread (never inside a Streamlit cache, so no
+      element is replayed into another visitor's page); identical requests join one run; every waiting
+      visitor sees "Queued: n ahead, about s" or the progress bar, which `fn` moves through its
+      `progress(fraction, text)` argument when it declares one. `gated=False` is for computations well
+      under a second and a few MB (they run in the visitor's own thread).
+    - `cost(*args, **kwargs)`: estimated CPU-seconds of a run (the queue's wait estimate, and `ui.on_request`'s
+      budget check); without it the gate uses the last run's duration.
+
+    `fn.stored(*args)` says whether a result is already stored; `fn.cost(*args)` is the estimate (or None).
     """
     if fn is None:
-        return functools.partial(shared, label=label, persist=persist)
+        return functools.partial(shared, label=label, persist=persist, gated=gated, cost=cost)
     names = list(inspect.signature(fn).parameters)
+    takes_progress = "progress" in names
 
     def key(args, kwargs) -> tuple[str, bool]:
         bound = dict(zip(names, args), **kwargs)
@@ -303,12 +235,19 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True):
         value = STORE.get(k, _MISSING)
         if value is not _MISSING:
             return value
+        keep = persist and not upload
 
         def compute(report):
-            result = fn(*args, progress=report, **kwargs)
-            STORE.put(k, result, persist=persist and not upload)
-            return result
+            with STORE.lock(k) if keep else contextlib.nullcontext():
+                value = STORE.get(k, _MISSING)  # another server may have computed it while we waited
+                if value is not _MISSING:
+                    return value
+                result = fn(*args, **({"progress": report} if takes_progress else {}), **kwargs)
+                STORE.put(k, result, persist=keep)
+                return result
 
+        if not gated:
+            return compute(lambda *a, **kw: None)
         slot, shown = [None], [None]
 
         def on_wait(job):
@@ -326,14 +265,78 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True):
             else:
                 slot[0].progress(job.fraction, text=f"{label}… {job.text}")
 
+        estimate = {} if cost is None else {"est_seconds": float(cost(*args, **kwargs))}
         try:
-            return GATE.run(k, fn.__qualname__, compute, on_wait=on_wait)
+            return GATE.run(k, fn.__qualname__, compute, on_wait=on_wait, poll=0.2, **estimate)
         finally:
             if slot[0] is not None:
                 slot[0].empty()
 
     run.stored = lambda *args, **kwargs: key(args, kwargs)[0] in STORE
+    run.cost = (lambda *args, **kwargs: None) if cost is None else cost
     return run
+
+
+def on_request(fn, *args, name: str, button: str, help: str | None = None, fix: str = "", go: bool = False, **kwargs):
+    """A heavy section: run the shared computation `fn(*args, **kwargs)` only when its result is stored or this
+    session pressed its button (a shared link never starts it), and refuse a run over the work budget.
+
+    Draws the button (its label with `fn.cost`'s estimate) or, over `costs.WORK_BUDGET_SECONDS`, a warning with
+    the estimate and `fix` (the largest setting that fits). `go=True` counts as a press (a preset's own button).
+    Returns the result, or None when not asked for.
+    """
+    if fn.stored(*args, **kwargs):
+        return fn(*args, **kwargs)
+    seconds = fn.cost(*args, **kwargs)
+    if seconds is not None and seconds > costs.WORK_BUDGET_SECONDS:
+        st.warning(f"This would take about {seconds:,.0f} CPU-seconds on this shared server; the limit is "
+                   f"{costs.WORK_BUDGET_SECONDS:.0f}. {fix}", icon=":material/hourglass_disabled:")
+        return None
+    about = f" (about {max(seconds, 1):.0f} s)" if seconds is not None else ""
+    pressed = st.button(button + about, type="primary", key=f"run_{name}", help=help) or go
+    if requested(name, key_of(fn.__qualname__, args, kwargs), pressed, kept=1):
+        return fn(*args, **kwargs)
+    return None
+
+
+def _data(exp: Experiment, upload: dict | None):
+    """`exp`'s dataset (from `upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
+    if exp.is_upload:
+        return load_csv(upload["bytes"], upload["label"], upload["task"], seed=exp.seed,
+                        label_noise=exp.label_noise, test_fraction=exp.test_fraction)
+    return load_data(exp)
+
+
+@shared(gated=False)
+def _num_params(exp: Experiment, _upload: dict | None) -> int:
+    from gradlab import engine
+
+    return engine.num_params(init_model(exp, _data(exp, _upload)))
+
+
+def num_params(exp: Experiment) -> int:
+    """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
+    refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
+    from gradlab.ui.upload import require_upload
+
+    return _num_params(exp, require_upload(exp) if exp.is_upload else None)
+
+
+def fitted(exp: Experiment) -> Fitted:
+    """The trained experiment, from the shared cache or trained now with a progress bar.
+
+    A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
+    experiment is trained on this session's upload, whose hash must match `exp.dataset`.
+    """
+    from gradlab.ui.upload import require_upload
+    from gradlab.ui.widgets import guard
+
+    upload = require_upload(exp) if exp.is_upload else None
+    with guard("These settings cannot be trained", stop=True):
+        if not _fit.stored(exp):
+            check_training_work(exp, _num_params(exp, upload))
+        return _fit(exp, upload)
+    raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
 
 
 @shared(label="Training")

@@ -1,0 +1,79 @@
+"""What a heavy computation costs in CPU-seconds, estimated before it runs, and the budget a shared link gets.
+
+A shared server must not compute for minutes because someone opened a link, so every heavy computation
+(training, the membership attack, the canary audit, retraining checks, the LDS) has an estimate here:
+a fixed part (compiling, set-up) plus work divided by a rate. The rates were measured with
+`python benchmarks/costs.py` on the 2-core CPU this project is built on (process CPU time, both cores);
+that benchmark prints estimate / measured for each computation, so a slower host can re-calibrate.
+Estimates aim at the right order of magnitude (within about 2×), not at exact timing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+#: CPU-seconds one visitor's settings may cost before a button is pressed (environment: GRADLAB_WORK_BUDGET_S).
+WORK_BUDGET_SECONDS = float(os.environ.get("GRADLAB_WORK_BUDGET_S", "30"))
+
+#: Training throughput, (steps × batch × parameters) per CPU-second, one batch gradient per step
+#: (MLP 512×4 on digits, batch 2048: 5.1e10 per wall second on both cores).
+TRAIN_RATE = 2.5e10
+#: DP-SGD throughput with per-example gradients, (steps × expected batch × parameters) per CPU-second
+#: (membership attack on the digits MLP: 18 models, 600 steps of 359 examples, 10.7 CPU-s).
+DP_SGD_RATE = 2.6e9
+#: Set-up per trained model in a membership attack (tracing a training scan, evaluating it).
+MODEL_SETUP_SECONDS = 0.3
+#: Canary audit: CPU-seconds per (run × step) for each canary; 2,048 gradient-canary trials share a run,
+#: 256 input-canary trials share one.
+AUDIT_STEP_SECONDS = {"gradient": 0.004, "input": 0.005}
+AUDIT_TRIALS_PER_RUN = {"gradient": 2048, "input": 256}
+#: L-BFGS on the whole training set: CPU-seconds per (iteration × example × parameter), and iterations a
+#: retraining takes from the warm start (at most its cap).
+LBFGS_RATE = 1.4e9
+RETRAIN_ITERS = 100
+
+
+def training_seconds(num_params: int, steps: int, batch_size: float) -> float:
+    """Estimated CPU-seconds to train `num_params` parameters for `steps` minibatches of `batch_size`:
+    2 s of compiling and set-up plus `steps · batch_size · num_params / TRAIN_RATE`."""
+    return 2.0 + steps * batch_size * num_params / TRAIN_RATE
+
+
+def dp_sgd_seconds(num_params: int, steps: int, batch_size: float) -> float:
+    """Estimated CPU-seconds of one DP-SGD run (per-example gradients, clipped): `MODEL_SETUP_SECONDS` plus
+    `steps · batch_size · num_params / DP_SGD_RATE`. `batch_size` is the expected batch `q · N`."""
+    return MODEL_SETUP_SECONDS + steps * batch_size * num_params / DP_SGD_RATE
+
+
+def attack_seconds(num_params: int, *, pool: int, sample_rate: float, steps: int, shadows: int) -> float:
+    """Estimated CPU-seconds of `membership.private_vs_nonprivate`: two procedures, each training a target and
+    `shadows` shadow models on half of `pool` examples with expected batch `q · pool / 2` (1 s of set-up)."""
+    return 1.0 + 2 * (shadows + 1) * dp_sgd_seconds(num_params, steps, sample_rate * pool / 2)
+
+
+def audit_seconds(*, trials: int, steps: int, canary: str) -> float:
+    """Estimated CPU-seconds of `audit.audit_dp_sgd`: 1.5 s of set-up plus `AUDIT_STEP_SECONDS[canary]` per
+    step of each run (`ceil(trials / AUDIT_TRIALS_PER_RUN[canary])` runs)."""
+    runs = math.ceil(trials / AUDIT_TRIALS_PER_RUN[canary])
+    return 1.5 + runs * steps * AUDIT_STEP_SECONDS[canary]
+
+
+def retraining_seconds(num_params: int, n: int, *, k: int) -> float:
+    """Estimated CPU-seconds of a retraining check: `2k` L-BFGS retrainings on `n` examples, each about
+    `RETRAIN_ITERS` iterations over every example (0.3 s of set-up each)."""
+    return 2 * k * (0.3 + RETRAIN_ITERS * n * num_params / LBFGS_RATE)
+
+
+def lds_seconds(num_params: int, *, models: int, steps: int, batch_size: int, n_test: int, n: int) -> float:
+    """Estimated CPU-seconds of `influence.fitted.lds_table`: `models` trainings of the experiment's recipe
+    (one vmapped scan, 0.15 s of set-up per model) plus every method scoring `n_test` test points against `n`
+    training examples (3 s of set-up)."""
+    return (3.0 + models * (0.15 + steps * batch_size * num_params / TRAIN_RATE)
+            + n_test * n * num_params / DP_SGD_RATE)
+
+
+def largest(options, seconds) -> object | None:
+    """The largest of `options` (ascending) whose `seconds(option)` fits `WORK_BUDGET_SECONDS`, else None."""
+    fits = [o for o in options if seconds(o) <= WORK_BUDGET_SECONDS]
+    return fits[-1] if fits else None
