@@ -35,7 +35,7 @@ MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
 #: grouped convolution that `vmap` makes of a conv layer's per-example weight gradient and expands
 #: it into a dense one, so time and memory grow with the square of the batch: on the digits CNN
 #: 256 examples took 16 s, 512 examples passed 2.5 GB, and all 1437 grew the server to 24 GB
-#: (the `?model=cnn` crash). Chunks of 4 keep it bounded (chunks of 16 still peaked ~180 MB over the baseline).
+#: (a `?model=cnn` link on Equivalence). Chunks of 4 keep it bounded (chunks of 16 peak ~180 MB over the baseline).
 FLOAT64_CHUNK = 4
 
 #: Largest model the hosted page compares (parameters). The 512×4 MLP (P = 826,378) over the 1437

@@ -260,7 +260,7 @@ def training_curve(losses: np.ndarray, checkpoint_steps, current_step: int | Non
     return style_figure(fig, "Training objective (red: the checkpoint shown)", "training step", "mean loss + λ/2‖θ‖² (log scale)", height=300)
 
 
-# ---------------------------------------------------------------- influence (issue 5)
+# ---------------------------------------------------------------- influence
 
 PROPONENT_COLOR = "#2ca02c"
 OPPONENT_COLOR = "#d62728"

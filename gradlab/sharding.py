@@ -1,47 +1,15 @@
 """The engine on every device: the example axis sharded over a `jax.sharding.Mesh`.
 
-Per-example gradients are embarrassingly parallel over examples, so spreading the engine over
-several devices (GPUs, TPU cores, or hosts under `jax.distributed.initialize`) needs no new math:
-each device runs the one-device engine function on its slice of the examples (with `shard_map`,
-chunking within the device as usual) and
-
-- per-example outputs (gradients, norms, layer norms, dot products) come back as arrays sharded
-  over the example axis, each device holding its own rows;
-- reductions (clipped gradient sum, batch gradient) are summed across devices (`psum`) and come
-  back replicated on every device.
-
-`over_examples(kind)` wraps an engine function `f(loss_fn, params, xs, ys, *args, **kw)` this way;
-`gradlab.engine` applies it to its public functions, which then take a `mesh=` argument. With one
-visible device and no `mesh=`, the wrapper calls the function directly: nothing changes.
-
-N not divisible by the device count D: xs and ys are padded to a multiple of D with copies of
-the last example. Per-example outputs drop the padded rows. Sums fold a 0/1 weight into the loss
-(`w · loss`): exact for the batch gradient and for the clipped sum (clipping a zero gradient
-gives zero). For such N the per-example outputs come back REPLICATED (every device holds all N
-rows), not sharded: a `jax.Array` cannot be sharded unevenly in JAX 0.10.2. Checked on 4 forced
-host devices with N = 57: `jax.device_put`, `jax.make_array_from_callback`,
-`jax.make_array_from_single_device_arrays`, `jax.jit(..., out_shardings=...)` (also slicing the
-padded, sharded result inside the jit) all raise `IndivisibleError` (a `ValueError`: "Sharding
-NamedSharding(mesh=Mesh('examples': 4, ...), spec=P('examples',), ...) implies that array axis 0
-is partitioned 4 times, but the dimension size is 57 (full shape: (57,), per-dimension tiling
-factors: [4] should evenly divide the shape)"); `with_sharding_constraint` inside the jit is
-silently replaced by replication (jax-ml/jax#26946); with explicit mesh axes `reshard` raises
-`ShardingTypeError` ("slicing on sharded dims where out dim (57) is not divisible by mesh axes
-(4) ... is not implemented"). `tests/test_sharding.py` checks that this is still so. Choose N a
-multiple of D to keep per-example outputs spread out.
-
-`chunk_size` is per device: each device streams its own N/D examples in chunks of `chunk_size`
-(without one, chunks of about `engine.CHUNK_BYTES` per device), as one device would. So a chunk
-size that fits one device's memory fits each of them, and the number of chunks per device falls
-D-fold (the speed-up). The part of the peak that grows with N is then 1/D per device, and the
-largest N that fits a device grows D-fold (the fixed part, parameters plus one chunk's
-intermediates, is the same as on one device: each device runs exactly the one-device program on
-N/D examples, `tests/test_sharding.py::test_four_memory_per_device`). For a fixed total in flight
-across devices (a smaller fixed part per device, D times as many chunks on each) pass
-`chunk_size // D` instead; `benchmarks/devices.py --split-chunk` measures that.
-
-Compiled programs are cached per (function, loss_fn object, mesh, shapes): pass the same
-`loss_fn` object again and nothing is re-traced.
+Per-example gradients are independent across examples, so several devices (GPUs, TPU cores, hosts
+under `jax.distributed.initialize`) need no new math: `over_examples(kind)` runs the one-device
+engine function on each device's slice of the examples with `shard_map` (chunking within each
+device, `chunk_size` per device). Per-example outputs come back sharded over the example axis;
+reductions are summed with `psum` and come back replicated. `gradlab.engine` wraps its public
+functions this way (they take `mesh=`); with one device and no `mesh=` the function is called
+directly. N not divisible by the device count is padded with copies of the last example (dropped
+from per-example outputs, weighted 0 in sums); such outputs come back replicated, because JAX
+cannot shard an array unevenly (details, memory per device: docs/scale-out.md). Programs are
+compiled once per (function, `loss_fn` object, mesh, shapes).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def requested(name: str, key, pressed: bool, *, kept: int = 8) -> bool:
 @functools.cache
 def _libc():
     """glibc, loaded once: `ctypes.util.find_library` runs `ldconfig -p` in a subprocess, a fork of
-    the whole server on every call (it was called after every computation)."""
+    the whole server on every call, and memory is returned after every computation."""
     import ctypes
     import ctypes.util
 
