@@ -30,6 +30,7 @@ PAGES = [
     st.Page("views/lecture.py", title="Lecture", icon=":material/school:"),
 ]
 
+ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every default view into the store, once
 page = st.navigation(PAGES)
 started = time.perf_counter()
 try:

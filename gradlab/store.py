@@ -150,6 +150,24 @@ class Store:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return _Lock(filelock.FileLock(path), timeout)
 
+    def once(self, key: str, compute: Callable[[], Any], *, persist: bool = True):
+        """The value under `key`, computed by `compute()` and stored only if no one (in any process sharing the
+        directory) has stored it: the key's file lock is held while computing. Returns the value."""
+        with self.lock(key) if persist else contextlib.nullcontext():
+            value = self.get(key, _MISSING)
+            if value is _MISSING:
+                value = compute()
+                self.put(key, value, persist=persist)
+            return value
+
+    def slot(self, i: int):
+        """Gate slot `i` held across processes (a file lock beside the disk tier; a no-op without one)."""
+        if self._disk is None:
+            return contextlib.nullcontext()
+        path = os.path.join(self._disk.directory, "locks", f"gate-slot-{int(i)}.lock")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return filelock.FileLock(path)
+
     def clear_memory(self) -> None:
         """Drop the memory tier (the disk tier stays)."""
         with self._lock:
@@ -218,17 +236,20 @@ class Gate:
       nothing else runs: then it starts after `relieve()`, so the queue never stalls).
     - `rss`: the process's resident bytes now; `relieve`: frees memory (drop caches) when over budget.
     - `after`: called after each computation in the worker (e.g. return freed memory to the system).
+    - `hold(i)`: a context manager held by worker `i` while it runs a computation: `Store.slot(i)` makes the
+      slots machine-wide (two servers, or `python -m gradlab.warm`, sharing a store directory share them).
 
     Computations run in the gate's worker threads; a caller waits on the `Job` (`submit`, `position`).
     A computation submitted from inside a worker runs inline (nested cached calls cannot deadlock).
     """
 
     def __init__(self, slots: int = 1, budget_bytes: int = 600 * MB, *, rss: Callable[[], int] = lambda: 0,
-                 relieve: Callable[[], None] = lambda: None, after: Callable[[], None] = lambda: None):
+                 relieve: Callable[[], None] = lambda: None, after: Callable[[], None] = lambda: None,
+                 hold: Callable[[int], Any] = lambda i: contextlib.nullcontext()):
         if slots < 1:
             raise ValueError(f"the gate needs at least one slot, got {slots}")
         self.slots, self.budget_bytes = int(slots), int(budget_bytes)
-        self._rss, self._relieve, self._after = rss, relieve, after
+        self._rss, self._relieve, self._after, self._hold = rss, relieve, after, hold
         self._lock = threading.Condition()
         self._queue: list[Job] = []
         self._running: list[Job] = []
@@ -236,7 +257,7 @@ class Gate:
         self._seconds: dict[str, float] = {}  # recent duration per computation name, for wait estimates
         self._local = threading.local()
         for i in range(self.slots):
-            threading.Thread(target=self._work, name=f"gradlab-gate-{i}", daemon=True).start()
+            threading.Thread(target=self._work, args=(i,), name=f"gradlab-gate-{i}", daemon=True).start()
 
     @property
     def in_worker(self) -> bool:
@@ -310,33 +331,37 @@ class Gate:
             return self._queue[0]
         return None
 
-    def _work(self) -> None:
+    def _work(self, slot: int) -> None:
         self._local.worker = True
         while True:
             with self._lock:
-                job = self._next()
-                while job is None:
+                while not self._queue:
                     self._lock.wait(0.5)
-                    job = self._next()
-                self._queue.remove(job)
-                self._running.append(job)
-                job.started = time.monotonic()
-            try:
-                job.result = job.fn(job.report)
-            except BaseException as err:  # noqa: BLE001 - handed to every waiter
-                job.error = err
-            finally:
-                seconds = time.monotonic() - job.started
+            with self._hold(slot):  # another process may hold this slot: wait for it with the job still queued
                 with self._lock:
-                    self._running.remove(job)
-                    self._jobs.pop(job.key, None)
-                    self._seconds[job.name] = seconds
-                    self._lock.notify_all()
-                job.done.set()
+                    job = self._next()
+                    if job is None:  # over the memory budget while others run: wait for one to end
+                        self._lock.wait(0.5)
+                        continue
+                    self._queue.remove(job)
+                    self._running.append(job)
+                    job.started = time.monotonic()
                 try:
-                    self._after()
-                except Exception:  # noqa: BLE001
-                    log.exception("after a computation")
+                    job.result = job.fn(job.report)
+                except BaseException as err:  # noqa: BLE001 - handed to every waiter
+                    job.error = err
+                finally:
+                    seconds = time.monotonic() - job.started
+                    with self._lock:
+                        self._running.remove(job)
+                        self._jobs.pop(job.key, None)
+                        self._seconds[job.name] = seconds
+                        self._lock.notify_all()
+                    job.done.set()
+                    try:
+                        self._after()
+                    except Exception:  # noqa: BLE001
+                        log.exception("after a computation")
 
 
 def key_of(*parts) -> str:

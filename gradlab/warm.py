@@ -1,13 +1,13 @@
-"""Warm start for a lecture: train and compile everything the lecture's steps need, before class.
+"""Warm start: compute what every page's default view and every lecture step shows, before visitors come.
 
-    python -m gradlab.warm            # run every step once (cold), then again as a new visitor (warm); print times
-    python -m gradlab.warm --serve    # the same, then serve the app from this warmed process (port 8501)
+    python -m gradlab.warm            # every page and step once (cold), then again as a new visitor (warm); times
+    python -m gradlab.warm --fill     # every page and step once: fill the results store, print nothing per step
+    python -m gradlab.warm --serve    # warm, then serve the app from this process (port 8501)
 
-Each step runs the real page code under Streamlit's `AppTest` in this process, so the trained models
-(`st.cache_resource`), page results (`st.cache_data`) and XLA executables it leaves behind are the
-ones a server started by `--serve` in the same process uses: the first click in class is a cache hit.
-(Without `--serve` the numbers say how long a cold and a warm step take; a separate `streamlit run`
-process starts cold.) Times are server time: one script run of the step, no browser.
+Each view runs the real page code under Streamlit's `AppTest`. Its results go to the shared results store
+(`gradlab.store`, on disk in `GRADLAB_STORE_DIR`) through the same machine-wide gate slots a server uses,
+and compiled programs to JAX's persistent cache, so a server started later (or restarted) on the same
+directories answers its first visitor from disk. Times are server time: one script run, no browser.
 """
 
 from __future__ import annotations
@@ -43,6 +43,37 @@ def run_step(step: int, *, presenter: bool = False, timeout: float = 600):
     return seconds, at
 
 
+PAGES = ("home", "norms", "equivalence", "performance", "dp_clipping", "influence", "privacy_audit", "geometry")
+
+
+def run_page(page: str, *, timeout: float = 600):
+    """Run `views/<page>.py`'s default view in a fresh `AppTest` session; return `(seconds, AppTest)`.
+
+    **Raises** `RuntimeError` if the page shows an exception.
+    """
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    at.run()
+    at.switch_page(f"views/{page}.py")
+    start = time.perf_counter()
+    at.run()
+    seconds = time.perf_counter() - start
+    if at.exception:
+        raise RuntimeError(f"page {page}: {at.exception[0].value}")
+    return seconds, at
+
+
+def fill(*, log=print) -> float:
+    """Compute every page's default view and every lecture step once (results stored on disk); returns seconds."""
+    start = time.perf_counter()
+    for page in PAGES:
+        seconds, _ = run_page(page)
+        log(f"page {page:14s} {seconds:6.2f} s")
+    for i in range(1, len(LECTURE) + 1):
+        seconds, _ = run_step(i)
+        log(f"step {i:2d}          {seconds:6.2f} s  {LECTURE[i - 1].title}")
+    return time.perf_counter() - start
+
+
 def warm(steps=None, *, log=print) -> list[dict]:
     """Run every lecture step twice in this process: cold (trains, compiles) and as a second visitor.
 
@@ -61,10 +92,14 @@ def warm(steps=None, *, log=print) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--serve", action="store_true", help="then serve the app from this warmed process")
+    parser.add_argument("--fill", action="store_true", help="compute every page and step once into the store")
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--steps", default="", help="comma-separated step numbers (default: all)")
     args = parser.parse_args(argv)
     steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
+    if args.fill:
+        print(f"filled the results store in {fill():.0f} s")
+        return 0
     t0 = time.perf_counter()
     rows = warm(steps)
     total = time.perf_counter() - t0

@@ -80,3 +80,45 @@ def test_a_queued_job_nobody_waits_for_is_dropped():
 
 def test_keys_hash_arrays_by_content():
     assert key_of(np.arange(3), 1.0) == key_of(np.arange(3), 1.0) != key_of(np.arange(1, 4), 1.0)
+
+
+def _visitor(directory, log_path, out):
+    """One server process: its own store and gate on the shared directory, asking for the same result."""
+    store = Store(1 << 20, directory)
+    gate = Gate(slots=1, hold=store.slot)
+
+    def compute(report):
+        return store.once("shared-key", lambda: (open(log_path, "a").write("computed\n"), time.sleep(1.0), 7)[2])
+
+    out.put(gate.run("shared-key", "demo", compute))
+
+
+def test_two_processes_sharing_the_directory_compute_a_result_once(tmp_path):
+    """Two servers behind a load balancer (here: two processes) ask for one result at once: the key's file
+    lock makes the second wait and read the first's result from disk."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out, log_path = ctx.Queue(), tmp_path / "log.txt"
+    procs = [ctx.Process(target=_visitor, args=(str(tmp_path / "store"), str(log_path), out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    assert results == [7, 7]
+    assert log_path.read_text().count("computed") == 1
+
+
+def test_gate_slots_are_held_across_processes(tmp_path):
+    """A slot held elsewhere (another server, the warm-up command) keeps this gate's job queued until freed."""
+    store = Store(1 << 20, str(tmp_path))
+    other = store.slot(0)
+    other.acquire()
+    gate = Gate(slots=1, hold=Store(1 << 20, str(tmp_path)).slot)
+    job = gate.submit("k", "demo", lambda report: 5)
+    time.sleep(0.6)
+    assert job.started is None and not job.done.is_set()
+    other.release()
+    assert job.done.wait(5) and job.result == 5
+    gate.leave(job)

@@ -19,12 +19,13 @@ Streamlit's own `clear_cache` (any visitor can send it) clears `st.cache_*` only
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import inspect
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import streamlit as st
@@ -56,8 +57,6 @@ def fitted_key(f: Fitted) -> str:
     """What identifies a `Fitted` in a cache key: its complete experiment (upload hash included)."""
     return repr(f.experiment)
 
-
-HASH_FUNCS = {Fitted: fitted_key}
 
 
 def check_training_memory(exp: Experiment, num_params: int) -> None:
@@ -190,7 +189,7 @@ STORE_MB = float(os.environ.get("GRADLAB_STORE_MB", "64"))
 STORE = Store(int(STORE_MB * MB), default_directory(),
               int(float(os.environ.get("GRADLAB_STORE_DISK_MB", "256")) * MB))
 GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
-            relieve=STORE.clear_memory, after=lambda: release_memory())
+            relieve=STORE.clear_memory, after=lambda: release_memory(), hold=STORE.slot)
 
 
 def _key_part(value):
@@ -237,14 +236,9 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
             return value
         keep = persist and not upload
 
-        def compute(report):
-            with STORE.lock(k) if keep else contextlib.nullcontext():
-                value = STORE.get(k, _MISSING)  # another server may have computed it while we waited
-                if value is not _MISSING:
-                    return value
-                result = fn(*args, **({"progress": report} if takes_progress else {}), **kwargs)
-                STORE.put(k, result, persist=keep)
-                return result
+        def compute(report):  # another server sharing the store may have computed it meanwhile: `once`
+            return STORE.once(k, lambda: fn(*args, **({"progress": report} if takes_progress else {}), **kwargs),
+                              persist=keep)
 
         if not gated:
             return compute(lambda *a, **kw: None)
@@ -297,6 +291,23 @@ def on_request(fn, *args, name: str, button: str, help: str | None = None, fix: 
     if requested(name, key_of(fn.__qualname__, args, kwargs), pressed, kept=1):
         return fn(*args, **kwargs)
     return None
+
+
+_FILLING: list = []
+
+
+def fill_store_in_background() -> None:
+    """With `GRADLAB_WARM_ON_START=1`, start `python -m gradlab.warm --fill` once per server process (niced):
+    it computes every page's default view and every lecture step into the shared store through the same
+    machine-wide gate slots. Off by default: the second process needs its own ~400 MB, more than the
+    smallest Community Cloud instance leaves beside the server."""
+    if _FILLING or os.environ.get("GRADLAB_WARM_ON_START") != "1":
+        return
+    env = {**os.environ, "GRADLAB_WARM_ON_START": "0"}
+    _FILLING.append(subprocess.Popen([sys.executable, "-m", "gradlab.warm", "--fill"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=lambda: os.nice(19)))
+    log.info("filling the results store in the background (pid %d)", _FILLING[0].pid)
 
 
 def _data(exp: Experiment, upload: dict | None):

@@ -1,0 +1,23 @@
+"""A restarted server answers from the results store on disk: no training, no recomputation."""
+
+from conftest import assert_clean, open_page
+
+from gradlab import summary
+from gradlab.ui import cache
+
+SETTINGS = dict(steps=30, checkpoint_every=10, seed=11)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("recomputed after a restart instead of reading the store")
+
+
+def test_a_restarted_server_answers_its_first_visitor_from_disk(monkeypatch):
+    first = open_page("norms", **SETTINGS)
+    assert_clean(first)
+    cache.STORE.clear_memory()  # what a restart leaves: the disk tier only
+    monkeypatch.setattr(cache, "fit", _refuse)
+    monkeypatch.setattr(summary, "norm_summary", _refuse)
+    again = open_page("norms", **SETTINGS)
+    assert_clean(again)
+    assert [m.value for m in again.metric] == [m.value for m in first.metric]
