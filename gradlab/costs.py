@@ -73,6 +73,38 @@ def lds_seconds(num_params: int, *, models: int, steps: int, batch_size: int, n_
             + n_test * n * num_params / DP_SGD_RATE)
 
 
+#: L-BFGS iterations the Influence page allows for θ̂ (the optimum every method shares).
+OPTIMUM_ITERS = 500
+
+
+def influence_page_seconds(num_params: int, n: int, *, steps: int, batch_size: int, trak_models: int = 0) -> float:
+    """Estimated CPU-seconds of the Influence page's first view: θ̂ by L-BFGS (`OPTIMUM_ITERS` iterations over
+    `n` examples), TracIn's SGD run, inverse-HVP solves (about 200 iterations' worth) and, when TRAK is picked,
+    its `trak_models` extra models each converged the same way (2 s of set-up)."""
+    lbfgs = OPTIMUM_ITERS * n * num_params / LBFGS_RATE
+    return (2.0 + lbfgs + training_seconds(num_params, steps, batch_size) + 200 * n * num_params / LBFGS_RATE
+            + trak_models * (lbfgs + training_seconds(num_params, steps, batch_size)))
+
+
+def timing_seconds(num_params: int, cells, *, repeats: int) -> float:
+    """Estimated CPU-seconds of the Performance page's sweep: for each `(approach, n)` cell, 0.5 s of compiling
+    plus `repeats + 1` runs (the Python loop: 2 ms of dispatch per example; per-example approaches at
+    `DP_SGD_RATE`; one batch gradient at `TRAIN_RATE`)."""
+    def run(approach, n):
+        if approach == "loop":
+            return n * (2e-3 + num_params / TRAIN_RATE)
+        return n * num_params / (TRAIN_RATE if approach == "batch" else DP_SGD_RATE)
+
+    return sum(0.5 + (repeats + 1) * run(a, n) for a, ns in cells for n in ns)
+
+
+def check_work(seconds: float, what: str, fix: str) -> None:
+    """Refuse work over `WORK_BUDGET_SECONDS`. **Raises** ValueError naming `what`, the estimate and `fix`."""
+    if seconds > WORK_BUDGET_SECONDS:
+        raise ValueError(f"{what} would take about {seconds:,.0f} CPU-seconds on this shared server (the limit is "
+                         f"{WORK_BUDGET_SECONDS:.0f}). {fix}")
+
+
 def largest(options, seconds) -> object | None:
     """The largest of `options` (ascending) whose `seconds(option)` fits `WORK_BUDGET_SECONDS`, else None."""
     fits = [o for o in options if seconds(o) <= WORK_BUDGET_SECONDS]

@@ -96,7 +96,7 @@ def self_scores(exp, l2, damping, _fitted):
     return ifit.self_influence_scores(_fitted, base, damping=damping, tracin=tracin_run(exp, _fitted)[0])
 
 
-OPTIMUM_ITERS = 500
+OPTIMUM_ITERS = costs.OPTIMUM_ITERS
 PROJ_DIMS = [64, 128, 256, 512, 1024, 2048, 4096]
 EXACT = "P (exact)"
 test_loss, test_pred = test_summary(exp, fitted)
@@ -164,6 +164,12 @@ with ui.guard("The influence scores do not fit this server", stop=True):
     memory.check(f"Influence scores for a model of P = {P:,} parameters with TRAK's k = {proj_dim}",
                  memory.influence_bytes(P, proj_dim, n_models, n_ckpt),
                  memory.influence_fix(P, PROJ_DIMS, n_models, n_ckpt))
+    work = lambda p_: costs.influence_page_seconds(p_, len(data.y_train), steps=exp.steps, batch_size=exp.batch_size,  # noqa: E731
+                                                   trak_models=(n_models - 1) * (method == "trak"))
+    if not optimum.stored(exp, float(l2), fitted):
+        p_fits = costs.largest([2**i * 1000 for i in range(12)], work)
+        costs.check_work(work(P), f"Influence scores for P = {P:,} parameters", f"Use a model with at most "
+                         f"{p_fits:,} parameters (a smaller width or fewer layers)." if p_fits else "Use a smaller model.")
 
 # ------------------------------------------------------------------ the one optimum
 with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} iterations)…"):

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from gradlab import bench, engine, memory, plots, ui
+from gradlab import bench, costs, engine, memory, plots, ui
 from gradlab.experiment import init_model, load_data
 from gradlab.sharding import describe_devices
 
@@ -85,6 +85,13 @@ def timings(workload, exp, approach, ns, repeats, loop_max, attempt, _problem, p
             for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
                                  progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"))]
 
+
+with ui.guard("The sweep does not fit this server's work budget", stop=True):
+    if not all(timings.stored(workload, exp if workload == "experiment" else None, a, ns, repeats, loop_max,
+                              st.session_state.get("_perf_attempt", 0), None) for a, ns in cells if ns):
+        timed = [(a, tuple(n for n in ns if a != "loop" or n <= loop_max)) for a, ns in cells]
+        costs.check_work(costs.timing_seconds(P, timed, repeats=repeats), "This sweep",
+                         "Pick fewer batch sizes, fewer timed runs, or run the Python loop only up to a smaller N.")
 
 if st.button("Run the sweep again", help="Timings vary with the machine's load; measure again."):
     st.session_state["_perf_attempt"] = st.session_state.get("_perf_attempt", 0) + 1
