@@ -259,7 +259,10 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
             else:
                 slot[0].progress(job.fraction, text=f"{label}… {job.text}")
 
-        estimate = {} if cost is None else {"est_seconds": float(cost(*args, **kwargs))}
+        # memory: every page computation is refused above memory.BUDGET_BYTES before it runs, so that is its bound
+        estimate = {"est_bytes": memory.BUDGET_BYTES}
+        if cost is not None:
+            estimate["est_seconds"] = float(cost(*args, **kwargs))
         try:
             return GATE.run(k, fn.__qualname__, compute, on_wait=on_wait, poll=0.2, **estimate)
         finally:
