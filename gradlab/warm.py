@@ -1,7 +1,8 @@
 """Warm start: compute what every page's default view and every lecture step shows, before visitors come.
 
     python -m gradlab.warm            # every page and step once (cold), then again as a new visitor (warm); times
-    python -m gradlab.warm --fill     # every page and step once: fill the results store, print nothing per step
+    python -m gradlab.warm --fill     # every page and step once: fill the results store
+    python -m gradlab.warm --fill --lecture   # the lecture's steps only (the lecture's warm-up button runs this)
     python -m gradlab.warm --serve    # warm, then serve the app from this process (port 8501)
 
 Each view runs the real page code under Streamlit's `AppTest`. Its results go to the shared results store
@@ -62,10 +63,11 @@ def run_page(page: str, *, timeout: float = 600):
     return seconds, at
 
 
-def fill(*, log=print) -> float:
-    """Compute every page's default view and every lecture step once (results stored on disk); returns seconds."""
+def fill(*, pages: bool = True, log=print) -> float:
+    """Compute every page's default view (unless `pages=False`) and every lecture step once into the results store;
+    prints one line per view (`page …`, `step …`). **Returns** the seconds it took."""
     start = time.perf_counter()
-    for page in PAGES:
+    for page in PAGES if pages else ():
         seconds, _ = run_page(page)
         log(f"page {page:14s} {seconds:6.2f} s")
     for i in range(1, len(LECTURE) + 1):
@@ -93,12 +95,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--serve", action="store_true", help="then serve the app from this warmed process")
     parser.add_argument("--fill", action="store_true", help="compute every page and step once into the store")
+    parser.add_argument("--lecture", action="store_true", help="with --fill: the lecture's steps only")
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--steps", default="", help="comma-separated step numbers (default: all)")
     args = parser.parse_args(argv)
     steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
     if args.fill:
-        print(f"filled the results store in {fill():.0f} s")
+        print(f"filled the results store in {fill(pages=not args.lecture):.0f} s")
         return 0
     t0 = time.perf_counter()
     rows = warm(steps)

@@ -7,24 +7,31 @@ import runpy
 import streamlit as st
 
 from gradlab.ui import lecture as ui_lecture
+from gradlab.ui import room as ui_room
 from gradlab.presets import LECTURE
 
 n = len(LECTURE)
 step = ui_lecture.requested_step(n)
 s = LECTURE[step - 1]
+if ui_room.speaker_view(LECTURE, step):
+    st.stop()
 
 st.title(f"Lecture {step}/{n}: {s.title}")
 back, where, nxt = st.columns([1, 4, 1], vertical_alignment="center")
-back.button("Back", key="lecture_back", on_click=ui_lecture.go, args=(step - 1,), disabled=step == 1, width="stretch")
-nxt.button("Next", key="lecture_next", on_click=ui_lecture.go, args=(step + 1,), disabled=step == n, width="stretch",
+back.button("Back", key="lecture_back", on_click=ui_room.go, args=(step - 1,), disabled=step == 1, width="stretch")
+nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), disabled=step == n, width="stretch",
            type="primary")
 where.progress(step / n, text=f"Step {step} of {n}")
 st.markdown(f"#### {s.narration}")
-with st.expander("Speaker notes"):
-    st.markdown(s.notes)
-    st.markdown("**All steps** (each link opens that step with every control set):")
-    for i, t in enumerate(LECTURE, start=1):
-        st.page_link("views/lecture.py", label=f"{i}. {t.title}", query_params={"step": str(i)})
+ui_room.follow(step)
+if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there
+    with st.expander("Speaker notes, live room and warm-up"):
+        st.markdown(s.notes)
+        ui_room.open_room_panel(step)
+        ui_room.warmup_panel(n)
+        st.markdown("**All steps** (each link opens that step with every control set):")
+        for i, t in enumerate(LECTURE, start=1):
+            st.page_link("views/lecture.py", label=f"{i}. {t.title}", query_params={"step": str(i)})
 st.divider()
 
 # the step's page, run here with the controls the step set

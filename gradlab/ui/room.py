@@ -1,0 +1,158 @@
+"""Teaching live: a room that students' browsers follow, the speaker view that drives it, and the warm-up.
+
+Three links per room (`gradlab.rooms`), all on the lecture page:
+- students: `?room=<code>`: a "Follow the lecturer" toggle (on); every second the page checks the room's
+  step and moves there (the step's results come from the shared store: a room on one step is one
+  computation). Turning it off detaches to explore; turning it on again jumps back to the lecturer.
+- projector: `?room=<code>&_key=<key>&presenter=true`: follows the room, and its Back / Next move it.
+- speaker: `?room=<code>&_key=<key>&speaker=true`: the notes, the next step, a timer, Back / Next.
+The speaker key rides in `_key`, which the copy-link box never shows.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+
+import streamlit as st
+
+from gradlab import rooms
+from gradlab.ui import lecture as ui_lecture
+
+ROOM, KEY, SPEAKER = "room", "_key", "speaker"
+FOLLOW = "_room_follow"
+ROOMS = rooms.default_rooms()
+_WARMUP: dict = {}  # the one warm-up process of this server: {"proc", "done", "total", "started"}
+
+
+def code() -> str | None:
+    """The room in the URL (`?room=`), if any."""
+    return st.query_params.get(ROOM) or None
+
+
+def may_drive() -> bool:
+    """Whether this session holds the room's speaker key (its Back / Next move the room)."""
+    return ROOMS.check(code(), st.query_params.get(KEY))
+
+
+def go(step: int) -> None:
+    """`on_click` of Back / Next in a room: apply `step` here, and move the room when this session drives it."""
+    if code() and st.query_params.get(KEY):
+        ROOMS.move(code(), st.query_params.get(KEY), step)
+    ui_lecture.go(step)
+
+
+def follow(step: int) -> None:
+    """For a student in a room: the follow toggle, and (when on) a check every second that moves to the room's step."""
+    c = code()
+    if not c:
+        return
+    room = ROOMS.get(c)
+    if room is None:
+        st.warning(f"There is no lecture room **{c}** on this server (it may have ended). The lecture works on "
+                   "its own: use Back and Next.", icon=":material/meeting_room:")
+        return
+    if st.query_params.get(KEY):
+        _watch(c, step)  # the projector follows the speaker view
+        return
+    if st.toggle(f"Follow the lecturer (room {c})", value=True, key=FOLLOW,
+                 help="On: this page moves with the lecturer's steps. Off: explore on your own; on again jumps back."):
+        _watch(c, step)
+
+
+@st.fragment(run_every=1.0)
+def _watch(c: str, step: int) -> None:
+    room = ROOMS.get(c)
+    if room is not None and room.step != step:
+        st.query_params[ui_lecture.STEP] = str(room.step)
+        st.rerun()
+
+
+def open_room_panel(step: int) -> None:
+    """A button that opens a room on `step`, then the three links (students, projector, speaker)."""
+    if st.button("Open a room for a live lecture", key="room_open",
+                 help="Students open one link and their page follows your steps."):
+        st.session_state["_room_opened"] = ROOMS.open(step)
+    opened = st.session_state.get("_room_opened")
+    if not opened:
+        return
+    c, key = opened
+    base = (st.context.url or "").split("?")[0]
+    st.markdown(f"**Room {c}**. Students: `{base}?room={c}`")
+    st.markdown(f"Projector (follows you, its Next moves the room): `{base}?room={c}&_key={key}&presenter=true`")
+    st.markdown(f"Speaker view (notes, next step, timer; keep it to yourself): `{base}?room={c}&_key={key}&speaker=true`")
+
+
+def speaker_view(lecture, step: int) -> bool:
+    """With `?speaker=true` and a valid key: the speaker view (notes, next step, timer, Back / Next) instead of
+    the step's page. **Returns** whether it was drawn (the caller then stops)."""
+    if st.query_params.get(SPEAKER, "").lower() != "true":
+        return False
+    c = code()
+    room = ROOMS.get(c) if c else None
+    if room is None or not may_drive():
+        st.error("This speaker link has no open room or a wrong key: open a room from the lecture's speaker notes.")
+        return True
+    n, s = len(lecture), lecture[step - 1]
+    st.caption(f"Speaker view · room **{c}** · students open `?room={c}` on the lecture page")
+    _watch(c, step)  # a projector's Next moves the room: follow it here too
+    _timer(c)
+    back, nxt = st.columns(2)
+    back.button("Back", key="speaker_back", on_click=go, args=(step - 1,), disabled=step == 1, width="stretch")
+    nxt.button("Next", key="speaker_next", on_click=go, args=(step + 1,), disabled=step == n, width="stretch",
+               type="primary")
+    st.subheader(f"Now: {step}. {s.title}")
+    st.markdown(f"*{s.narration}*")
+    st.markdown(s.notes)
+    if step < n:
+        st.subheader(f"Next: {step + 1}. {lecture[step].title}")
+        st.markdown(f"*{lecture[step].narration}*")
+    warmup_panel(len(lecture))
+    return True
+
+
+@st.fragment(run_every=1.0)
+def _timer(c: str) -> None:
+    room = ROOMS.get(c)
+    if room is None:
+        return
+    now = time.time()
+    total, here = int(now - room.opened), int(now - room.moved)
+    st.markdown(f"⏱ **{total // 60}:{total % 60:02d}** since the room opened · **{here // 60}:{here % 60:02d}** on this step")
+
+
+def warmup_panel(n_steps: int) -> None:
+    """A button that computes every lecture step into the shared store (`python -m gradlab.warm --fill --lecture`,
+    one per server), and its progress; afterwards every Next answers from the store."""
+    proc = _WARMUP.get("proc")
+    running = proc is not None and proc.poll() is None
+    if st.button("Warm up every step", key="lecture_warmup", disabled=running,
+                 help="Computes what each step shows into the shared store, so every Next answers at once."):
+        _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.warm", "--fill", "--lecture"],
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1"}),
+                       done=0, total=n_steps, started=time.time(), ended=None)
+        running = True
+    if _WARMUP:
+        _warmup_progress()
+
+
+@st.fragment(run_every=1.0)
+def _warmup_progress() -> None:
+    proc = _WARMUP["proc"]
+    if proc.poll() is None:
+        while select.select([proc.stdout], [], [], 0)[0]:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            _WARMUP["done"] += line.startswith("step")
+        st.progress(min(_WARMUP["done"] / _WARMUP["total"], 1.0),
+                    text=f"Warming up: {_WARMUP['done']} of {_WARMUP['total']} steps ready")
+    elif proc.returncode == 0:
+        _WARMUP["ended"] = _WARMUP["ended"] or time.time()
+        st.success(f"Every step is ready ({_WARMUP['ended'] - _WARMUP['started']:.0f} s): each Next answers from the store.")
+    else:
+        st.error("The warm-up stopped with an error; the lecture still works (each step computes when opened).")

@@ -1,0 +1,74 @@
+"""Live lecture rooms: the speaker key moves a room, students' pages follow it, two servers share it."""
+
+from conftest import assert_clean
+
+from gradlab.rooms import Rooms
+
+
+def test_a_room_moves_only_with_its_key_and_two_servers_see_the_same_step(tmp_path):
+    here, there = Rooms(str(tmp_path)), Rooms(str(tmp_path))  # two server processes sharing the directory
+    code, key = here.open(step=3)
+    assert len(code) == 5 and there.get(code).step == 3
+    assert not there.move(code, "not-the-key", 5) and there.get(code).step == 3
+    assert there.move(code, key, 5) and here.get(code).step == 5
+    assert here.get("nope") is None and not here.check(code, "")
+
+
+def lecture(**params):
+    from conftest import ROOT
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.switch_page("views/lecture.py")
+    return at.run()
+
+
+def test_students_follow_the_speaker_views_next_and_may_detach():
+    from gradlab.ui import room
+
+    code, key = room.ROOMS.open(step=1)
+    student = lecture(room=code)
+    assert_clean(student)
+    assert student.title[0].value.startswith("Lecture 1/")
+    speaker = lecture(room=code, _key=key, speaker="true")
+    assert_clean(speaker)
+    assert any(s.value.startswith("Now: 1.") for s in speaker.subheader)
+    speaker.button(key="speaker_next").click().run()
+    assert room.ROOMS.get(code).step == 2
+    student.run()  # its once-a-second check, run here by a rerun
+    assert_clean(student)
+    assert student.title[0].value.startswith("Lecture 2/"), student.title[0].value
+    student.toggle(key=room.FOLLOW).set_value(False).run()
+    room.ROOMS.move(code, key, 3)
+    student.run()
+    assert student.title[0].value.startswith("Lecture 2/")  # detached: stays
+    wrong = lecture(room=code, _key="guess", speaker="true")
+    assert any("wrong key" in e.value for e in wrong.error)
+
+
+def test_the_warm_up_button_runs_the_fill_command_and_reports_progress(monkeypatch):
+    """The button starts `python -m gradlab.warm --fill --lecture` (here a stand-in printing its step lines)."""
+    import subprocess
+    import sys
+    import time
+
+    from gradlab.ui import room
+
+    started = []
+    real = subprocess.Popen
+
+    def fake(cmd, **kwargs):
+        started.append(cmd)
+        return real([sys.executable, "-c", "print('step 1'); print('step 2')"], **kwargs)
+
+    monkeypatch.setattr(room.subprocess, "Popen", fake)
+    monkeypatch.setattr(room, "_WARMUP", {})
+    at = lecture()
+    at.button(key="lecture_warmup").click().run()
+    assert started and started[0][-3:] == ["gradlab.warm", "--fill", "--lecture"]
+    time.sleep(2)
+    at.run()
+    assert_clean(at)
+    assert any("Every step is ready" in s.value for s in at.success) or any("Warming up" in str(p.text) for p in at.get("progress"))
