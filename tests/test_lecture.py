@@ -57,7 +57,7 @@ def test_next_and_back_walk_the_first_steps_and_the_url_reproduces_each():
     at = _lecture(1)
     assert "1/" in at.title[0].value and at.radio(key="eq_example").value == "scalar"
     assert _button(at, "Back").disabled and not _button(at, "Next").disabled
-    assert [e.label for e in at.expander][:1] == ["Speaker notes"]
+    assert [e.label for e in at.expander][:1] == ["Speaker notes, live room and warm-up"]
     first = _state(at, 1)
     _button(at, "Next").click()
     at.run()
