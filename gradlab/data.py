@@ -28,6 +28,8 @@ class Dataset:
     - `flipped (N,) bool`: training labels replaced by label-noise injection (all False without).
     - `y_train_clean (N,)`: the training labels before noise.
     - `image_shape`: `(8, 8)` for digits (x rows are flattened images), else None.
+    - `rows_train (N,)`, `rows_test`: where each example came from, named by `row_label`: the line of an
+      uploaded CSV (the header is line 1), or the position in the bundled or generated array (`"index"`).
     """
 
     name: str
@@ -43,6 +45,9 @@ class Dataset:
     image_shape: tuple[int, int] | None = None
     x_mean: np.ndarray | None = None
     x_std: np.ndarray | None = None
+    rows_train: np.ndarray | None = None
+    rows_test: np.ndarray | None = None
+    row_label: str = "index"
 
     def raw(self, x: np.ndarray) -> np.ndarray:
         """Undo the standardization of rows `x (n, D)`: the original feature values (pixels to draw)."""
@@ -172,6 +177,8 @@ def make_dataset(
     feature_names: tuple[str, ...] | None = None,
     class_names: tuple[str, ...] | None = None,
     image_shape: tuple[int, int] | None = None,
+    rows: np.ndarray | None = None,
+    row_label: str = "index",
 ) -> Dataset:
     """Split (stratified for classification), standardize, and inject label noise into the train split.
 
@@ -181,6 +188,7 @@ def make_dataset(
     - `task`: `"classification"` or `"regression"`; `seed` for the split and the noise.
     - `label_noise`: fraction of training labels flipped to another class, in [0, 1).
     - `test_fraction`: in (0, 1).
+    - `rows (N,)`: each row's name in its source (default: its position), called `row_label`.
 
     **Returns** a `Dataset`; regression targets are standardized too.
 
@@ -213,7 +221,9 @@ def make_dataset(
         stratify = None
         if n < 4:
             raise DataError(f"only {n} rows: need at least 4 to split into train and test")
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=stratify)
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    xtr, xte, ytr, yte, rtr, rte = train_test_split(x, y, rows, test_size=test_fraction, random_state=seed,
+                                                    stratify=stratify)
     mu, sd = xtr.mean(0), xtr.std(0)
     sd = np.where(sd > 0, sd, 1.0)
     xtr, xte = (xtr - mu) / sd, (xte - mu) / sd
@@ -239,6 +249,9 @@ def make_dataset(
         image_shape=image_shape,
         x_mean=mu.astype(np.float32),
         x_std=sd.astype(np.float32),
+        rows_train=rtr,
+        rows_test=rte,
+        row_label=row_label,
     )
 
 
@@ -390,6 +403,7 @@ def load_csv(
     return make_dataset(
         name, x, y, task, seed=seed, label_noise=label_noise, test_fraction=test_fraction,
         feature_names=tuple(str(c) for c in features.columns), class_names=class_names,
+        rows=np.arange(n) + 2, row_label="CSV line",  # line 1 is the header
     )
 
 

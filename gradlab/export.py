@@ -99,3 +99,23 @@ def gradients_npz(fitted, checkpoint: int = -1) -> bytes:
                         leaf_names=np.array(engine.leaf_names(model)),
                         leaf_sizes=np.array([int(np.prod(a.shape[1:])) for a in jax.tree.leaves(g)]))
     return buf.getvalue()
+
+
+def example_columns(data, idx, *, split: str = "train", features: int = 20) -> dict:
+    """Columns that say which examples a per-example table is about, for a researcher to find them again.
+
+    **Arguments** `data`: a `gradlab.data.Dataset`; `idx (n,)` int positions in its `split` (`"train"` or
+    `"test"`); at most `features` feature columns (the first ones; digits' 64 pixels are not spelled out).
+
+    **Returns** `{"example": idx, <data.row_label>: source rows, <feature name>: original (unstandardized)
+    values, …}`, each `(n,)`: the uploaded CSV's line numbers, or the bundled set's index.
+    """
+    idx = np.asarray(idx, dtype=int)
+    x = data.x_train if split == "train" else data.x_test
+    rows = data.rows_train if split == "train" else data.rows_test
+    cols = {"example": idx, data.row_label: (rows[idx] if rows is not None else idx)}
+    if data.image_shape is None:
+        raw = data.raw(x[idx])
+        for j, name in enumerate(data.feature_names[:features]):
+            cols[name if name not in cols else f"feature {name}"] = raw[:, j]
+    return cols

@@ -215,3 +215,25 @@ def test_header_only_and_duplicate_columns_get_clear_messages():
     with pytest.raises(DataError, match=r"'a' appears more than once \(columns 1, 3\)"):
         read_csv(b"a,b,a,label\n1,2,3,0\n4,5,6,1\n")
     assert read_csv(b"a,b.1,label\n1,2,0\n").shape == (1, 3)  # a dotted name alone is no duplicate
+
+
+def test_per_example_tables_name_each_examples_csv_line_and_feature_values():
+    """Row i of the CSV (line i + 2: the header is line 1) holds x1 = i: after the shuffled split, the exported
+    columns give back each training example's own line and its original, unstandardized values."""
+    from gradlab.data import load_dataset
+    from gradlab.export import example_columns
+
+    raw = b"x1,x2,kind\n" + b"\n".join(f"{i},{(i * 7) % 11},{'dog' if i >= 30 else 'cat'}".encode() for i in range(60))
+    d = load_csv(raw, "kind", "classification", seed=3)
+    cols = example_columns(d, np.arange(len(d.y_train)))
+    assert d.row_label == "CSV line" and list(cols)[:4] == ["example", "CSV line", "x1", "x2"]
+    np.testing.assert_allclose(cols["x1"], cols["CSV line"] - 2, atol=1e-4)  # the original value of that line
+    np.testing.assert_allclose(cols["x2"], (cols["x1"].round() * 7) % 11, atol=1e-4)
+    assert sorted(np.concatenate([d.rows_train, d.rows_test])) == list(range(2, 62))
+    digits = load_dataset("digits")
+    from sklearn.datasets import load_digits
+
+    bundled = load_digits()
+    cols = example_columns(digits, np.arange(5))
+    assert "index" in cols and "0" not in cols  # pixels are not spelled out
+    np.testing.assert_array_equal(bundled.target[cols["index"]], digits.y_train[:5])

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import influence as inf
-from gradlab import costs, engine, losses, memory, plots, ui
+from gradlab import costs, engine, export, losses, memory, plots, ui
 from gradlab.influence import fitted as ifit
 from gradlab.metrics import detection_roc, fraction_in_top
 
@@ -281,7 +281,7 @@ elif data.n_features == 1:
                               axis_names=(data.feature_names[0], "target (standardized)"),
                               title="Training set coloured by score (top proponents and opponents circled)"),
              width="stretch")
-table = pd.DataFrame({"example": np.arange(len(s)), "label": [name(v) for v in data.y_train], "flipped label": flipped,
+table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{SHORT[m_]: v for m_, v in scores.items()}})
 st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
@@ -350,11 +350,11 @@ if selfs is not None:
                                   axis_names=data.feature_names,
                                   title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
                  width="stretch")
-    st.dataframe(pd.DataFrame({"example": top, "label": [name(data.y_train[i]) for i in top],
+    st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
                                "flipped label": flipped[top], **{inf.SELF_INFLUENCE[m_]: selfs[m_][top] for m_ in selfs}}),
                  hide_index=True, width="stretch", height=240)
     ui.download(f"gradlab_self_influence_{exp.dataset}",
-                {"example": np.arange(len(flipped)), "flipped label": flipped,
+                {**export.example_columns(data, np.arange(len(flipped))), "flipped label": flipped,
                  **{inf.SELF_INFLUENCE[m_]: v_ for m_, v_ in selfs.items()}},
                 label="Self-influence of every training example")
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import plots, ui
+from gradlab import export, plots, ui
 from gradlab.metrics import detection_roc
 from gradlab.summary import norm_summary
 
@@ -93,7 +93,7 @@ elif data.n_features == 1:
                                      title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
 
 table = pd.DataFrame({
-    "example": np.arange(len(s.norms)),
+    **export.example_columns(data, np.arange(len(s.norms))),
     "label": [data.class_names[c] for c in data.y_train] if data.task == "classification" else data.y_train,
     "prediction": [data.class_names[int(c)] for c in s.predictions] if data.task == "classification" else s.predictions,
     "loss": s.losses,

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import audit, audit_plots, costs, engine, membership, plots, privacy, ui
+from gradlab import audit, audit_plots, costs, engine, export, membership, plots, privacy, ui
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS
 
@@ -122,7 +122,7 @@ if results is not None:
     if data.image_shape is not None:
         ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
                  filename="most exposed members")
-    st.dataframe(pd.DataFrame({"example": top, "label": [data.class_names[int(data.y_train[i])] for i in top],
+    st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
                                "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
                                "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True)
     st.caption("Members the non-private model is most confident on compared with shadow models that never saw them: "
