@@ -72,3 +72,19 @@ def test_csv_export_defuses_formulas_and_keeps_numbers():
     assert list(back["label"]) == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)"]
     assert list(back["ok"]) == ["cat", "'-dog"]
     assert back.iloc[:, 0].tolist() == [1.5, -2.0]  # numbers, negative ones included, stay numbers
+
+
+def test_every_term_a_page_explains_is_in_the_glossary():
+    """`ui.terms(...)` calls in the views name only terms the glossary explains (a missing one would raise)."""
+    import ast
+    from pathlib import Path
+
+    from gradlab.glossary import TERMS
+
+    used = set()
+    for path in Path(__file__).resolve().parents[1].glob("views/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "terms":
+                used |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    assert used >= {"TracIn", "TRAK", "LDS", "LiRA", "L-BFGS", "H⁻¹v", "RDP", "PLD", "B_simple"}
+    assert used <= set(TERMS), used - set(TERMS)

@@ -22,6 +22,7 @@ st.markdown(
     "side, with ε from Google's `dp-accounting`."
 )
 
+ui.terms("per-example gradient", "clipping norm C", "noise multiplier σ", "sampling rate q", "ε and δ", "RDP", "PLD")
 exp = ui.experiment()
 fitted = ui.fitted(exp)
 data = fitted.data

@@ -24,6 +24,7 @@ st.markdown(
     "**linear datamodeling score**: how well it predicts models trained on random halves of the data."
 )
 
+ui.terms("influence function", "proponents and opponents", "L-BFGS", "H⁻¹v", "TracIn", "TRAK", "LDS", "self-influence")
 exp = ui.experiment()
 fitted = ui.fitted(exp)
 data = fitted.data

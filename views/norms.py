@@ -17,6 +17,7 @@ st.markdown(
     "examples with `vmap(grad)` (the N × P matrix is never built)."
 )
 
+ui.terms("per-example gradient", "B_simple")
 exp = ui.experiment()
 fitted = ui.fitted(exp)
 data = fitted.data

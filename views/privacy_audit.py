@@ -19,6 +19,7 @@ st.markdown(
     "lower bound on the ε the code really spends (Nasr et al. 2021, 2023) — and catches planted bugs."
 )
 
+ui.terms("ε and δ", "noise multiplier σ", "sampling rate q", "RDP", "PLD", "LiRA", "canary")
 exp = ui.experiment()
 fitted = ui.fitted(exp)
 data = fitted.data

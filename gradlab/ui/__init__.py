@@ -14,12 +14,12 @@ from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, expe
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
 from gradlab.ui.widgets import (chart, checkpoint_picker, code_panel, download, download_gradients, fragment, guard,
-                                plotly_config)
+                                plotly_config, terms)
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "MEMORY_BUDGET_MB", "STEPS", "UPLOAD_LABEL",
     "apply_preset", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard",
     "num_params", "plotly_config", "preset_banner", "preset_picker", "on_request", "release_memory", "requested",
-    "rss_mb", "share_link", "shared", "upload_controls", "uploaded",
+    "rss_mb", "share_link", "shared", "terms", "upload_controls", "uploaded",
 ]

@@ -12,7 +12,7 @@ import time
 
 import streamlit as st
 
-from gradlab import export
+from gradlab import export, glossary
 from gradlab.experiment import Fitted
 
 log = logging.getLogger("gradlab")
@@ -139,3 +139,10 @@ def chart(fig, *, filename: str | None = None, **kwargs):
     title = filename or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "gradlab figure")
     kwargs.setdefault("width", "stretch")
     return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
+
+
+def terms(*names: str, label: str = "Terms") -> None:
+    """A small popover that explains the field's terms `names` in one sentence each (`gradlab.glossary`)."""
+    with st.popover(label, icon=":material/menu_book:"):
+        for name in names:
+            st.markdown(f"**{name}**: {glossary.explain(name)}")
