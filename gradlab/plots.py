@@ -369,6 +369,14 @@ def clipping_histograms(norms: np.ndarray, clipped_norms: np.ndarray, clip_norm:
                    f"{NORM_LABEL} (log scale)" if log else NORM_LABEL, "number of training examples", height=420)
 
 
+def _mark_log_x(fig: go.Figure, x: float, text: str, color: str) -> None:
+    """A vertical line at data value `x` on a log x axis, labelled `text` at its top. Plotly places shapes in data
+    units but annotations on a log axis in log₁₀ units (plotly.js#1258), so the label takes log₁₀(x)."""
+    fig.add_vline(x=x, line=dict(color=color, width=2))
+    fig.add_annotation(x=float(np.log10(x)), xref="x", y=1.0, yref="paper", text=text, showarrow=False,
+                       xanchor="right", yanchor="bottom", font=dict(color=color))
+
+
 def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.ndarray, clip_norm: float, *,
                         cosine_layer: np.ndarray | None = None, norm_ratio_layer: np.ndarray | None = None,
                         fraction_clipped: np.ndarray | None = None) -> go.Figure:
@@ -385,9 +393,8 @@ def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.nda
     if fraction_clipped is not None:
         fig.add_trace(go.Scatter(x=grid, y=fraction_clipped, mode="lines", name="fraction clipped (flat)",
                                  line=dict(color="gray", dash="dot")))
-    fig.add_vline(x=float(clip_norm), line=dict(color=FLIPPED_COLOR, width=2), annotation_text="current C",
-                  annotation_position="top left")
     fig.update_xaxes(type="log")
+    _mark_log_x(fig, float(clip_norm), "current C", FLIPPED_COLOR)
     shown = np.concatenate([np.asarray(v, np.float64) for v in (cosine, norm_ratio, cosine_layer, norm_ratio_layer)
                             if v is not None])
     shown = shown[np.isfinite(shown)]
@@ -426,9 +433,8 @@ def signal_noise_curve(grid: np.ndarray, clipped_mean_norm: np.ndarray, noise_no
     if noise_std is not None:
         fig.add_trace(go.Scatter(x=grid, y=noise_std, mode="lines", name="noise std per coordinate σ·C / B",
                                  line=dict(color=FLIPPED_COLOR, dash="dot")))
-    fig.add_vline(x=float(clip_norm), line=dict(color="black", width=1.5), annotation_text="current C",
-                  annotation_position="top left")
     fig.update_xaxes(type="log")
+    _mark_log_x(fig, float(clip_norm), "current C", "black")
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
     return style_figure(fig, "Signal vs noise in one DP-SGD step", "clipping norm C (log scale)",

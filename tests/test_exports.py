@@ -88,3 +88,18 @@ def test_every_term_a_page_explains_is_in_the_glossary():
                 used |= {a.value for a in node.args if isinstance(a, ast.Constant)}
     assert used >= {"TracIn", "TRAK", "LDS", "LiRA", "L-BFGS", "H⁻¹v", "RDP", "PLD", "B_simple"}
     assert used <= set(TERMS), used - set(TERMS)
+
+
+def test_current_c_is_marked_where_c_is_on_log_axes():
+    """On a log x axis the line sits at C (data units) and its label at log₁₀ C (Plotly's annotation units)."""
+    import numpy as np
+
+    from gradlab import plots
+
+    grid = np.geomspace(1e-4, 1e1, 30)
+    for fig in (plots.clipping_bias_curve(grid, np.ones(30), np.ones(30), 0.0019),
+                plots.signal_noise_curve(grid, np.ones(30), np.ones(30), 0.0019)):
+        (line,) = [sh for sh in fig.layout.shapes if sh.type == "line"]
+        assert line.x0 == line.x1 == 0.0019
+        label = next(a for a in fig.layout.annotations if a.text == "current C")
+        assert label.x == np.log10(0.0019)
