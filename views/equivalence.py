@@ -115,8 +115,9 @@ with ui.guard("The pitfalls could not be run"):
     for p in pitfalls():
         st.markdown(f"**{p.title}.** {p.explanation}")
         st.code(p.code, language="python")
-        if p.raised:
-            st.error(p.output, icon=":material/block:")
+        if p.raised:  # the pitfall working as intended: JAX refuses the slip, with this message
+            st.code(p.output, language="text")
+            st.caption("Expected: this is the error JAX gives for this slip, the lesson of the pitfall.")
         else:
             st.code(p.output, language="text")
 
