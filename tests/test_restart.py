@@ -21,3 +21,17 @@ def test_a_restarted_server_answers_its_first_visitor_from_disk(monkeypatch):
     again = open_page("norms", **SETTINGS)
     assert_clean(again)
     assert [m.value for m in again.metric] == [m.value for m in first.metric]
+
+
+def test_the_warm_up_presses_heavy_sections_so_every_visitor_sees_them():
+    """`gradlab.warm` fills the store with a page's default view and its button-started sections: the next
+    visitor sees the membership attack's and the audit's numbers without pressing anything."""
+    from gradlab import warm
+
+    seconds, at = warm.run_page("privacy_audit", press=True)
+    assert_clean(at)
+    visitor = open_page("privacy_audit")
+    assert_clean(visitor)
+    labels = {m.label for m in visitor.metric}
+    assert {"LiRA AUC, non-private", "Empirical ε lower bound (95%)"} <= labels
+    assert not [b for b in visitor.button if (b.key or "").startswith("run_")]

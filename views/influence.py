@@ -183,9 +183,10 @@ o = st.columns(3)
 o[0].metric("‖∇F(θ̂)‖ at the point used", f"{base.grad_norm:.1e}",
             help=f"Gradient norm of F(θ) = mean loss + {l2:g}/2‖θ‖² at θ̂; the target is {base.tol:.0e}.")
 o[1].metric("L-BFGS iterations", f"{base.iterations}")
-o[2].metric("Converged", "yes" if base.converged else "no",
+o[2].metric("θ̂", "minimum" if base.converged else "near-minimum",
             help="Whether ‖∇F‖ reached the target. A ReLU network's F has kinks, where L-BFGS stalls near 1e-3: "
-                 "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions.")
+                 "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions. The "
+                 "retraining check below measures whether the rankings still hold.")
 if not base.converged:
     st.caption(f"θ̂ stopped at ‖∇F‖ = {base.grad_norm:.1e} after {base.iterations} iterations (target {base.tol:.0e})"
                + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
