@@ -18,8 +18,8 @@ from typing import Callable
 
 import jax
 
+from gradlab import costs, engine, losses, memory
 from gradlab import data as data_mod
-from gradlab import losses
 from gradlab.models import ModelSpec, build_model
 from gradlab.train import TrainResult, train
 
@@ -144,17 +144,57 @@ class Fitted:
         return self.run.final
 
 
-def load_data(exp: Experiment) -> data_mod.Dataset:
-    """The experiment's dataset. **Raises** `DataError` for impossible settings, or for an upload
-    (its bytes are not in the config: load them with `data.load_csv` and pass `fit(exp, data=...)`)."""
+def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
+    """The experiment's dataset: a bundled or generated set, or an upload's CSV.
+
+    **Arguments** `upload`: `{"bytes", "label", "task"}` of the CSV whose hash is in `exp.dataset` (an upload
+    experiment only). **Raises** `DataError` for impossible settings, or for an upload experiment without
+    its bytes (they are not in the config)."""
     if exp.is_upload:
-        raise data_mod.DataError("This experiment uses an uploaded CSV: upload it again in the sidebar")
+        if upload is None:
+            raise data_mod.DataError("This experiment uses an uploaded CSV: upload it again in the sidebar")
+        return data_mod.load_csv(upload["bytes"], upload["label"], upload["task"], seed=exp.seed,
+                                 label_noise=exp.label_noise, test_fraction=exp.test_fraction)
     return data_mod.load_dataset(exp.dataset, seed=exp.seed, label_noise=exp.label_noise, test_fraction=exp.test_fraction)
 
 
 def init_model(exp: Experiment, data: data_mod.Dataset):
     """The untrained model for `exp` on `data`, initialized from `exp.seed`."""
     return build_model(exp.spec, data.n_features, data.n_classes, key=jax.random.key(exp.seed), image_shape=data.image_shape)
+
+
+def count_params(exp: Experiment, data: data_mod.Dataset) -> int:
+    """P, the number of parameters of `exp`'s model on `data` (built, not trained): lets a page refuse a model
+    too large for it before anything trains."""
+    return engine.num_params(init_model(exp, data))
+
+
+def check_training_memory(exp: Experiment, num_params: int) -> None:
+    """Refuse to train `num_params` parameters and keep more checkpoints than fit the memory budget.
+
+    **Raises** `memory.MemoryBudgetError` (a ValueError) naming the setting that fits."""
+    need = memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, exp.checkpoint_every))
+    every = memory.largest(
+        sorted({e for e in (10, 25, 50, 100, 250, 500, exp.steps) if e >= 1}, reverse=True),
+        lambda e: memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, e)))
+    fix = (f"Set **Checkpoint every** to {every} steps or more (Advanced), or use a smaller model."
+           if every else "Use a smaller model.")
+    memory.check(f"Training {num_params:,} parameters and keeping "
+                 f"{memory.n_checkpoints(exp.steps, exp.checkpoint_every)} checkpoints", need, fix)
+
+
+def check_training_work(exp: Experiment, num_params: int) -> None:
+    """Refuse a training over `costs.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
+    training steps that fit. **Raises** ValueError with the estimate and the fix."""
+    need = costs.training_seconds(num_params, exp.steps, exp.batch_size)
+    if need <= costs.WORK_BUDGET_SECONDS:
+        return
+    fits = [s for s in (25, 50, 100, 200, 300, 500, 1000, 2000)
+            if costs.training_seconds(num_params, s, exp.batch_size) <= costs.WORK_BUDGET_SECONDS]
+    fix = f"Set **Training steps** to {fits[-1]} or fewer, or a smaller batch or model." if fits else "Use a smaller model."
+    raise ValueError(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
+                     f"about {need:.0f} CPU-seconds on this shared server (the limit is {costs.WORK_BUDGET_SECONDS:.0f}). "
+                     + fix)
 
 
 def fit(exp: Experiment, data: data_mod.Dataset | None = None, progress=None) -> Fitted:

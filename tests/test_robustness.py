@@ -71,7 +71,7 @@ def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     201 checkpoints = 677 MB. Over the 96 MB budget the message names "every 100 steps" (21
     checkpoints + 4 P of optimizer state = 79 MB fits; every 50 = 41 checkpoints = 142 MB does not)."""
     from gradlab import memory
-    from gradlab.ui.cache import check_training_memory
+    from gradlab.experiment import check_training_memory
     from gradlab.experiment import Experiment
 
     p = 64 * 512 + 512 + 3 * (512 * 512 + 512) + 512 * 10 + 10

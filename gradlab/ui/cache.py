@@ -32,8 +32,8 @@ import streamlit as st
 
 from gradlab import costs, memory
 from gradlab.store import MB, Gate, Store, default_directory, key_of
-from gradlab.data import load_csv
-from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data
+from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
+                                load_data)
 
 log = logging.getLogger("gradlab")
 _MISSING = object()
@@ -57,32 +57,6 @@ def fitted_key(f: Fitted) -> str:
     """What identifies a `Fitted` in a cache key: its complete experiment (upload hash included)."""
     return repr(f.experiment)
 
-
-
-def check_training_memory(exp: Experiment, num_params: int) -> None:
-    """Refuse to train and keep more checkpoints than fit the budget; name the setting that fits."""
-    need = memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, exp.checkpoint_every))
-    every = memory.largest(
-        sorted({e for e in (10, 25, 50, 100, 250, 500, exp.steps) if e >= 1}, reverse=True),
-        lambda e: memory.training_bytes(num_params, memory.n_checkpoints(exp.steps, e)))
-    fix = (f"Set **Checkpoint every** to {every} steps or more (Advanced), or use a smaller model."
-           if every else "Use a smaller model.")
-    memory.check(f"Training {num_params:,} parameters and keeping "
-                 f"{memory.n_checkpoints(exp.steps, exp.checkpoint_every)} checkpoints", need, fix)
-
-
-def check_training_work(exp: Experiment, num_params: int) -> None:
-    """Refuse a training over `costs.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
-    training steps that fit. **Raises** ValueError with the estimate and the fix."""
-    need = costs.training_seconds(num_params, exp.steps, exp.batch_size)
-    if need <= costs.WORK_BUDGET_SECONDS:
-        return
-    fits = [s for s in (25, 50, 100, 200, 300, 500, 1000, 2000)
-            if costs.training_seconds(num_params, s, exp.batch_size) <= costs.WORK_BUDGET_SECONDS]
-    fix = f"Set **Training steps** to {fits[-1]} or fewer, or a smaller batch or model." if fits else "Use a smaller model."
-    raise ValueError(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
-                     f"about {need:.0f} CPU-seconds on this shared server (the limit is {costs.WORK_BUDGET_SECONDS:.0f}). "
-                     + fix)
 
 
 _REQUESTED = "_requested"
@@ -313,19 +287,9 @@ def fill_store_in_background() -> None:
     log.info("filling the results store in the background (pid %d)", _FILLING[0].pid)
 
 
-def _data(exp: Experiment, upload: dict | None):
-    """`exp`'s dataset (from `upload`'s bytes when it is an upload; its hash is in `exp.dataset`)."""
-    if exp.is_upload:
-        return load_csv(upload["bytes"], upload["label"], upload["task"], seed=exp.seed,
-                        label_noise=exp.label_noise, test_fraction=exp.test_fraction)
-    return load_data(exp)
-
-
 @shared(gated=False)
 def _num_params(exp: Experiment, _upload: dict | None) -> int:
-    from gradlab import engine
-
-    return engine.num_params(init_model(exp, _data(exp, _upload)))
+    return count_params(exp, load_data(exp, _upload))
 
 
 def num_params(exp: Experiment) -> int:
@@ -358,5 +322,5 @@ def _fit(exp: Experiment, _upload: dict | None, progress) -> Fitted:
     """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`, and then the
     model stays in memory only)."""
     check_training_memory(exp, _num_params(exp, _upload))
-    data = _data(exp, _upload)
+    data = load_data(exp, _upload)
     return fit(exp, data=data, progress=lambda step, steps: progress(step / max(steps, 1), f"step {step} of {steps}"))
