@@ -8,8 +8,7 @@
 Pages import `from gradlab import ui` and use the names re-exported here.
 """
 
-from gradlab.ui.cache import (MEMORY_BUDGET_MB, fill_store_in_background, fitted, num_params, on_request,
-                              release_memory, requested, rss_mb, shared)
+from gradlab.ui.cache import fill_store_in_background, fitted, num_params, on_request, requested, shared
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
@@ -17,9 +16,9 @@ from gradlab.ui.widgets import (chart, checkpoint_picker, code_panel, download, 
                                 plotly_config, terms)
 
 __all__ = [
-    "DEFAULT", "LEARNING_RATES", "MEMORY_BUDGET_MB", "STEPS", "UPLOAD_LABEL",
+    "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
     "apply_preset", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard",
-    "num_params", "plotly_config", "preset_banner", "preset_picker", "on_request", "release_memory", "requested",
-    "rss_mb", "share_link", "shared", "terms", "upload_controls", "uploaded",
+    "num_params", "plotly_config", "preset_banner", "preset_picker", "on_request", "requested",
+    "share_link", "shared", "terms", "upload_controls", "uploaded",
 ]

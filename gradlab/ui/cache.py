@@ -31,7 +31,10 @@ from pathlib import Path
 import streamlit as st
 
 from gradlab import costs, memory
+from gradlab.memory import release_memory, rss_mb
 from gradlab.store import MB, Gate, Store, default_directory, key_of
+from gradlab.ui.upload import require_upload
+from gradlab.ui.widgets import guard
 from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
                                 load_data)
 
@@ -74,82 +77,6 @@ def requested(name: str, key, pressed: bool, *, kept: int = 8) -> bool:
         asked.append(key)
         del asked[:-kept]
     return key in asked
-
-
-# ---------------------------------------------------------------- memory on a small server
-
-
-@functools.cache
-def _libc():
-    """glibc, loaded once: `ctypes.util.find_library` runs `ldconfig -p` in a subprocess, a fork of
-    the whole server on every call, and memory is returned after every computation."""
-    import ctypes
-    import ctypes.util
-
-    for name in ("libc.so.6", None):
-        try:
-            return ctypes.CDLL(name or ctypes.util.find_library("c"))
-        except (OSError, TypeError):
-            pass
-    return None
-
-
-def limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
-    """Cap glibc's malloc arenas (like `MALLOC_ARENA_MAX=2`): Streamlit runs each session's script in
-    its own thread, and every thread arena keeps the memory its frees leave behind. And fix the mmap
-    threshold (like `MALLOC_MMAP_THRESHOLD_`): glibc otherwise raises it to 32 MB after the first large
-    free, so XLA's big temporary buffers land in the heap and its fragments stay resident; at a fixed
-    1 MB they are mapped and unmapped, and a computation's peak leaves when it ends."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-8, int(arenas))  # M_ARENA_MAX
-        libc.mallopt(-3, int(mmap_threshold))  # M_MMAP_THRESHOLD
-
-
-#: Above this resident size (MB) the compiled-function caches are dropped after a computation.
-#: Compiled XLA executables are what fills a long-running server (~280 MB for one tour of all
-#: pages); dropping them costs a recompile later, never a wrong result. Set
-#: GRADLAB_MEMORY_BUDGET_MB=0 to disable (e.g. on a laptop with plenty of memory).
-MEMORY_BUDGET_MB = float(os.environ.get("GRADLAB_MEMORY_BUDGET_MB", "400"))
-
-
-def rss_mb() -> float:
-    """This process's resident set size in MB (Linux /proc; 0 elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _trim() -> None:
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
-def release_memory() -> None:
-    """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
-    leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB`, drop JAX's compiled
-    functions (`jax.clear_caches()`), which other sessions simply recompile when they need them."""
-    _trim()
-    if MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB:
-        import gc
-
-        import jax
-
-        before = rss_mb()
-        jax.clear_caches()
-        gc.collect()
-        _trim()
-        log.info("memory budget %.0f MB: dropped compiled functions, RSS %.0f -> %.0f MB",
-                 MEMORY_BUDGET_MB, before, rss_mb())
-
-
-limit_malloc_arenas()
 
 
 # ---------------------------------------------------------------- shared work: the gate and the store
@@ -295,8 +222,6 @@ def _num_params(exp: Experiment, _upload: dict | None) -> int:
 def num_params(exp: Experiment) -> int:
     """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
     refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
-    from gradlab.ui.upload import require_upload
-
     return _num_params(exp, require_upload(exp) if exp.is_upload else None)
 
 
@@ -306,9 +231,6 @@ def fitted(exp: Experiment) -> Fitted:
     A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
     experiment is trained on this session's upload, whose hash must match `exp.dataset`.
     """
-    from gradlab.ui.upload import require_upload
-    from gradlab.ui.widgets import guard
-
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
         if not _fit.stored(exp):

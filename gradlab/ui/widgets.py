@@ -13,6 +13,7 @@ import time
 import streamlit as st
 
 from gradlab import export, glossary
+from gradlab.memory import release_memory
 from gradlab.experiment import Fitted
 
 log = logging.getLogger("gradlab")
@@ -104,7 +105,6 @@ def download_gradients(name: str, f: Fitted, checkpoint: int = -1, *, budget_byt
     reason is shown instead (norms and dot products never need the matrix: the pages stream them).
     """
     from gradlab import engine
-    from gradlab.ui.cache import release_memory
 
     model = f.run.checkpoints[checkpoint]
     n, p = f.data.x_train.shape[0], engine.num_params(model)
