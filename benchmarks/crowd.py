@@ -56,7 +56,7 @@ from streamlit.proto.WidgetStates_pb2 import WidgetState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser_helpers import Sampler, free_port, streamlit_server  # noqa: E402
+from browser_helpers import Sampler, free_port, run_times, streamlit_server  # noqa: E402
 
 QUEUED = "Queued"
 #: Error alerts a page shows on purpose: the Equivalence page runs the seeds' pitfalls live and shows each
@@ -358,6 +358,10 @@ class Server:
         self.base, self.proc = self._cm.__enter__()
         return time.perf_counter() - t0
 
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"server{self.starts}.log"
+
     def stop(self) -> None:
         if self._cm is not None:
             self._cm.__exit__(None, None, None)
@@ -452,7 +456,10 @@ def main(argv=None) -> int:
                 sampler = server.measure()
                 tour = []
                 for path, title in pages:
+                    before = len(run_times(server.log))
                     v = asyncio.run(visit(server.base, title, path, timeout=args.timeout))
+                    time.sleep(0.3)  # the app logs its run time as the run ends
+                    v.note = f"(server run {sum(t for _, t in run_times(server.log)[before:]):.1f} s)"
                     tour.append(v)
                     details.append(detail_row(f"4 {when}", v))
                     print(f"# 4 {when}: {title}: chart {_s(v.chart_s)} s, done {_s(v.finished_s)} s, {v.status}", flush=True)
