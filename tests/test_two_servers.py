@@ -35,8 +35,10 @@ pytestmark = [
                               "two streamlit servers"),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
 VISITORS = 6
+#: How gradlab/store.py would take a cross-process lock on a key: while none of these is in its source, two
+#: servers computing the same result is the known gap (an expected failure); once one is, it is a failure.
+LOCK_MARKERS = ("filelock", "fcntl", "flock", "diskcache.lock", "diskcache.rlock", "recipes")
 PAGE, QUERY = "norms", "steps=50&checkpoint_every=25"  # identical settings for everyone, a quick training
 
 NGINX_CONF = """
@@ -158,10 +160,11 @@ def test_two_servers_share_one_store_behind_nginx():
     assert sum(per_server.values()) == VISITORS, (per_server, routed)
 
     writes = len(files.seen)
+    print(f"websockets per server {per_server}; the shared result was written {writes} times")
     assert writes >= 1, f"nothing was written to the shared store {store}"
     if writes > 1:
         source = inspect.getsource(gradlab.store).lower()
-        if "filelock" not in source and "fcntl" not in source:
+        if not any(marker in source for marker in LOCK_MARKERS):
             pytest.xfail(f"computed {writes} times by two servers (websockets per server: {per_server}): "
                          "gradlab/store.py has no cross-process single flight yet (a file lock on the key)")
     assert writes == 1, f"computed {writes} times by two servers sharing one store (websockets per server: {per_server})"
