@@ -25,7 +25,7 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
 
 Server memory is the peak, sampled every 0.2 s, of the server's RSS plus its children's private pages.
 
-    python benchmarks/crowd.py                      # cold, full sizes (10+ min on 2 cores)
+    python benchmarks/crowd.py                      # cold, full sizes (about 4 min on 2 cores)
     python benchmarks/crowd.py --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
     python benchmarks/crowd.py --dir /tmp/crowd-warm   # run twice: the second run is warm
 """
