@@ -535,17 +535,19 @@ def main(argv=None) -> int:
                     server.stop()
                     up = server.start()
                     print(f"# restarted: healthy after {up:.1f} s", flush=True)
-                sampler = server.measure()
-                tour = []
+                tour, peak = [], 0.0
                 for path, title in pages:
+                    sampler = server.measure()
                     before = len(run_times(server.log))
                     v = asyncio.run(visit(server.base, title, path, timeout=args.timeout))
                     time.sleep(0.3)  # the app logs its run time as the run ends
-                    v.note = f"(server run {sum(t for _, t in run_times(server.log)[before:]):.1f} s)"
+                    peak = max(peak, sampler.peak)
+                    v.note = (f"(server run {sum(t for _, t in run_times(server.log)[before:]):.1f} s, "
+                              f"peak {sampler.peak:.0f} MB)")
                     tour.append(v)
                     details.append(detail_row(f"4 {when}", v))
                     print(f"# 4 {when}: {title}: chart {_s(v.chart_s)} s, done {_s(v.finished_s)} s, {v.status}", flush=True)
-                summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, sampler.peak))
+                summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
     finally:
         server.stop()
 
