@@ -25,7 +25,8 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
 4. The server is stopped and started again on the same store; the first visitor of each page's default
    view, one page at a time (before the restart, the same tour warms the store).
 
-Server memory is the peak, sampled every 0.2 s, of the server's RSS plus its children's private pages.
+Server memory is the peak, sampled every 0.2 s from /proc (`tests/browser_helpers.Sampler`; psutil is not a
+dependency), of the server's RSS plus its children's private pages.
 
     python benchmarks/crowd.py                      # cold, full sizes (about 4 min on 2 cores)
     python benchmarks/crowd.py --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
