@@ -1,0 +1,565 @@
+"""A lecture hall without browsers: light clients of Streamlit's own websocket protocol against one server.
+
+Each visitor is one websocket session on `/_stcore/stream`, as a browser tab opens it: the subprotocol
+`streamlit` (no Origin header, so no XSRF token is needed on the socket), a `BackMsg.rerun_script` with
+the page's URL path (`page_name`) and its query string, then the `ForwardMsg`s the script run sends:
+`new_session`, deltas (elements), `script_finished`. A visitor records, from its request:
+
+- the time to its first `plotly_chart` element and to the end of the run (`script_finished`);
+- whether an exception element or an error alert (`st.error`, what `ui.guard` shows) appeared;
+- whether the gate's "Queued: n ahead" message appeared, and when.
+
+A CSV upload goes the browser's way too: `file_urls_request` over the socket, an HTTP PUT of the file
+(multipart, with the `_streamlit_xsrf` cookie as `X-Xsrftoken`), then a rerun whose widget state names
+the uploaded file.
+
+Scenarios (one fresh `streamlit run app.py` each run; `--dir` keeps the results store and XLA's cache
+between runs: "warm"; without it both start empty in a temporary directory: "cold"):
+
+1. `--visitors` N open Lecture step 1 (`/lecture?step=1`) and N open Gradient norms, spread over 5 s.
+2. 10 visitors open Gradient norms; then, at once, each changes a different control (seed, learning rate,
+   width, steps, label noise, dataset, model, checkpoint, top-k, log scale) as the browser does: the widget's
+   new state in a rerun (of its fragment only, for the log-scale toggle). `--by url` instead opens the page
+   with that one URL query parameter changed.
+3. 5 visitors at once upload a different CSV (Gradient norms on "your own data").
+4. The server is stopped and started again on the same store; the first visitor of each page's default
+   view, one page at a time (before the restart, the same tour warms the store).
+
+Server memory is the peak, sampled every 0.2 s from /proc (`tests/browser_helpers.Sampler`; psutil is not a
+dependency), of the server's RSS plus its children's private pages.
+
+    python benchmarks/crowd.py                      # cold, full sizes (about 4 min on 2 cores)
+    python benchmarks/crowd.py --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
+    python benchmarks/crowd.py --dir /tmp/crowd-warm   # run twice: the second run is warm
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import io
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import websockets
+from streamlit.proto.BackMsg_pb2 import BackMsg
+from streamlit.proto.Common_pb2 import FileURLs, UploadedFileInfo
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from browser_helpers import Sampler, free_port, run_times, streamlit_server  # noqa: E402
+
+QUEUED = "Queued"
+#: Error alerts a page shows on purpose: the Equivalence page runs the seeds' pitfalls live and shows each
+#: one's JAX error with this icon (an unexpected error, `ui.guard`'s, has the icon ⚠️).
+DEMO_ERROR_ICONS = {":material/block:"}
+
+#: (url path, title) of every page; the url path is the page file's stem ("" is Home).
+PAGES = [("", "Home"), ("norms", "Gradient norms"), ("equivalence", "Equivalence"), ("performance", "Performance"),
+         ("dp_clipping", "DP clipping"), ("influence", "Influence"), ("privacy_audit", "Privacy audit"),
+         ("geometry", "Geometry"), ("lecture", "Lecture")]
+
+#: Scenario 2: one control each, changed through the URL (the sidebar and page widgets are bound to it).
+CHANGES = [("seed", "seed=1"), ("learning rate", "lr=0.03"), ("width", "width=32"), ("steps", "steps=200"),
+           ("label noise", "label_noise=0.1"), ("dataset", "dataset=moons"), ("model", "model=linear"),
+           ("checkpoint", "checkpoint=100"), ("top-k", "topk=8"), ("log scale", "log=true")]
+#: Text the page shows only once the change took effect (checked where one is this simple).
+CHANGED_TEXT = {"dataset": "Moons (2-D toy", "topk": "The 8 examples"}
+
+
+@dataclasses.dataclass
+class Visit:
+    """What one visitor saw; times in seconds from its request (None: never)."""
+
+    name: str
+    page: str
+    query: str = ""
+    chart_s: float | None = None
+    queued_s: float | None = None
+    progress_s: float | None = None
+    finished_s: float | None = None
+    charts: int = 0
+    exceptions: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+    status: str = "pending"
+    note: str = ""
+    expect: str = ""  # a text the page must show (an upload: its file name)
+    expect_seen: bool = False
+
+    @property
+    def clean(self) -> bool:
+        """Finished, with no exception element and no error alert."""
+        return self.status == "ok" and not self.exceptions and not self.errors
+
+
+def ws_url(base: str) -> str:
+    return base.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/_stcore/stream"
+
+
+def xsrf_cookie(base: str) -> str:
+    """The `_streamlit_xsrf` cookie the server sets (on /_stcore/health); an upload PUT must echo it."""
+    with urllib.request.urlopen(base + "/_stcore/health", timeout=30) as r:
+        for header in r.headers.get_all("Set-Cookie") or []:
+            name, _, rest = header.partition("=")
+            if name.strip() == "_streamlit_xsrf":
+                return rest.split(";", 1)[0]
+    return ""
+
+
+def put_file(base: str, upload_url: str, name: str, data: bytes, cookie: str) -> int:
+    """PUT `data` as a multipart form file to the upload URL (as the browser does); returns the HTTP status."""
+    boundary = uuid.uuid4().hex
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+            f"Content-Type: text/csv\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    if cookie:
+        headers |= {"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"}
+    url = upload_url if upload_url.startswith("http") else base + upload_url
+    req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.status
+
+
+class Session:
+    """One visitor's websocket session (a browser tab without the browser)."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.ws = None
+        self.session_id = ""
+        self.widgets: dict[str, str] = {}  # element type/label -> widget id, of the last run
+        self.bound: dict[str, tuple[str, object, str]] = {}  # URL key -> (element type, proto, fragment id)
+        self.page = ""
+        self.query = ""  # the URL's query string as the server last set it (bound widgets write it)
+
+    async def __aenter__(self):
+        # No pings: a busy 2-core server may answer a ping late, and the browser does not ping either.
+        self.ws = await websockets.connect(ws_url(self.base), subprotocols=["streamlit"], max_size=None,
+                                           ping_interval=None, open_timeout=120, close_timeout=5)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.ws.close()
+
+    async def send(self, msg: BackMsg) -> None:
+        await self.ws.send(msg.SerializeToString())
+
+    async def rerun(self, visit: Visit, *, widget_states=(), fragment_id: str = "", timeout: float = 600) -> Visit:
+        """Run the page of `visit` with its query (and `widget_states`; only the fragment `fragment_id` if
+        given); record until the run ends."""
+        self.page, self.query = visit.page, visit.query
+        msg = BackMsg()
+        msg.rerun_script.query_string = visit.query
+        msg.rerun_script.page_name = visit.page
+        msg.rerun_script.widget_states.widgets.extend(widget_states)
+        if fragment_id:
+            msg.rerun_script.fragment_id = fragment_id
+        msg.rerun_script.context_info.url = f"{self.base}/{visit.page}"
+        msg.rerun_script.context_info.timezone = "UTC"
+        msg.rerun_script.context_info.locale = "en-US"
+        started = time.perf_counter()
+        await self.send(msg)
+        try:
+            await asyncio.wait_for(self._read_run(visit, started), timeout)
+        except TimeoutError:
+            visit.status = f"timeout {timeout:.0f} s"
+        except websockets.ConnectionClosed as err:
+            visit.status = f"closed: {err}"
+        return visit
+
+    async def _read_run(self, visit: Visit, started: float) -> None:
+        while True:
+            fm = ForwardMsg()
+            fm.ParseFromString(await self.ws.recv())
+            now = time.perf_counter() - started
+            kind = fm.WhichOneof("type")
+            if kind == "new_session":
+                self.session_id = fm.new_session.initialize.session_id or self.session_id
+            elif kind == "page_info_changed":
+                self.query = fm.page_info_changed.query_string
+            elif kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
+                self._element(fm.delta.new_element, visit, now, fm.delta.fragment_id)
+            elif kind == "script_finished":
+                status = ForwardMsg.ScriptFinishedStatus.Name(fm.script_finished)
+                if status in ("FINISHED_SUCCESSFULLY", "FINISHED_FRAGMENT_RUN_SUCCESSFULLY"):
+                    visit.finished_s, visit.status = now, "ok"
+                    return
+                if status == "FINISHED_WITH_COMPILE_ERROR":
+                    visit.finished_s, visit.status = now, "compile error"
+                    return
+                # FINISHED_EARLY_FOR_RERUN (a rerun follows) or a fragment's run: keep reading
+
+    def _element(self, el, visit: Visit, now: float, fragment_id: str = "") -> None:
+        kind = el.WhichOneof("type")
+        key = getattr(getattr(el, kind), "query_param_key", "") if kind else ""
+        if key:
+            self.bound[key] = (kind, getattr(el, kind), fragment_id)
+        if kind == "plotly_chart":
+            visit.charts += 1
+            if visit.chart_s is None:
+                visit.chart_s = now
+        elif kind == "exception":
+            visit.exceptions.append(f"{el.exception.type}: {el.exception.message}"[:300])
+        elif kind == "alert":
+            body = el.alert.body
+            if QUEUED in body and visit.queued_s is None:
+                visit.queued_s = now
+            if el.alert.format == el.alert.ERROR and el.alert.icon not in DEMO_ERROR_ICONS:
+                visit.errors.append(body[:300])
+        if visit.expect and not visit.expect_seen and visit.expect in str(getattr(el, kind, "")):
+            visit.expect_seen = True
+        if kind == "progress" and visit.progress_s is None:
+            visit.progress_s = now
+        elif kind == "file_uploader":
+            self.widgets["file_uploader"] = el.file_uploader.id
+
+    async def change(self, visit: Visit, key: str, value: str, *, timeout: float = 600) -> Visit:
+        """Set the widget bound to URL key `key` to `value` (as written in a URL) as the browser does: its
+        widget state in a rerun of the page (of its fragment only, when it lives in one)."""
+        if key not in self.bound:
+            visit.status = f"no widget bound to ?{key}= on the page"
+            return visit
+        kind, proto, fragment_id = self.bound[key]
+        state = WidgetState(id=proto.id)
+        if kind == "selectbox":
+            state.string_value = value
+        elif kind == "slider" and proto.type == proto.SELECT_SLIDER:
+            state.string_array_value.data.append(value)
+        elif kind == "slider":
+            state.double_array_value.data.append(float(value))
+        elif kind == "number_input":
+            if proto.data_type == proto.INT:
+                state.int_value = int(value)
+            else:
+                state.double_value = float(value)
+        elif kind == "checkbox":
+            state.bool_value = value.lower() == "true"
+        else:
+            visit.status = f"cannot set a {kind} widget"
+            return visit
+        # The browser rewrites the widget's URL parameter; leaving it out (as Streamlit's own agent interaction
+        # does) keeps an old value from being put back, and the new value can only come from the widget state.
+        visit.query = "&".join(p for p in self.query.split("&") if p and p.split("=", 1)[0] != key)
+        return await self.rerun(visit, widget_states=[state], fragment_id=fragment_id, timeout=timeout)
+
+    async def upload(self, visit: Visit, name: str, data: bytes, *, timeout: float = 600) -> Visit:
+        """Upload `data` as `name` to the page's file uploader (the last run must have shown it) and rerun."""
+        uploader = self.widgets.get("file_uploader")
+        if not uploader:
+            visit.status = "no file uploader on the page"
+            return visit
+        request = BackMsg()
+        request.file_urls_request.request_id = uuid.uuid4().hex
+        request.file_urls_request.file_names.append(name)
+        request.file_urls_request.session_id = self.session_id
+        await self.send(request)
+        while True:
+            fm = ForwardMsg()
+            fm.ParseFromString(await asyncio.wait_for(self.ws.recv(), 120))
+            if fm.WhichOneof("type") == "file_urls_response" and \
+                    fm.file_urls_response.response_id == request.file_urls_request.request_id:
+                break
+        urls = fm.file_urls_response.file_urls[0]
+        cookie = await asyncio.to_thread(xsrf_cookie, self.base)
+        await asyncio.to_thread(put_file, self.base, urls.upload_url, name, data, cookie)
+        state = WidgetState(id=uploader)
+        state.file_uploader_state_value.uploaded_file_info.append(UploadedFileInfo(
+            name=name, size=len(data), file_id=urls.file_id,
+            file_urls=FileURLs(file_id=urls.file_id, upload_url=urls.upload_url, delete_url=urls.delete_url)))
+        return await self.rerun(visit, widget_states=[state], timeout=timeout)
+
+
+async def visit(base: str, name: str, page: str, query: str = "", *, delay: float = 0.0,
+                timeout: float = 600) -> Visit:
+    """A new visitor opens `page` (url path, "" for Home) with `query` after `delay` s; returns what it saw."""
+    await asyncio.sleep(delay)
+    v = Visit(name, page, query)
+    try:
+        async with Session(base) as s:
+            await s.rerun(v, timeout=timeout)
+    except (OSError, websockets.WebSocketException, TimeoutError) as err:
+        v.status = f"connect failed: {type(err).__name__}: {err}"
+    return v
+
+
+async def change_visit(base: str, name: str, page: str, key: str, value: str, start: asyncio.Event, ready: list,
+                       *, timeout: float = 600) -> Visit:
+    """A visitor opens `page`, waits for `start`, then changes the control bound to `?key=` to `value`."""
+    v = Visit(name, page, expect=CHANGED_TEXT.get(key, ""))
+    try:
+        async with Session(base) as s:
+            first = await s.rerun(Visit(name, page), timeout=timeout)
+            ready.append(name)
+            await start.wait()
+            if first.status != "ok":
+                v.status = f"before the change: {first.status}"
+                return v
+            await s.change(v, key, value, timeout=timeout)
+            if v.status == "ok" and v.expect and not v.expect_seen:
+                v.status = f"the page does not show {v.expect!r}: the change did not take"
+            v.query = f"{key}={value} (widget)"
+    except (OSError, websockets.WebSocketException, TimeoutError) as err:
+        v.status = f"change failed: {type(err).__name__}: {err}"
+    return v
+
+
+async def changes(base: str, page: str, controls: list[tuple[str, str]], *, timeout: float = 600) -> list[Visit]:
+    """Visitors each open `page`; once all have it, each changes one control (`(name, "key=value")`) at once."""
+    start, ready = asyncio.Event(), []
+    tasks = [asyncio.create_task(change_visit(base, f"change {what}", page, *kv.split("=", 1), start, ready,
+                                              timeout=timeout)) for what, kv in controls]
+    deadline = time.monotonic() + timeout
+    while len(ready) < len(tasks) and time.monotonic() < deadline and not all(t.done() for t in tasks):
+        await asyncio.sleep(0.1)
+    start.set()
+    return list(await asyncio.gather(*tasks))
+
+
+async def upload_visit(base: str, name: str, csv: bytes, *, query: str = "dataset=upload",
+                       timeout: float = 600) -> Visit:
+    """A new visitor opens Gradient norms on "your own data", uploads `csv` and waits for the page."""
+    v = Visit(name, "norms", query, expect=f"{name}.csv")
+    try:
+        async with Session(base) as s:
+            first = await s.rerun(Visit(name, "norms", query), timeout=timeout)
+            if first.status != "ok":
+                v.status = f"before the upload: {first.status}"
+                return v
+            await s.upload(v, f"{name}.csv", csv, timeout=timeout)
+            if v.status == "ok" and not v.expect_seen:
+                v.status = "the page did not show the uploaded file"
+    except (OSError, websockets.WebSocketException, TimeoutError) as err:
+        v.status = f"upload failed: {type(err).__name__}: {err}"
+    return v
+
+
+def crowd(base: str, visits: list[tuple[str, str, str]], *, spread: float = 0.0, seed: int = 0,
+          timeout: float = 600) -> list[Visit]:
+    """`visits` = [(name, page, query)], all started within `spread` s (random offsets); blocks until all end."""
+    rng = random.Random(seed)
+
+    async def run():
+        return await asyncio.gather(*(visit(base, n, p, q, delay=rng.uniform(0, spread), timeout=timeout)
+                                      for n, p, q in visits))
+
+    return asyncio.run(run())
+
+
+def make_csv(seed: int, rows: int = 400, features: int = 4) -> bytes:
+    """A small classification CSV (numeric features, a 0/1 label), different for each seed."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features))
+    w = rng.normal(size=features)
+    y = (x @ w + 0.3 * rng.normal(size=rows) > 0).astype(int)
+    out = io.StringIO()
+    out.write(",".join([f"f{i}" for i in range(features)] + ["label"]) + "\n")
+    for row, label in zip(x, y):
+        out.write(",".join(f"{v:.5f}" for v in row) + f",{label}\n")
+    return out.getvalue().encode()
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def _q(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.percentile(values, q))
+
+
+def _s(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+def summary_row(scenario: str, group: str, visits: list[Visit], peak_mb: float) -> str:
+    charts = [v.chart_s for v in visits if v.chart_s is not None]
+    done = [v.finished_s for v in visits if v.finished_s is not None]
+    queued = [v.queued_s for v in visits if v.queued_s is not None]
+    bad = [v for v in visits if v.exceptions or v.errors]
+    failed = [v for v in visits if v.status != "ok"]
+    return (f"| {scenario} | {group} | {len(visits)} | {len(charts)} | {_s(_q(charts, 50))} | {_s(_q(charts, 95))} | "
+            f"{_s(_q(done, 50))} | {_s(_q(done, 95))} | {len(bad)} | {len(failed)} | "
+            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | {peak_mb:.0f} |")
+
+
+SUMMARY_HEAD = ("| scenario | visitors | n | with chart | chart p50 s | chart p95 s | done p50 s | done p95 s | "
+                "error/exception | not finished | saw Queued | Queued after s (median) | server peak MB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+DETAIL_HEAD = ("| scenario | visitor | page?query | first chart s | done s | Queued after s | error/exception | status |\n"
+               "|---|---|---|---|---|---|---|---|")
+
+
+def detail_row(scenario: str, v: Visit) -> str:
+    bad = "; ".join(v.exceptions + v.errors)[:120].replace("|", "/").replace("\n", " ") or "no"
+    where = f"/{v.page}" + (f"?{v.query}" if v.query else "")
+    return (f"| {scenario} | {v.name} | `{where}` | {_s(v.chart_s)} | {_s(v.finished_s)} | {_s(v.queued_s)} | "
+            f"{bad} | {v.status}{' ' + v.note if v.note else ''} |")
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+class Server:
+    """A `streamlit run app.py` with a memory sampler; `restart()` keeps its store and caches."""
+
+    def __init__(self, directory: Path, log_dir: Path):
+        self.env = {"GRADLAB_STORE_DIR": str(directory / "store"), "JAX_COMPILATION_CACHE_DIR": str(directory / "xla"),
+                    "GRADLAB_LOG_RUNS": "1"}
+        self.log_dir = log_dir
+        self.starts = 0
+        self._cm = None
+        self.base = ""
+        self.proc = None
+        self.sampler = None
+
+    def start(self) -> float:
+        """Start the server; returns the seconds until /_stcore/health answered."""
+        self.starts += 1
+        t0 = time.perf_counter()
+        self._cm = streamlit_server(free_port(), timeout=300, env=self.env,
+                                    log_path=self.log_dir / f"server{self.starts}.log")
+        self.base, self.proc = self._cm.__enter__()
+        return time.perf_counter() - t0
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"server{self.starts}.log"
+
+    def stop(self) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+            self._cm = None
+
+    def measure(self) -> Sampler:
+        """A fresh peak-memory sampler (0.2 s) on the server's process tree."""
+        if self.sampler is not None:
+            self.sampler.stop.set()
+        self.sampler = Sampler(self.proc.pid, interval=0.2)
+        self.sampler.start()
+        return self.sampler
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--visitors", type=int, default=30, help="scenario 1: visitors per page (N lecture + N norms)")
+    ap.add_argument("--spread", type=float, default=5.0, help="scenario 1: the visitors arrive within this many s")
+    ap.add_argument("--changes", type=int, default=len(CHANGES), help="scenario 2: how many of the 10 controls")
+    ap.add_argument("--by", choices=["widget", "url"], default="widget",
+                    help="scenario 2: change each control in an open page (widget state) or open a link with it")
+    ap.add_argument("--uploads", type=int, default=5, help="scenario 3: visitors uploading a CSV each")
+    ap.add_argument("--scenarios", default="1,2,3,4", help="which scenarios, e.g. 1,4")
+    ap.add_argument("--pages", default="", help="scenario 4: only these url paths (comma separated; 'home' for Home)")
+    ap.add_argument("--dir", default="", help="keep the store and XLA cache here (warm on a second run); "
+                                              "default: a new temporary directory (cold)")
+    ap.add_argument("--timeout", type=float, default=600, help="per visitor, s")
+    ap.add_argument("--detail", action="store_true", help="also list every visitor of scenario 1")
+    args = ap.parse_args(argv)
+    scenarios = {int(s) for s in args.scenarios.split(",") if s.strip()}
+
+    directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gradlab-crowd-"))
+    warm = bool(args.dir) and (directory / "store").exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="gradlab-crowd-logs-"))
+    server = Server(directory, logs)
+    summary, details = [], []
+    print(f"# crowd: {'warm' if warm else 'cold'} store and XLA cache in {directory}; server logs in {logs}", flush=True)
+    print(f"# machine: {os.cpu_count()} cores; command: python benchmarks/crowd.py {' '.join(sys.argv[1:] if argv is None else argv)}",
+          flush=True)
+    try:
+        up = server.start()
+        print(f"# server healthy after {up:.1f} s", flush=True)
+
+        if 1 in scenarios:
+            sampler = server.measure()
+            n = args.visitors
+            specs = [(f"lecture-{i}", "lecture", "step=1") for i in range(n)] + \
+                    [(f"norms-{i}", "norms", "") for i in range(n)]
+            t0 = time.perf_counter()
+            visits = crowd(server.base, specs, spread=args.spread, timeout=args.timeout)
+            print(f"# scenario 1: {time.perf_counter() - t0:.1f} s", flush=True)
+            summary.append(summary_row("1 arrive", f"Lecture step 1 (`/lecture?step=1`)", visits[:n], sampler.peak))
+            summary.append(summary_row("1 arrive", "Gradient norms (`/norms`)", visits[n:], sampler.peak))
+            if args.detail:
+                details += [detail_row("1", v) for v in visits]
+            else:
+                details += [detail_row("1", v) for v in visits if not v.clean]
+
+        if 2 in scenarios:
+            sampler = server.measure()
+            t0 = time.perf_counter()
+            if args.by == "url":
+                specs = [(f"change {what}", "norms", q) for what, q in CHANGES[: args.changes]]
+                visits = crowd(server.base, specs, spread=1.0, timeout=args.timeout)
+                group = "one control each, by URL (`/norms?…`)"
+            else:
+                visits = asyncio.run(changes(server.base, "norms", CHANGES[: args.changes], timeout=args.timeout))
+                group = "one control each, widget changed in an open `/norms`"
+            print(f"# scenario 2: {time.perf_counter() - t0:.1f} s", flush=True)
+            summary.append(summary_row("2 change", group, visits, sampler.peak))
+            details += [detail_row("2", v) for v in visits]
+
+        if 3 in scenarios and args.uploads:
+            sampler = server.measure()
+
+            async def uploads():
+                return await asyncio.gather(*(upload_visit(server.base, f"upload-{i}", make_csv(i), timeout=args.timeout)
+                                              for i in range(args.uploads)))
+
+            t0 = time.perf_counter()
+            visits = asyncio.run(uploads())
+            print(f"# scenario 3: {time.perf_counter() - t0:.1f} s", flush=True)
+            for v in visits:
+                v.note = "(times from the upload's rerun)"
+            summary.append(summary_row("3 upload", "a different CSV each (`/norms?dataset=upload`)", visits, sampler.peak))
+            details += [detail_row("3", v) for v in visits]
+
+        if 4 in scenarios:
+            pages = PAGES
+            if args.pages:
+                wanted = {"" if p == "home" else p for p in args.pages.split(",")}
+                pages = [p for p in PAGES if p[0] in wanted]
+            for when in ("before restart", "after restart"):
+                if when == "after restart":
+                    server.stop()
+                    up = server.start()
+                    print(f"# restarted: healthy after {up:.1f} s", flush=True)
+                tour, peak = [], 0.0
+                for path, title in pages:
+                    sampler = server.measure()
+                    before = len(run_times(server.log))
+                    v = asyncio.run(visit(server.base, title, path, timeout=args.timeout))
+                    time.sleep(0.3)  # the app logs its run time as the run ends
+                    peak = max(peak, sampler.peak)
+                    v.note = (f"(server run {sum(t for _, t in run_times(server.log)[before:]):.1f} s, "
+                              f"peak {sampler.peak:.0f} MB)")
+                    tour.append(v)
+                    details.append(detail_row(f"4 {when}", v))
+                    print(f"# 4 {when}: {title}: chart {_s(v.chart_s)} s, done {_s(v.finished_s)} s, {v.status}", flush=True)
+                summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
+    finally:
+        server.stop()
+
+    print()
+    print(SUMMARY_HEAD)
+    print("\n".join(summary))
+    print()
+    print(DETAIL_HEAD)
+    print("\n".join(details))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
