@@ -15,20 +15,12 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))  # byt
 
 from gradlab import ui  # noqa: E402
 from gradlab.ui import lecture as ui_lecture  # noqa: E402
+from gradlab.ui import pages as ui_pages  # noqa: E402
 
 st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
 
-PAGES = [
-    st.Page("views/home.py", title="Home", icon=":material/home:", default=True),
-    st.Page("views/norms.py", title="Gradient norms", icon=":material/bar_chart:"),
-    st.Page("views/equivalence.py", title="Equivalence", icon=":material/drag_handle:"),
-    st.Page("views/performance.py", title="Performance", icon=":material/timer:"),
-    st.Page("views/dp_clipping.py", title="DP clipping", icon=":material/lock:"),
-    st.Page("views/influence.py", title="Influence", icon=":material/explore:"),
-    st.Page("views/privacy_audit.py", title="Privacy audit", icon=":material/policy:"),
-    st.Page("views/geometry.py", title="Geometry", icon=":material/call_split:"),
-    st.Page("views/lecture.py", title="Lecture", icon=":material/school:"),
-]
+PAGES = [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path or None, default=not p.url_path)
+         for p in ui_pages.PAGES]
 
 ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every default view into the store, once
 page = st.navigation(PAGES)

@@ -237,7 +237,7 @@ class Gate:
     - `rss`: the process's resident bytes now; `relieve`: frees memory (drop caches) when over budget.
     - `after`: called after each computation in the worker (e.g. return freed memory to the system).
     - `hold(i)`: a context manager held by worker `i` while it runs a computation: `Store.slot(i)` makes the
-      slots machine-wide (two servers, or `python -m gradlab.warm`, sharing a store directory share them).
+      slots machine-wide (two servers, or `python -m gradlab.ui.warm`, sharing a store directory share them).
 
     Computations run in the gate's worker threads; a caller waits on the `Job` (`submit`, `position`).
     A computation submitted from inside a worker runs inline (nested cached calls cannot deadlock).

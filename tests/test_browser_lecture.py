@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from browser_helpers import page_errors, streamlit_server, wait_until_idle
 
-from gradlab.presets import LECTURE
+from gradlab.ui.presets import LECTURE
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import re
 import pytest
 from conftest import ROOT, assert_clean
 
-from gradlab.presets import LECTURE, PAGE_WIDGETS
+from gradlab.ui import pages
+from gradlab.ui.presets import LECTURE
 
 
 def test_the_story_has_at_least_ten_distinct_steps():
@@ -19,14 +20,14 @@ def test_the_story_has_at_least_ten_distinct_steps():
         assert 2 <= len(sentences) <= 3, (s.title, sentences)
         assert s.notes.strip(), s.title
         assert (ROOT / s.preset.page).is_file()
-        assert set(s.preset.widgets) <= set(PAGE_WIDGETS[s.preset.page]), s.title
+        assert set(s.preset.widgets) <= set(pages.page(s.preset.page).controls), s.title
         if i:
             before = LECTURE[i - 1].preset
             assert (s.preset.page, s.preset.config, dict(s.preset.widgets)) != \
                    (before.page, before.config, dict(before.widgets)), s.title
-    pages = {s.preset.page for s in LECTURE}
+    shown = {s.preset.page for s in LECTURE}
     assert {"views/equivalence.py", "views/performance.py", "views/norms.py", "views/dp_clipping.py",
-            "views/influence.py", "views/geometry.py"} <= pages
+            "views/influence.py", "views/geometry.py"} <= shown
 
 
 def _lecture(step=None, presenter=False):
@@ -49,7 +50,7 @@ def _button(at, label):
 
 def _state(at, step):
     """The step's controls as the session has them."""
-    keys = [*PAGE_WIDGETS[LECTURE[step - 1].preset.page], "dataset", "model", "label_noise", "steps"]
+    keys = [*pages.page(LECTURE[step - 1].preset.page).controls, "dataset", "model", "label_noise", "steps"]
     return {k: at.session_state[k] for k in keys if k in at.session_state}
 
 
@@ -91,3 +92,25 @@ def test_presenter_mode_enlarges_figure_text():
     normal, big = _lecture(2), _lecture(2, presenter=True)
     assert big.toggle(key="presenter").value is True
     assert tick_sizes(big) == (18, 20) and tick_sizes(normal) == (14, 16)
+
+
+def _view(at):
+    """What a step shows: its page's controls as the session has them, and every metric (label, value)."""
+    step = int(at.query_params["step"][0] if isinstance(at.query_params["step"], list) else at.query_params["step"])
+    controls = {k: at.session_state[k] for k in pages.page(LECTURE[step - 1].preset.page).controls
+                if k in at.session_state}
+    return controls, [(m.label, m.value) for m in at.metric if "time" not in m.label.lower() and "×" not in m.value]
+
+
+@pytest.mark.slow
+def test_every_step_reached_with_next_shows_what_its_link_shows():
+    """Nothing carries over: walking the lecture with Next gives, at each step, the controls and the metric values
+    of that step's own link opened fresh (timings excepted: they are measured live)."""
+    at = _lecture(1)
+    for step in range(1, len(LECTURE) + 1):
+        if step > 1:
+            _button(at, "Next").click()
+            at.run()
+            assert_clean(at)
+        walked, fresh = _view(at), _view(_lecture(step))
+        assert walked == fresh, f"step {step}: {LECTURE[step - 1].title}"

@@ -26,7 +26,7 @@ def test_a_restarted_server_answers_its_first_visitor_from_disk(monkeypatch):
 def test_the_warm_up_presses_heavy_sections_so_every_visitor_sees_them():
     """`gradlab.warm` fills the store with a page's default view and its button-started sections: the next
     visitor sees the membership attack's and the audit's numbers without pressing anything."""
-    from gradlab import warm
+    from gradlab.ui import warm
 
     seconds, at = warm.run_page("privacy_audit", press=True)
     assert_clean(at)

@@ -49,7 +49,7 @@ def test_students_follow_the_speaker_views_next_and_may_detach():
 
 
 def test_the_warm_up_button_runs_the_fill_command_and_reports_progress(monkeypatch):
-    """The button starts `python -m gradlab.warm --fill --lecture` (here a stand-in printing its step lines)."""
+    """The button starts `python -m gradlab.ui.warm --fill --lecture` (here a stand-in printing its step lines)."""
     import subprocess
     import sys
     import time
@@ -67,7 +67,7 @@ def test_the_warm_up_button_runs_the_fill_command_and_reports_progress(monkeypat
     monkeypatch.setattr(room, "_WARMUP", {})
     at = lecture()
     at.button(key="lecture_warmup").click().run()
-    assert started and started[0][-3:] == ["gradlab.warm", "--fill", "--lecture"]
+    assert started and started[0][-3:] == ["gradlab.ui.warm", "--fill", "--lecture"]
     time.sleep(2)
     at.run()
     assert_clean(at)

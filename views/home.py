@@ -3,7 +3,7 @@
 import streamlit as st
 
 from gradlab import ui
-from gradlab.presets import LECTURE, PRESETS
+from gradlab.ui.presets import LECTURE, PRESETS
 
 st.title("gradlab: per-example gradients, made visible")
 

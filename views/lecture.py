@@ -8,7 +8,7 @@ import streamlit as st
 
 from gradlab.ui import lecture as ui_lecture
 from gradlab.ui import room as ui_room
-from gradlab.presets import LECTURE
+from gradlab.ui.presets import LECTURE
 
 n = len(LECTURE)
 step = ui_lecture.requested_step(n)

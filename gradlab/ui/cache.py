@@ -201,14 +201,14 @@ _FILLING: list = []
 
 
 def fill_store_in_background() -> None:
-    """With `GRADLAB_WARM_ON_START=1`, start `python -m gradlab.warm --fill` once per server process (niced):
+    """With `GRADLAB_WARM_ON_START=1`, start `python -m gradlab.ui.warm --fill` once per server process (niced):
     it computes every page's default view and every lecture step into the shared store through the same
     machine-wide gate slots. Off by default: the second process needs its own ~400 MB, more than the
     smallest Community Cloud instance leaves beside the server."""
     if _FILLING or os.environ.get("GRADLAB_WARM_ON_START") != "1":
         return
     env = {**os.environ, "GRADLAB_WARM_ON_START": "0"}
-    _FILLING.append(subprocess.Popen([sys.executable, "-m", "gradlab.warm", "--fill"], env=env,
+    _FILLING.append(subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill"], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      preexec_fn=lambda: os.nice(19)))
     log.info("filling the results store in the background (pid %d)", _FILLING[0].pid)

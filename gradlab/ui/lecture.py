@@ -11,6 +11,8 @@ from __future__ import annotations
 import streamlit as st
 
 from gradlab import plots
+from gradlab.ui.presets import LECTURE
+from gradlab.ui.state import reset_controls
 
 PRESENTER = "presenter"
 STEP = "step"
@@ -80,8 +82,6 @@ def parse_step(raw: str, n_steps: int) -> int:
 
 def follow_lecture() -> None:
     """Set every control of the step in the URL, once per step change (before any widget is drawn)."""
-    from gradlab.presets import LECTURE
-
     step = requested_step(len(LECTURE))
     if st.session_state.get(_APPLIED) != step:
         apply_step(step)
@@ -90,14 +90,11 @@ def follow_lecture() -> None:
 def apply_step(step: int) -> None:
     """Put step `step`'s controls (every sidebar key and its page's widgets) into session state and the URL.
 
-    Page widgets the step does not name go back to their page's defaults (session state wins over the URL).
+    Every page control the step does not name goes back to its page's default (`state.reset_controls`): a step
+    reached with Next shows exactly what its own link shows.
     """
-    from gradlab.presets import LECTURE, PAGE_WIDGETS
-
     s = LECTURE[step - 1]
-    for defaults in PAGE_WIDGETS.values():
-        for key, default in defaults.items():
-            st.session_state[key] = s.preset.widgets.get(key, default)
+    reset_controls(keep=s.preset.widgets)
     for key, value in s.preset.state().items():
         st.session_state[key] = value
     st.query_params[STEP] = str(step)

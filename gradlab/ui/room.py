@@ -125,13 +125,13 @@ def _timer(c: str) -> None:
 
 
 def warmup_panel(n_steps: int) -> None:
-    """A button that computes every lecture step into the shared store (`python -m gradlab.warm --fill --lecture`,
+    """A button that computes every lecture step into the shared store (`python -m gradlab.ui.warm --fill --lecture`,
     one per server), and its progress; afterwards every Next answers from the store."""
     proc = _WARMUP.get("proc")
     running = proc is not None and proc.poll() is None
     if st.button("Warm up every step", key="lecture_warmup", disabled=running,
                  help="Computes what each step shows into the shared store, so every Next answers at once."):
-        _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.warm", "--fill", "--lecture"],
+        _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill", "--lecture"],
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                              env={**os.environ, "PYTHONUNBUFFERED": "1"}),
                        done=0, total=n_steps, started=time.time(), ended=None)

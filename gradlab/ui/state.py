@@ -12,7 +12,10 @@ from gradlab.data import DATASETS
 from gradlab.experiment import CONTROLS, UPLOAD, Experiment
 from gradlab.models import ACTIVATIONS, MODELS
 from gradlab.train import OPTIMIZERS
+from gradlab.ui import pages
+from gradlab.ui.presets import BY_NAME, PRESETS
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, upload_dataset
+from streamlit.runtime.state.session_state_proxy import get_session_state
 
 LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
 STEPS = [0, 25, 50, 100, 200, 300, 500, 1000, 2000]
@@ -113,14 +116,26 @@ _PRESET_GOTO = "_preset_goto"
 _PRESET_ACTIVE = "_preset_active"
 
 
+def reset_controls(keep=()) -> None:
+    """Every page control (`gradlab.ui.pages`) not in `keep` back to its page's default: its session value and
+    its URL parameter go, so the page computes its default again (several depend on the data) when it draws it.
+
+    A bound URL parameter cannot be deleted through `st.query_params`; Streamlit's own `remove_param` can.
+    """
+    with get_session_state().query_params() as params:
+        for key in pages.control_keys() - set(keep):
+            st.session_state.pop(key, None)
+            params.remove_param(key)
+
+
 def apply_preset(name: str) -> None:
     """Set every control of preset `name` in session state and ask for its page (an `on_click` callback).
 
-    Bound widgets take session-state values over the URL, and write them into the URL.
+    Every page control the preset does not set goes back to its default (`reset_controls`); bound widgets
+    take session-state values over the URL, and write them into the URL.
     """
-    from gradlab.presets import BY_NAME
-
     preset = BY_NAME[name]
+    reset_controls(keep=preset.widgets)
     for key, value in preset.state().items():
         unset = getattr(DEFAULT, key) if key in CONTROLS else object()  # an absent sidebar key is its default
         current = st.session_state[key] if key in st.session_state else unset
@@ -139,8 +154,6 @@ def follow_preset() -> None:
 
 def preset_picker(*, columns: int = 2) -> None:
     """The lecture scenarios as buttons, each with what to look at; a click opens the scenario."""
-    from gradlab.presets import PRESETS
-
     follow_preset()  # the sidebar follows it first in the app; AppTest reruns only the page
     cols = st.columns(columns)
     for i, p in enumerate(PRESETS):
@@ -152,8 +165,6 @@ def preset_picker(*, columns: int = 2) -> None:
 
 def preset_banner(exp: Experiment) -> None:
     """While the experiment is still the one a preset set: its name and what to look at."""
-    from gradlab.presets import BY_NAME
-
     name = st.session_state.get(_PRESET_ACTIVE)
     if name in BY_NAME and BY_NAME[name].config == exp:
         st.info(f"**Lecture scenario: {name}.** {BY_NAME[name].look_at}", icon="🎓")

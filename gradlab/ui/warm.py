@@ -1,9 +1,9 @@
 """Warm start: compute what every page's default view and every lecture step shows, before visitors come.
 
-    python -m gradlab.warm            # every page and step once (cold), then again as a new visitor (warm); times
-    python -m gradlab.warm --fill     # every page and step once: fill the results store
-    python -m gradlab.warm --fill --lecture   # the lecture's steps only (the lecture's warm-up button runs this)
-    python -m gradlab.warm --serve    # warm, then serve the app from this process (port 8501)
+    python -m gradlab.ui.warm            # every page and step once (cold), then again as a new visitor (warm); times
+    python -m gradlab.ui.warm --fill     # every page and step once: fill the results store
+    python -m gradlab.ui.warm --fill --lecture   # the lecture's steps only (the lecture's warm-up button runs this)
+    python -m gradlab.ui.warm --serve    # warm, then serve the app from this process (port 8501)
 
 Each view runs the real page code under Streamlit's `AppTest`. Its results go to the shared results store
 (`gradlab.store`, on disk in `GRADLAB_STORE_DIR`) through the same machine-wide gate slots a server uses,
@@ -21,9 +21,10 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 from streamlit.web import cli
 
-from gradlab.presets import LECTURE
+from gradlab.ui import pages
+from gradlab.ui.presets import LECTURE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_step(step: int, *, presenter: bool = False, timeout: float = 600):
@@ -44,18 +45,18 @@ def run_step(step: int, *, presenter: bool = False, timeout: float = 600):
     return seconds, at
 
 
-PAGES = ("home", "norms", "equivalence", "performance", "dp_clipping", "influence", "privacy_audit", "geometry")
+PAGES = tuple(p.path for p in pages.PAGES if p.url_path != "lecture")
 
 
 def run_page(page: str, *, press: bool = False, timeout: float = 600):
-    """Run `views/<page>.py`'s default view in a fresh `AppTest` session, pressing its heavy sections' buttons when
+    """Run page `page`'s default view (its script path, or its name: `"norms"` for `views/norms.py`) in a fresh `AppTest` session, pressing its heavy sections' buttons when
     `press`; return `(seconds, AppTest)`.
 
     **Raises** `RuntimeError` if the page shows an exception.
     """
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
     at.run()
-    at.switch_page(f"views/{page}.py")
+    at.switch_page(page if page.endswith(".py") else f"views/{page}.py")
     start = time.perf_counter()
     at.run()
     if press:  # the heavy sections' buttons (ui.on_request): their results are then stored for every visitor
@@ -75,7 +76,7 @@ def fill(*, pages: bool = True, log=print) -> float:
     start = time.perf_counter()
     for page in PAGES if pages else ():
         seconds, _ = run_page(page, press=True)
-        log(f"page {page:14s} {seconds:6.2f} s")
+        log(f"page {page:24s} {seconds:6.2f} s")
     for i in range(1, len(LECTURE) + 1):
         seconds, _ = run_step(i)
         log(f"step {i:2d}          {seconds:6.2f} s  {LECTURE[i - 1].title}")

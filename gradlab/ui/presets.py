@@ -3,7 +3,8 @@
 A `Preset` is plain data (no Streamlit): a name, a short "what to look at" text, the page it opens,
 the sidebar's experiment fields it sets (every other field goes back to its default, so a preset
 always shows the same view), and the page's own widget values (by widget key, which is also the URL
-query parameter). `gradlab.ui.preset_picker` applies one; `Preset.query()` is its shareable link.
+query parameter, as declared in `gradlab.ui.pages`; every control it does not set goes back to the
+page's default). `gradlab.ui.preset_picker` applies one; `Preset.query()` is its shareable link.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import types
 from typing import Any
 
 from gradlab.experiment import CONTROLS, Experiment
+from gradlab.ui import pages
 
 #: The sidebar widget keys: the `Experiment` fields a user can set, listed once in `experiment.CONTROLS`.
 SIDEBAR_KEYS = CONTROLS
@@ -40,9 +42,10 @@ class Preset:
         unknown = set(self.experiment) - set(SIDEBAR_KEYS)
         if unknown:
             raise ValueError(f"preset {self.name!r} sets unknown experiment fields {sorted(unknown)}")
-        clash = set(self.widgets) & set(SIDEBAR_KEYS)
-        if clash:
-            raise ValueError(f"preset {self.name!r}: page widget keys {sorted(clash)} collide with the sidebar's")
+        foreign = set(self.widgets) - set(pages.page(self.page).controls)
+        if foreign:
+            raise ValueError(f"preset {self.name!r} sets {sorted(foreign)}, which are not controls of {self.page} "
+                             "(gradlab.ui.pages)")
 
     @property
     def config(self) -> Experiment:
@@ -69,21 +72,6 @@ def _number(v: Any) -> str:
         return f"{v:g}"
     return str(v)
 
-
-#: Every page control a preset or lecture step may set, with the page's own default (by widget key,
-#: which is also the URL query parameter). A lecture step resets the keys it does not name.
-PAGE_WIDGETS: dict[str, dict[str, Any]] = {
-    "views/norms.py": {"log": False, "topk": 16},
-    "views/equivalence.py": {"eq_example": "experiment", "eq_reduction": "sum"},
-    "views/performance.py": {"perf_workload": "experiment", "perf_approaches": ["loop", "vmap", "batch", "norms"],
-                             "perf_sizes": [16, 64, 256], "perf_repeats": 2, "perf_loop_max": 256},
-    "views/dp_clipping.py": {"dp_clip_c": None, "dp_clip_sigma": 1.0, "dp_clip_log": True, "dp_sgd_c": 1.0,
-                             "dp_sgd_mode": "target ε", "dp_sgd_eps": 3.0},
-    "views/influence.py": {"infl_test": 0, "infl_k": 8},
-    "views/geometry.py": {"geo_problem": "line", "geo_clip": False, "geo_noise": False, "geo_paths": False,
-                          "geo_c": None, "geo_sigma": 1.0, "geo_batch": 8, "geo_steps": 20, "geo_lr": 0.05,
-                          "geo_t": 0, "geo_remove": None},
-}
 
 #: Experiments the lecture reuses (few, so a server's LRU of trained models holds them all).
 NOISY_DIGITS = {"dataset": "digits", "label_noise": 0.1}
