@@ -637,14 +637,28 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
                             marker=dict(size=16, symbol=symbol, color=color, line=dict(color="#111111", width=1.5)))
     fig.add_scatter(x=[theta[0]], y=[theta[1]], mode="markers", name="current θ",
                     marker=dict(size=13, color="#111111", symbol="circle"))
-    fig.update_xaxes(range=[float(a[0]), float(a[-1])], constrain="domain")
-    fig.update_yaxes(range=[float(b[0]), float(b[-1])], scaleanchor="x", scaleratio=1, constrain="domain")
+    (x0, x1), (y0, y1) = _frame(fig, (float(a[0]), float(a[-1])), (float(b[0]), float(b[-1])))
+    fig.update_xaxes(range=[x0, x1], constrain="domain")
+    fig.update_yaxes(range=[y0, y1], scaleanchor="x", scaleratio=1, constrain="domain")
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0, yanchor="top"), hovermode="closest")
     return style_figure(fig, title or f"Per-example gradients gᵢ at θ on the loss contours (arrows ×{scale:.2g})",
                    f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=640)
 
 
 _METHOD_NAMES = {"sgd": "SGD", "clipped": "clipped SGD", "dp": "DP-SGD"}
+
+
+def _frame(fig: go.Figure, xr: tuple[float, float], yr: tuple[float, float], margin: float = 0.04):
+    """Axis ranges that hold the surface's window and every point drawn on it (arrow tips, the clipping ball,
+    the noise cloud, paths, markers), with a `margin` (a fraction of the span) around them: no arrow is cut."""
+    xs, ys = [*xr], [*yr]
+    for trace in fig.data:
+        if trace.type == "scatter" and trace.x is not None:
+            xs += [float(v) for v in trace.x if v is not None]
+            ys += [float(v) for v in trace.y if v is not None]
+    lo_x, hi_x, lo_y, hi_y = min(xs), max(xs), min(ys), max(ys)
+    pad_x, pad_y = margin * (hi_x - lo_x), margin * (hi_y - lo_y)
+    return (lo_x - pad_x, hi_x + pad_x), (lo_y - pad_y, hi_y + pad_y)
 
 
 def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", removed: int | None = None,

@@ -86,3 +86,21 @@ def test_loss_surface_is_the_mean_loss():
     j, i = 2, 5
     expected = np.mean([(a[i] * x + b[j] - y) ** 2 for x, y in zip(p.xs, p.ys)])
     np.testing.assert_allclose(z[j, i], expected, rtol=1e-5)
+
+
+def test_every_arrow_tip_lies_inside_the_frame():
+    """Arrows from a θ near the window's corner, longer than the window: the axes widen to hold every tip."""
+    import numpy as np
+
+    from gradlab import plots
+
+    a = b = np.linspace(-1, 1, 5)
+    surface = (a, b, np.ones((5, 5)))
+    theta = np.array([0.9, 0.9])
+    grads = np.array([[3.0, 0.0], [0.0, -4.0], [-1.0, 2.0]])
+    fig = plots.gradient_field(surface, theta, grads, grads.mean(0), scale=1.0, labels=np.zeros(3, int),
+                               marked=np.zeros(3, bool))
+    (x0, x1), (y0, y1) = fig.layout.xaxis.range, fig.layout.yaxis.range
+    tips = theta + grads
+    assert (x0 < tips[:, 0]).all() and (tips[:, 0] < x1).all() and (y0 < tips[:, 1]).all() and (tips[:, 1] < y1).all()
+    assert x0 <= -1 and x1 >= 1 and y0 <= -1 and y1 >= 1  # the whole loss surface still shows

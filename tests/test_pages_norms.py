@@ -19,7 +19,8 @@ def test_norms_page_default_and_controls():
     at = open_page("norms", **FAST)
     assert_clean(at)
     assert metric(at, "Training examples") == "1,437"
-    at.toggle(key="log").set_value(True).run()
+    assert at.toggle(key="log").value is True  # a log axis by default: the heavy tail shows
+    at.toggle(key="log").set_value(False).run()
     at.number_input(key="topk").set_value(5).run()
     at.select_slider(key="checkpoint").set_value(25).run()
     assert_clean(at)

@@ -39,13 +39,13 @@ def test_shared_link_reproduces_the_norms_view_and_numbers():
     from gradlab.summary import norm_summary
 
     query = {"dataset": "moons", "label_noise": "0.1", "steps": "50", "checkpoint_every": "25",
-             "seed": "3", "topk": "5", "log": "true", "checkpoint": "25"}
+             "seed": "3", "topk": "5", "log": "false", "checkpoint": "25"}
     at = _open("norms", query)
     assert_clean(at)
     exp = Experiment(dataset="moons", label_noise=0.1, steps=50, checkpoint_every=25, seed=3)
     assert ui.experiment_from_state(at.session_state) == exp
     assert at.number_input(key="topk").value == 5
-    assert at.toggle(key="log").value is True
+    assert at.toggle(key="log").value is False
     assert at.select_slider(key="checkpoint").value == 25
     metric = {m.label: m.value for m in at.metric}
     f = fit(exp)

@@ -57,7 +57,7 @@ elif data.task == "classification":
 @ui.fragment
 def histograms():
     """The log-scale toggle reruns only these figures (st.fragment), not the whole page."""
-    log = st.toggle("Log scale", value=False, key="log", bind="query-params")
+    log = st.toggle("Log scale", value=True, key="log", bind="query-params")
     left, right = st.columns(2)
     with left:
         ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
