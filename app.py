@@ -23,7 +23,8 @@ PAGES = [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path or None
          for p in ui_pages.PAGES]
 
 ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every default view into the store, once
-page = st.navigation(PAGES)
+# presenter mode hides the sidebar: its page links move to the top bar
+page = st.navigation(PAGES, position="top" if ui_lecture.presenter_mode() else "sidebar")
 started = time.perf_counter()
 try:
     ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws

@@ -21,7 +21,8 @@ back, where, nxt = st.columns([1, 4, 1], vertical_alignment="center")
 back.button("Back", key="lecture_back", on_click=ui_room.go, args=(step - 1,), disabled=step == 1, width="stretch")
 nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), disabled=step == n, width="stretch",
            type="primary")
-where.progress(step / n, text=f"Step {step} of {n}")
+where.progress(step / n, text=f"Step {step} of {n} · ← / → keys")
+ui_lecture.arrow_keys()
 st.markdown(f"#### {s.narration}")
 ui_room.follow(step)
 if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there

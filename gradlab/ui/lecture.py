@@ -9,6 +9,7 @@ A lecture step sets every control of its view before the sidebar is drawn (`foll
 from __future__ import annotations
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 from gradlab import plots
 from gradlab.ui.presets import LECTURE
@@ -104,3 +105,28 @@ def apply_step(step: int) -> None:
 def go(step: int) -> None:
     """`on_click` of Next / Back: apply step `step` now (callbacks run before the script)."""
     apply_step(step)
+
+
+# Arrow keys press the page's Back / Next buttons (a clicker or a keyboard at the lectern). A component's iframe
+# shares the app's origin, so its script can listen on the app's document; the listener is installed once.
+_KEYS_JS = """
+<script>
+const doc = window.parent.document;
+if (!doc.gradlabKeys) {
+  doc.gradlabKeys = true;
+  doc.addEventListener("keydown", (e) => {
+    const tag = (e.target.tagName || "").toLowerCase();
+    if (["input", "textarea", "select"].includes(tag) || e.target.isContentEditable) return;
+    const label = {ArrowRight: "Next", PageDown: "Next", ArrowLeft: "Back", PageUp: "Back"}[e.key];
+    if (!label) return;
+    const button = [...doc.querySelectorAll("button")].find((b) => b.innerText.trim() === label && !b.disabled);
+    if (button) { e.preventDefault(); button.click(); }
+  });
+}
+</script>
+"""
+
+
+def arrow_keys() -> None:
+    """→ / PageDown press Next and ← / PageUp press Back on this page (not while typing in a field)."""
+    components.html(_KEYS_JS, height=0)

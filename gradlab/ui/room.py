@@ -104,6 +104,7 @@ def speaker_view(lecture, step: int) -> bool:
     back.button("Back", key="speaker_back", on_click=go, args=(step - 1,), disabled=step == 1, width="stretch")
     nxt.button("Next", key="speaker_next", on_click=go, args=(step + 1,), disabled=step == n, width="stretch",
                type="primary")
+    ui_lecture.arrow_keys()
     st.subheader(f"Now: {step}. {s.title}")
     st.markdown(f"*{s.narration}*")
     st.markdown(s.notes)
