@@ -19,18 +19,17 @@ st.markdown(
     "training example to remove it: the optimum moves, next to the influence function's prediction."
 )
 
-c1, c2, c3 = st.columns([3, 2, 2])
-with c1:
+# figure first: the field on the left, every control beside it
+field_col, side = st.columns([5, 2], gap="medium")
+with side:
     name = st.radio("Model and data", list(geometry.PROBLEMS), key="geo_problem", bind="query-params", index=1,
                     horizontal=True)  # short names: a bound radio writes the shown option into the URL
     st.caption(geometry.PROBLEMS[name])
-p = geometry.problem(name)
-with c2:
+    p = geometry.problem(name)
     clip_on = st.toggle("Clip each gᵢ at C", value=False, key="geo_clip", bind="query-params")
     noise_on = st.toggle("DP noise cloud", value=False, key="geo_noise", bind="query-params")
     paths_on = st.toggle("Trajectories", value=False, key="geo_paths", bind="query-params",
                          help="SGD, clipped SGD and DP-SGD from the same start with the same minibatches.")
-with c3:
     c_in = st.number_input("Clipping norm C", value=None, min_value=0.0, format="%.3g", key="geo_c",
                            bind="query-params", placeholder="median ‖gᵢ‖", help="Empty: the median per-example norm at θ.")
     sigma = st.number_input("Noise multiplier σ", value=1.0, min_value=0.0, step=0.5, key="geo_sigma",
@@ -39,18 +38,12 @@ with c3:
         st.session_state["geo_batch"] = p.n
     batch = int(st.number_input("Batch size B", value=min(p.batch_size, p.n), min_value=1, max_value=p.n, key="geo_batch",
                                 bind="query-params"))
-
-d1, d2, d3 = st.columns([2, 2, 3])
-with d1:
     steps = int(st.select_slider("Steps", options=[0, 5, 10, 20, 40, 80], value=20, key="geo_steps", bind="query-params"))
-with d2:
     lr = float(st.select_slider("Learning rate η", options=[0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0], value=p.lr,
                                 key="geo_lr", bind="query-params"))
-with d3:
     at = st.slider("Arrows drawn at step t of the SGD path", 0, max(steps, 1), key="geo_t", bind="query-params",
                    disabled=steps == 0)
-
-b1, b2, b3, _ = st.columns([1, 1, 1, 4])
+    b1, b2, b3 = st.columns(3)
 
 
 def _step(delta: int) -> None:
@@ -143,8 +136,9 @@ if remove is not None and name != "scalar":
     with ui.guard("This example cannot be removed"):
         removed = removal(name, int(remove))
 
-metrics_slot = st.empty()
-slot = st.empty()
+with field_col:
+    slot = st.empty()
+    metrics_slot = st.empty()
 playing = False
 if play and traj:
     playing = True

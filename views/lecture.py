@@ -33,7 +33,8 @@ if not ui_lecture.presenter_mode():  # notes never reach the projector: the spea
         st.markdown("**All steps** (each link opens that step with every control set):")
         for i, t in enumerate(LECTURE, start=1):
             st.page_link("views/lecture.py", label=f"{i}. {t.title}", query_params={"step": str(i)})
-st.divider()
+if not ui_lecture.presenter_mode():
+    st.divider()
 
 # the step's page, run here with the controls the step set
 runpy.run_path(s.preset.page, run_name="__main__")

@@ -26,9 +26,17 @@ html { font-size: 21px; }
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"] { display: none; }
 .stElementContainer:has(h1) + .stElementContainer:has([data-testid="stMarkdown"]) { display: none; }
 [data-testid="stCaptionContainer"] { display: none; }
-[data-testid="stMetricValue"] { font-size: min(2.1rem, 22cqi); }
-[data-testid="stMetricLabel"] p { font-size: min(1.0rem, 11cqi); }
-[data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; }
+[data-testid="stMetricValue"] { font-size: min(1.55rem, 22cqi); }
+[data-testid="stMetricLabel"] p { font-size: min(0.85rem, 11cqi); }
+[data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; padding-top: 3.7rem; padding-bottom: 2rem; }
+/* figure first on a 768 px projector: a compact title, no second page title, the toggle in the top bar */
+h1 { font-size: 1.65rem !important; padding: 0.1rem 0 0.2rem 0 !important; }
+.stElementContainer:has(h1) ~ .stElementContainer:has(h1) { display: none; }
+h4 { font-size: 1.0rem !important; font-weight: 500 !important; padding: 0 !important; }
+.st-key-presenter { position: fixed; bottom: 0.3rem; right: 1rem; z-index: 999991; width: auto !important;
+                    background: rgba(255, 255, 255, 0.85); padding: 0 0.4rem; border-radius: 0.4rem; }
+.st-key-presenter label p { font-size: 0.7rem; }
+[data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] { gap: 0.55rem; }
 </style>
 """
 
