@@ -648,6 +648,44 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
 _METHOD_NAMES = {"sgd": "SGD", "clipped": "clipped SGD", "dp": "DP-SGD"}
 
 
+def removal_zoom(removal, param_names=("w", "b")) -> go.Figure:
+    """A close-up of where removing one example moves the optimum: θ* (star), the retrained θ*₋ᵢ (cross) and
+    the influence-function prediction (diamond), on axes fitted to the three points (the move is often a
+    hundredth of the loss surface's window)."""
+    points = [(removal.optimum, "optimum θ*", "star", "gold"),
+              (removal.retrained, f"θ* without #{removal.index} (retrained)", "x", "#d62728"),
+              (removal.predicted, "influence-function prediction", "diamond-open", "#111111")]
+    fig = go.Figure()
+    for point, name, symbol, color in points:
+        fig.add_scatter(x=[float(point[0])], y=[float(point[1])], mode="markers", name=name,
+                        marker=dict(size=18, symbol=symbol, color=color, line=dict(color="#111111", width=1.5)))
+    fig.add_scatter(x=[float(removal.optimum[0]), float(removal.retrained[0])],
+                    y=[float(removal.optimum[1]), float(removal.retrained[1])], mode="lines", showlegend=False,
+                    line=dict(color="#d62728", dash="dot"), hoverinfo="skip")
+    pts = np.array([p[0] for p in points], np.float64)
+    half = max(float(np.ptp(pts, 0).max()), 1e-9) * 0.8
+    mid = (pts.max(0) + pts.min(0)) / 2
+    fig.update_xaxes(range=[mid[0] - half, mid[0] + half])
+    fig.update_yaxes(range=[mid[1] - half, mid[1] + half], scaleanchor="x", scaleratio=1)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return style_figure(fig, "Close-up: the optimum moves, the influence function predicts where",
+                        f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=420)
+
+
+def scalar_gradients(per_example, summed_loss_grad) -> go.Figure:
+    """The seeds' example: one bar per example's gradient (vmap(grad)), their sum, and the gradient of the summed
+    loss (grad(sum)): the last two are equal."""
+    per_example = [float(v) for v in np.ravel(per_example)]
+    names = [f"g{i + 1} (example {i + 1})" for i in range(len(per_example))] + ["Σᵢ gᵢ", "∇ Σᵢ ℓᵢ"]
+    values = per_example + [sum(per_example), float(summed_loss_grad)]
+    colors = ["#1f77b4"] * len(per_example) + ["#ff7f0e", "#2ca02c"]
+    fig = go.Figure(go.Bar(x=names, y=values, marker_color=colors, text=[f"{v:g}" for v in values],
+                           textposition="outside"))
+    fig.update_yaxes(range=[0, max(values) * 1.2])
+    return style_figure(fig, "Per-example gradients, their sum, and the gradient of the summed loss",
+                        "", "gradient in w", height=400)
+
+
 def _frame(fig: go.Figure, xr: tuple[float, float], yr: tuple[float, float], margin: float = 0.04):
     """Axis ranges that hold the surface's window and every point drawn on it (arrow tips, the clipping ball,
     the noise cloud, paths, markers), with a `margin` (a fraction of the span) around them: no arrow is cut."""

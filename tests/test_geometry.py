@@ -104,3 +104,16 @@ def test_every_arrow_tip_lies_inside_the_frame():
     tips = theta + grads
     assert (x0 < tips[:, 0]).all() and (tips[:, 0] < x1).all() and (y0 < tips[:, 1]).all() and (tips[:, 1] < y1).all()
     assert x0 <= -1 and x1 >= 1 and y0 <= -1 and y1 >= 1  # the whole loss surface still shows
+
+
+def test_removal_close_up_frames_the_three_points():
+    import numpy as np
+
+    from gradlab import geometry, plots
+
+    r = geometry.remove_example(geometry.problem("logistic"), 2)
+    fig = plots.removal_zoom(r)
+    (x0, x1), (y0, y1) = fig.layout.xaxis.range, fig.layout.yaxis.range
+    pts = np.array([r.optimum, r.retrained, r.predicted])
+    assert (x0 < pts[:, 0]).all() and (pts[:, 0] < x1).all() and (y0 < pts[:, 1]).all() and (pts[:, 1] < y1).all()
+    assert x1 - x0 < 4 * np.ptp(pts, 0).max() + 1e-6  # a close-up, not the whole window

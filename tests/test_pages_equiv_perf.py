@@ -37,3 +37,13 @@ def test_performance_page_sweep_and_controls():
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     assert any("streamed norms / batch" in m.label for m in at.metric)
+
+
+def test_the_scalar_example_draws_the_seeds_numbers():
+    """Step 1's point as a figure: bars g1 = 2, g2 = 8, their sum 10 and the summed loss's gradient 10."""
+    import json
+
+    at = open_page("equivalence", eq_example="scalar")
+    assert_clean(at)
+    bars = json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]
+    assert bars["type"] == "bar" and [float(v) for v in bars["y"]] == [2.0, 8.0, 10.0, 10.0]

@@ -107,7 +107,8 @@ def draw(t: int, slot, metrics_slot) -> None:
     fig = plots.gradient_field(surf, theta, grads, mean, scale=scale, labels=p.labels, marked=p.marked,
                                marked_name=p.marked_name, param_names=p.param_names,
                                clip_norm=clip_norm if clip_on else None, clipped=clipped, clipped_mean=clipped_mean,
-                               cloud=cloud, trajectories=traj if paths_on else None, removal=removed)
+                               cloud=cloud, removal=removed,  # no DP path before clipping or noise is on
+                               trajectories=(traj if clip_on or noise_on else {"sgd": traj["sgd"]}) if paths_on and traj else None)
     with slot.container():
         ui.chart(fig, key=f"geo_field_{t}" if playing else None)
     with metrics_slot.container():
@@ -175,6 +176,7 @@ with right:
         r[1].metric("Influence error", f"{removed.error:.1%}",
                     help="‖predicted − retrained‖ / ‖retrained − θ*‖: the influence function "
                          "θ* + (1/N)·H⁻¹∇ℓᵢ(θ*) (Koh & Liang 2017) against actual retraining.")
+        ui.chart(plots.removal_zoom(removed, p.param_names))
 
 ui.code_panel(
     """
