@@ -70,13 +70,6 @@ with ui.guard("The clipping analysis could not be computed"):
     with st.spinner("Streaming per-example gradients for every C on the grid…"):
         a = analysis_at(exp, ckpt, clip_norm, fitted)
     i = a.index
-    m = st.columns(5)
-    m[0].metric("Clipping norm C", f"{clip_norm:.3g}", help="Median per-example norm" if c_in is None else "Set by hand")
-    m[1].metric("Fraction clipped", f"{a.fraction_clipped[i]:.1%}", help="Share of examples with ‖gᵢ‖ > C.")
-    m[2].metric("cos∠(Ḡ_C, G)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
-    m[3].metric("‖Ḡ_C‖ / ‖G‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
-    m[4].metric("Per-layer: cos, fraction", f"{a.cosine_layer[i]:.3f}, {a.fraction_clipped_layer[i]:.0%}",
-                help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
     left, right = st.columns(2)
     with left:
         ui.chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
@@ -84,6 +77,13 @@ with ui.guard("The clipping analysis could not be computed"):
         ui.chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
                                                   norm_ratio_layer=a.norm_ratio_layer, fraction_clipped=a.fraction_clipped),
                         width="stretch")
+    m = st.columns(5)
+    m[0].metric("Clipping norm C", f"{clip_norm:.3g}", help="Median per-example norm" if c_in is None else "Set by hand")
+    m[1].metric("Fraction clipped", f"{a.fraction_clipped[i]:.1%}", help="Share of examples with ‖gᵢ‖ > C.")
+    m[2].metric("cos∠(Ḡ_C, G)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
+    m[3].metric("‖Ḡ_C‖ / ‖G‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
+    m[4].metric("Per-layer: cos, fraction", f"{a.cosine_layer[i]:.3f}, {a.fraction_clipped_layer[i]:.0%}",
+                help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
     st.caption(
         "Flat clipping (solid) scales the whole gradient of an example; per-layer clipping (dashed) clips each of the "
         f"{len(a.layer_norms)} parameter leaves to C/√{len(a.layer_norms)} separately: same total sensitivity C, "

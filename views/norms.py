@@ -40,20 +40,6 @@ with st.spinner("Computing per-example gradients…"):
 flipped = data.flipped
 noisy = bool(flipped.any())
 det = detection_roc(s.norms, flipped) if noisy else None
-m = st.columns(5)
-m[0].metric("Training examples N", f"{len(s.norms):,}", help=f"P = {s.num_params:,} parameters")
-m[1].metric("Median norm", f"{np.median(s.norms):.3g}")
-m[2].metric("Max / median", f"{s.norms.max() / max(np.median(s.norms), 1e-30):.1f}×", help="How far the largest example sticks out.")
-m[3].metric("Noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noise_scale) else "∞",
-            help="tr(Σ)/‖G‖² (McCandlish et al. 2018): the batch size at which gradient noise and signal are comparable. "
-                 "Larger means bigger batches still help.")
-if det is not None:
-    m[4].metric("Mislabel detection AUC", f"{det.auc:.3f}", help="ROC AUC of the norm as a detector of the flipped labels.")
-elif data.task == "classification":
-    m[4].metric("Training accuracy", f"{np.mean(s.predictions == data.y_train):.1%}")
-
-
-
 @ui.fragment
 def histograms():
     """The log-scale toggle reruns only these figures (st.fragment), not the whole page."""
@@ -68,6 +54,19 @@ def histograms():
 
 
 histograms()
+
+# the numbers under the figures: on a projector the histogram comes first
+m = st.columns(5)
+m[0].metric("Training examples N", f"{len(s.norms):,}", help=f"P = {s.num_params:,} parameters")
+m[1].metric("Median norm", f"{np.median(s.norms):.3g}")
+m[2].metric("Max / median", f"{s.norms.max() / max(np.median(s.norms), 1e-30):.1f}×", help="How far the largest example sticks out.")
+m[3].metric("Noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noise_scale) else "∞",
+            help="tr(Σ)/‖G‖² (McCandlish et al. 2018): the batch size at which gradient noise and signal are comparable. "
+                 "Larger means bigger batches still help.")
+if det is not None:
+    m[4].metric("Mislabel detection AUC", f"{det.auc:.3f}", help="ROC AUC of the norm as a detector of the flipped labels.")
+elif data.task == "classification":
+    m[4].metric("Training accuracy", f"{np.mean(s.predictions == data.y_train):.1%}")
 
 st.subheader(f"The {k} examples with the largest gradient norm")
 top = np.argsort(-s.norms)[:k]

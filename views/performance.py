@@ -23,6 +23,7 @@ WORKLOADS = {"experiment": "Current experiment's model (sidebar, untrained weigh
 SIZES = [4, 16, 64, 256, 1024]
 DEFAULT_APPROACHES = ["loop", "vmap", "batch", "norms"]
 
+figure = st.container()  # figure first: the timings above the controls that set them
 c1, c2 = st.columns([3, 2])
 with c1:
     workload = st.radio("Workload", list(WORKLOADS), format_func=WORKLOADS.get, horizontal=True,
@@ -110,27 +111,27 @@ at_top = {r["approach"]: r for r in rows if r["n"] == n_top}
 n_loop = max((r["n"] for r in rows if r["approach"] == "loop"), default=None)
 at_loop = {r["approach"]: r for r in rows if r["n"] == n_loop}
 
-m = st.columns(4)
-if "loop" in at_loop and "vmap" in at_loop:
-    m[0].metric("vmap speed-up over loop", help=f"Loop time / vmap(grad) time at N = {n_loop}.", value=
-                f"{at_loop['loop']['run_s'] / at_loop['vmap']['run_s']:.0f}×")
-if "vmap" in at_top and "batch" in at_top:
-    m[1].metric("vmap / batch gradient", f"{at_top['vmap']['run_s'] / at_top['batch']['run_s']:.1f}×",
-                help=f"At N = {n_top}: what materializing N×P per-example gradients costs on top of one gradient.")
-if "norms" in at_top and "batch" in at_top:
-    m[2].metric("streamed norms / batch gradient", f"{at_top['norms']['run_s'] / at_top['batch']['run_s']:.2f}×", help=f"At N = {n_top}.")
-if "vmap" in at_top:
-    m[3].metric("vmap compile time", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
-                help=f"At N = {n_top}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
-
-left, right = st.columns(2)
-with left:
-    ui.chart(plots.timing_vs_n(rows, labels), width="stretch")
-with right:
-    if any(r["approach"] == "loop" for r in rows):
-        ui.chart(plots.speedup_vs_loop(rows, labels), width="stretch")
-    else:
-        st.info("Add the Python loop to see speed-ups over it.")
+with figure:
+    left, right = st.columns(2)
+    with left:
+        ui.chart(plots.timing_vs_n(rows, labels), width="stretch")
+    with right:
+        if any(r["approach"] == "loop" for r in rows):
+            ui.chart(plots.speedup_vs_loop(rows, labels), width="stretch")
+        else:
+            st.info("Add the Python loop to see speed-ups over it.")
+    m = st.columns(4)
+    if "loop" in at_loop and "vmap" in at_loop:
+        m[0].metric("vmap speed-up over loop", help=f"Loop time / vmap(grad) time at N = {n_loop}.", value=
+                    f"{at_loop['loop']['run_s'] / at_loop['vmap']['run_s']:.0f}×")
+    if "vmap" in at_top and "batch" in at_top:
+        m[1].metric("vmap / batch gradient", f"{at_top['vmap']['run_s'] / at_top['batch']['run_s']:.1f}×",
+                    help=f"At N = {n_top}: what materializing N×P per-example gradients costs on top of one gradient.")
+    if "norms" in at_top and "batch" in at_top:
+        m[2].metric("streamed norms / batch gradient", f"{at_top['norms']['run_s'] / at_top['batch']['run_s']:.2f}×", help=f"At N = {n_top}.")
+    if "vmap" in at_top:
+        m[3].metric("vmap compile time", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
+                    help=f"At N = {n_top}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
 
 table = pd.DataFrame(rows).assign(approach=lambda d: d["approach"].map(bench.APPROACHES))
 table["run ms"] = table.pop("run_s") * 1e3
