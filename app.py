@@ -27,9 +27,12 @@ ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every def
 page = st.navigation(PAGES, position="top" if ui_lecture.presenter_mode() else "sidebar")
 started = time.perf_counter()
 try:
+    ui.remember_url()  # the link as opened: url_warnings names what in it could not be used
     ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
     ui.experiment_sidebar()
+    warnings = st.container()
     page.run()
+    ui.url_warnings(warnings, page.url_path)
     ui.share_link()
 finally:
     if os.environ.get("GRADLAB_LOG_RUNS"):  # server time per script run, for benchmarks/latency.py

@@ -57,7 +57,7 @@ def test_dp_page_bad_inputs_show_errors(key, value, message):
 
 def test_dp_page_trains_private_and_nonprivate():
     at = open_page("dp_clipping", model="linear", **FAST)
-    at.radio(key="dp_sgd_mode").set_value("σ").run()
+    at.radio(key="dp_sgd_mode").set_value("sigma").run()
     at.number_input(key="dp_sgd_sigma").set_value(1.0).run()
     at.number_input(key="dp_sgd_steps").set_value(20).run()
     at.radio(key="dp_sgd_accountant").set_value("pld").run()
@@ -83,7 +83,7 @@ def test_dp_page_trains_private_and_nonprivate():
     eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=1.0, steps=20, delta=1e-5, accountant="pld")
     assert metric(at, "ε spent") == f"{eps:.2f}"
     # target-ε mode: σ is calibrated and the caption states it, with δ and the accountant
-    at.radio(key="dp_sgd_mode").set_value("target ε").run()
+    at.radio(key="dp_sgd_mode").set_value("epsilon").run()
     assert_clean(at)
     assert any("Poisson sampling" in c.value and "δ" in c.value for c in at.caption)
 

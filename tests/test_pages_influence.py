@@ -34,7 +34,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     # TRAK on a convex model with k ≥ P (650 parameters) and no damping: the Gauss–Newton matrix of softmax
     # regression is its Hessian and both ensemble models converge to the one optimum, so TRAK is the influence function
     at.select_slider(key="infl_damping").set_value(0.0)
-    at.selectbox(key="infl_method").set_value("TRAK")
+    at.selectbox(key="infl_method").set_value("trak")
     at.run()
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
@@ -43,7 +43,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     at.select_slider(key="infl_damping").set_value(1e-2)
     # under Adam, TracIn says it follows the SGD-trained run
     at.number_input(key="infl_test").set_value(5)
-    at.selectbox(key="infl_method").set_value("TracIn")
+    at.selectbox(key="infl_method").set_value("tracin")
     at.selectbox(key="infl_solver").set_value("cg")
     at.selectbox(key="infl_self").set_value("TracIn")
     at.slider(key="infl_top_pct").set_value(20)

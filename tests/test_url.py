@@ -100,3 +100,26 @@ def test_an_upload_is_named_by_its_bytes_label_and_task():
     assert Experiment(dataset=a).is_upload and not Experiment().is_upload
     assert len({a, upload_name(b"x,y\n1,1\n", "y", "classification"), upload_name(b"x,y\n1,0\n", "x", "classification"),
                 upload_name(b"x,y\n1,0\n", "y", "regression")}) == 4
+
+
+def test_short_codes_work_and_a_bad_link_value_is_named_not_dropped_silently():
+    """`dp_sgd_accountant=pld` and `dp_sgd_opt=sgd` are codes the controls take as written; `eq_example=scalar` too.
+    A link with an unknown code and a word for a number says which values it could not use."""
+    good = _open("dp_clipping", {"dataset": "breast_cancer", "model": "linear", "steps": "50", "checkpoint_every": "25",
+                                 "dp_sgd_accountant": "pld", "dp_sgd_opt": "sgd"})
+    assert_clean(good)
+    assert at_value(good, "dp_sgd_accountant") == "pld" and at_value(good, "dp_sgd_opt") == "sgd"
+    assert not [w for w in good.warning if "link" in w.value]
+    from streamlit.testing.v1 import AppTest
+
+    bad = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)  # the link opened directly on its page
+    bad.query_params.update({"eq_example": "nonsense", "steps": "many"})
+    bad.switch_page("views/equivalence.py")
+    bad.run()
+    assert_clean(bad)
+    text = " ".join(w.value for w in bad.warning)
+    assert "eq_example=nonsense" in text and "steps=many" in text, text
+
+
+def at_value(at, key):
+    return at.session_state[key]

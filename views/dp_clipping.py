@@ -124,7 +124,7 @@ st.markdown(
 )
 
 PRESET = dict(dataset="digits", model="linear", dp_sgd_q=round(512 / 1437, 4), dp_sgd_steps=200, dp_sgd_c=0.5,
-              dp_sgd_opt="adam", dp_sgd_lr=0.02, dp_sgd_mode="target ε", dp_sgd_eps=3.0, dp_sgd_delta=1e-5,
+              dp_sgd_opt="adam", dp_sgd_lr=0.02, dp_sgd_mode="epsilon", dp_sgd_eps=3.0, dp_sgd_delta=1e-5,
               dp_sgd_accountant="rdp", dp_sgd_seed=0)
 LRS = [0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.3, 1.0, 3.0]
 
@@ -137,6 +137,7 @@ def _preset():
 st.button("Preset: ≥ 90% test accuracy on digits at ε ≤ 3 (δ = 1e-5)", on_click=_preset, key="dp_sgd_preset",
           help="Softmax regression, expected batch 512 (q = 512/N), 200 steps of Adam (lr 0.02), C = 0.5, σ calibrated "
                "so the whole run spends ε = 3 (RDP accountant). Switches the sidebar to digits + linear.")
+NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
 d1, d2, d3, d4 = st.columns(4)
 with d1:
     q = st.number_input("Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
@@ -145,12 +146,10 @@ with d1:
                             bind="query-params")
 with d2:
     c_dp = st.number_input("Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c", bind="query-params")
-    optimizer = st.selectbox("Optimizer (optax)", list(OPTIMIZERS), format_func=OPTIMIZERS.get, key="dp_sgd_opt",
-                             bind="query-params")
+    optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
 with d3:
-    mode = st.radio("Noise", ["target ε", "σ"], horizontal=True, key="dp_sgd_mode", bind="query-params",
-                    help="Calibrate σ so the whole run spends the target ε, or set σ by hand.")
-    if mode == "target ε":
+    mode = ui.choice(st.radio, "Noise", NOISE_MODES, "dp_sgd_mode", horizontal=True)
+    if mode == "epsilon":
         eps_target = st.number_input("Target ε", value=3.0, step=0.5, key="dp_sgd_eps", bind="query-params")
         sigma_in = None
     else:
@@ -160,8 +159,7 @@ with d3:
 with d4:
     delta = st.number_input("δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta", bind="query-params",
                             help=f"Default below 1/N = {1 / n_train:.1e}.")
-    accountant = st.radio("Accountant", list(privacy.ACCOUNTANTS), horizontal=True, key="dp_sgd_accountant",
-                          format_func=str.upper, bind="query-params", help="RDP (moments accountant) or PLD (tighter).")
+    accountant = ui.choice(st.radio, "Accountant", privacy.ACCOUNTANTS, "dp_sgd_accountant", horizontal=True)
     seed = st.number_input("Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed", bind="query-params")
 
 

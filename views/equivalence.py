@@ -17,11 +17,10 @@ st.markdown(
     "or the seeds' scalar example, then the mean-vs-sum trap and the seeds' pitfalls, executed live."
 )
 
-EXAMPLES = {"experiment": "Current experiment (sidebar)", "scalar": "The seeds' scalar example (w·x)², w = 1, x = [1, 2]"}
+EXAMPLES = {"experiment": "the current experiment (sidebar)", "scalar": "the seeds' (w·x)², w = 1, x = [1, 2]"}
 c1, c2 = st.columns([3, 2])
 with c1:
-    example = st.radio("Example", list(EXAMPLES), format_func=EXAMPLES.get, horizontal=True,
-                       key="eq_example", bind="query-params")
+    example = ui.choice(st.radio, "Example", EXAMPLES, "eq_example", horizontal=True)
 with c2:
     reduction = st.radio("Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction", bind="query-params",
                          help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")

@@ -121,10 +121,7 @@ SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn
 SHORT = {m_: SHORT.get(m_, m_) for m_ in inf.METHODS}  # the library's list; short names go into the URL
 c1, c2, c3, c4, c5 = st.columns([2, 1, 1, 1, 1])
 with c1:
-    picked_method = st.selectbox("Scoring method", list(SHORT.values()), key="infl_method", bind="query-params",
-                                 index=list(SHORT).index("influence"),
-                                 help="\n".join(f"- **{SHORT[m_]}**: {label}" for m_, label in inf.METHODS.items()))
-    method = {v: k for k, v in SHORT.items()}[picked_method]
+    method = ui.choice(st.selectbox, "Scoring method", inf.METHODS, "infl_method", index=list(inf.METHODS).index("influence"))
 with c2:
     l2 = st.select_slider(
         "Regularization λ", options=[1e-4, 1e-3, 1e-2, 1e-1], value=1e-2, format_func=lambda v: f"{v:g}",

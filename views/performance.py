@@ -26,8 +26,7 @@ DEFAULT_APPROACHES = ["loop", "vmap", "batch", "norms"]
 figure = st.container()  # figure first: the timings above the controls that set them
 c1, c2 = st.columns([3, 2])
 with c1:
-    workload = st.radio("Workload", list(WORKLOADS), format_func=WORKLOADS.get, horizontal=True,
-                        key="perf_workload", bind="query-params")
+    workload = ui.choice(st.radio, "Workload", WORKLOADS, "perf_workload", horizontal=True)
     approaches = st.multiselect("Approaches", list(bench.APPROACHES), default=DEFAULT_APPROACHES,
                                 format_func=bench.APPROACHES.get, key="perf_approaches", bind="query-params")
 with c2:

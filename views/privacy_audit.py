@@ -50,8 +50,7 @@ with c3:
     eps_target = st.number_input("Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
                                  bind="query-params", help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
 with c4:
-    optimizer = st.selectbox("Optimizer (optax)", list(OPTIMIZERS), format_func=OPTIMIZERS.get, key="mia_opt",
-                             bind="query-params")
+    optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "mia_opt")
     lr = st.select_slider("Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr",
                           bind="query-params")
 delta = 1e-5
@@ -152,8 +151,7 @@ with a2:
 with a3:
     trials = st.select_slider("Trials", options=[4096, 16384, 65536, 131072, 262144], value=16384, key="audit_trials",
                               bind="query-params", help="Each trial is one training run's worth of canary; 2048 run at once.")
-    canary = st.radio("Canary", list(audit.CANARIES), format_func=lambda k: audit.CANARIES[k].split(" (")[0],
-                      horizontal=True, key="audit_canary", bind="query-params")
+    canary = ui.choice(st.radio, "Canary", audit.CANARIES, "audit_canary", horizontal=True)
 with a4:
     bug = st.selectbox("Spot the bug: plant one", ["none (correct DP-SGD)"] + list(audit.BUGS), key="audit_bug",
                        bind="query-params", help="A mistake real DP-SGD code has shipped, planted in the DP-SGD step.")

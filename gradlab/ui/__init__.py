@@ -10,15 +10,16 @@ Pages import `from gradlab import ui` and use the names re-exported here.
 
 from gradlab.ui.cache import fill_store_in_background, fitted, num_params, on_request, requested, shared
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
-                              experiment_sidebar, follow_preset, preset_banner, preset_picker, share_link)
+                              experiment_sidebar, follow_preset, preset_banner, preset_picker, remember_url,
+                              share_link, url_warnings)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
-from gradlab.ui.widgets import (chart, checkpoint_picker, code_panel, download, download_gradients, fragment, guard,
+from gradlab.ui.widgets import (chart, checkpoint_picker, choice, code_panel, download, download_gradients, fragment, guard,
                                 plotly_config, terms)
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
-    "apply_preset", "chart", "checkpoint_picker", "code_panel", "download", "download_gradients",
+    "apply_preset", "chart", "checkpoint_picker", "choice", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard",
     "num_params", "plotly_config", "preset_banner", "preset_picker", "on_request", "requested",
-    "share_link", "shared", "terms", "upload_controls", "uploaded",
+    "remember_url", "share_link", "shared", "url_warnings", "terms", "upload_controls", "uploaded",
 ]

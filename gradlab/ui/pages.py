@@ -47,6 +47,7 @@ PAGES: tuple[Page, ...] = (
 )
 
 BY_PATH: dict[str, Page] = {p.path: p for p in PAGES}
+BY_URL: dict[str, Page] = {p.url_path: p for p in PAGES}
 
 
 def page(path: str) -> Page:

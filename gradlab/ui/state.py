@@ -110,6 +110,48 @@ def share_link() -> str | None:
     return link
 
 
+# ---------------------------------------------------------------- hand-written links
+
+_FIRST_URL = "_first_url"
+
+
+def remember_url() -> None:
+    """Keep this session's first URL parameters (call before any widget is drawn): `url_warnings` checks them."""
+    if _FIRST_URL not in st.session_state:
+        st.session_state[_FIRST_URL] = st.query_params.to_dict()
+
+
+def _same(raw: str, value) -> bool:
+    if value is None:
+        return raw == ""
+    if isinstance(value, bool):
+        return raw.lower() == str(value).lower()
+    if isinstance(value, (int, float)):
+        try:
+            return abs(float(raw) - float(value)) <= 1e-9 * max(1.0, abs(float(value)))
+        except ValueError:
+            return False
+    if isinstance(value, (list, tuple)):
+        return True  # a multiselect: Streamlit keeps the valid items
+    return raw == str(value)
+
+
+def url_warnings(slot, url_path: str) -> None:
+    """Once per session, after its first run: name every parameter of the first URL that a control of this page or
+    the sidebar did not take as written (an unknown code, a number out of range, a word for a number), and the
+    value used instead, in `slot` (a container at the top of the page). Streamlit itself drops them silently."""
+    first = st.session_state.get(_FIRST_URL)
+    if first is None or st.session_state.get("_url_checked") or url_path not in pages.BY_URL or url_path == "lecture":
+        return  # a lecture step sets its own controls over the link's
+    st.session_state["_url_checked"] = True
+    keys = [*CONTROLS, *pages.BY_URL[url_path].controls]
+    bad = [f"`{k}={first[k]}` (shown: {st.session_state[k]!r})" for k in keys
+           if k in first and k in st.session_state and not _same(first[k], st.session_state[k])]
+    if bad:
+        slot.warning("This link has values this page cannot use, so it shows others: " + ", ".join(bad)
+                     + ". Check the spelling, or pick the value with the control.", icon=":material/link_off:")
+
+
 # ---------------------------------------------------------------- presets
 
 _PRESET_GOTO = "_preset_goto"

@@ -146,3 +146,19 @@ def terms(*names: str, label: str = "Terms") -> None:
     with st.popover(label, icon=":material/menu_book:"):
         for name in names:
             st.markdown(f"**{name}**: {glossary.explain(name)}")
+
+
+def choice(kind, label: str, choices: dict, key: str, **kwargs):
+    """A radio or selectbox bound to the URL whose value there is a short stable code (`?eq_example=scalar`).
+
+    `choices`: `{code: description}`. Streamlit writes the shown option into the URL, so the options shown are
+    the codes, and each description goes beside them (a radio's captions, a selectbox's help). A hand-written
+    code works; anything else is reported by `url_warnings`. **Returns** the chosen code.
+    """
+    codes = list(choices)
+    if kind is st.radio:
+        kwargs.setdefault("captions", [choices[c] for c in codes])
+    else:
+        listing = "\n".join(f"- **{c}**: {choices[c]}" for c in codes)
+        kwargs["help"] = f"{kwargs['help']}\n\n{listing}" if kwargs.get("help") else listing
+    return kind(label, codes, key=key, bind="query-params", **kwargs)
