@@ -27,8 +27,16 @@ from gradlab.ui.presets import LECTURE
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_step(step: int, *, presenter: bool = False, timeout: float = 600):
-    """Run lecture step `step` (1-based) in a fresh `AppTest` session; return `(seconds, AppTest)`.
+def press_heavy_sections(at) -> None:
+    """Press every heavy section's button on the page (`ui.on_request`): the results are then stored for all."""
+    for key in [b.key for b in at.button if (b.key or "").startswith("run_")]:
+        at.button(key=key).click()
+        at.run()
+
+
+def run_step(step: int, *, presenter: bool = False, press: bool = False, timeout: float = 600):
+    """Run lecture step `step` (1-based) in a fresh `AppTest` session, pressing its heavy sections' buttons when
+    `press`; return `(seconds, AppTest)`.
 
     **Raises** `RuntimeError` if the page shows an exception.
     """
@@ -39,6 +47,8 @@ def run_step(step: int, *, presenter: bool = False, timeout: float = 600):
     at.switch_page("views/lecture.py")
     start = time.perf_counter()
     at.run()
+    if press:
+        press_heavy_sections(at)
     seconds = time.perf_counter() - start
     if at.exception:
         raise RuntimeError(f"lecture step {step}: {at.exception[0].value}")
@@ -59,10 +69,8 @@ def run_page(page: str, *, press: bool = False, timeout: float = 600):
     at.switch_page(page if page.endswith(".py") else f"views/{page}.py")
     start = time.perf_counter()
     at.run()
-    if press:  # the heavy sections' buttons (ui.on_request): their results are then stored for every visitor
-        for key in [b.key for b in at.button if (b.key or "").startswith("run_")]:
-            at.button(key=key).click()
-            at.run()
+    if press:
+        press_heavy_sections(at)
     seconds = time.perf_counter() - start
     if at.exception:
         raise RuntimeError(f"page {page}: {at.exception[0].value}")
@@ -78,7 +86,7 @@ def fill(*, pages: bool = True, log=print) -> float:
         seconds, _ = run_page(page, press=True)
         log(f"page {page:24s} {seconds:6.2f} s")
     for i in range(1, len(LECTURE) + 1):
-        seconds, _ = run_step(i)
+        seconds, _ = run_step(i, press=True)
         log(f"step {i:2d}          {seconds:6.2f} s  {LECTURE[i - 1].title}")
     return time.perf_counter() - start
 
