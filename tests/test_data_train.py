@@ -78,3 +78,13 @@ def test_metrics_against_hand_computed_values():
     G = g.mean(0)
     cov_trace = np.trace(np.cov(g.T, ddof=1))
     assert gradient_noise_scale((g**2).sum(1), float(G @ G)) == pytest.approx(cov_trace / (G @ G))
+
+
+def test_count_params_from_shapes_equals_the_built_model():
+    """`experiment.count_params` traces the initializer without running it; it must count what the model holds."""
+    from gradlab import engine
+    from gradlab.experiment import Experiment, count_params, init_model, load_data
+
+    for exp in (Experiment(), Experiment(width=32, depth=3), Experiment(model="cnn"), Experiment(model="linear", dataset="moons")):
+        data = load_data(exp)
+        assert count_params(exp, data) == engine.num_params(init_model(exp, data)), exp
