@@ -21,7 +21,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from gradlab import costs, engine, losses, memory
+from gradlab import costs, losses, memory
 from gradlab import data as data_mod
 from gradlab.models import ModelSpec, build_model
 from gradlab.train import TrainResult, train
