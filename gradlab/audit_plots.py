@@ -29,7 +29,7 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
                                  line=dict(color="black", width=3), fill=None))
     fig.update_xaxes(type="log", range=[np.log10(floor), 0])
     fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
-    fig.update_layout(legend=dict(x=0.42, y=0.05, bgcolor="rgba(255,255,255,0.8)"))
+    fig.update_layout(legend=dict(orientation="h", y=-0.22))  # under the axes: never over the curves
     return style_figure(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",
                    height=480)
 

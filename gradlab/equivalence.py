@@ -54,6 +54,14 @@ def scalar_example() -> tuple[Callable, float, Any, Any]:
     return scalar_loss, 1.0, jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0])
 
 
+def scalar_gradients() -> tuple[np.ndarray, float]:
+    """The seeds' example through the engine. **Returns** `(per-example gradients in w (2,), gradient of the
+    summed loss)`: `[2., 8.]` and `10.` (seed 000: `per_example_grads` gives `Array([2., 8.])`)."""
+    loss, w, xs, ys = scalar_example()
+    return (np.asarray(engine.per_example_grads(loss, w, xs, ys)),
+            float(engine.batch_grad(loss, w, xs, ys, reduction="sum")))
+
+
 @dataclasses.dataclass(frozen=True)
 class LeafDiff:
     """Way (a) vs way (b) for one parameter leaf.

@@ -40,10 +40,11 @@ def test_performance_page_sweep_and_controls():
 
 
 def test_the_scalar_example_draws_the_seeds_numbers():
-    """Step 1's point as a figure: bars g1 = 2, g2 = 8, their sum 10 and the summed loss's gradient 10."""
+    """Step 1's point as a figure, on Equivalence and as Home's picture: bars g1 = 2, g2 = 8, their sum 10 and the
+    summed loss's gradient 10."""
     import json
 
-    at = open_page("equivalence", eq_example="scalar")
-    assert_clean(at)
-    bars = json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]
-    assert bars["type"] == "bar" and [float(v) for v in bars["y"]] == [2.0, 8.0, 10.0, 10.0]
+    for at in (open_page("equivalence", eq_example="scalar"), open_page("home")):
+        assert_clean(at)
+        bars = json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]
+        assert bars["type"] == "bar" and [float(v) for v in bars["y"]] == [2.0, 8.0, 10.0, 10.0]

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import engine, equivalence, plots, ui
+from gradlab import equivalence, plots, ui
 
 st.title("Equivalence")
 st.markdown(
@@ -39,14 +39,6 @@ def comparison(exp, example, _fitted=None):
     return *equivalence.compare_all(f.loss_fn, f.model, xs, ys), equivalence.shapes(f.loss_fn, f.model, xs, ys)
 
 
-@ui.shared(gated=False)
-def scalar_gradients():
-    """The seeds' example through the engine: per-example gradients in w, and the gradient of the summed loss."""
-    loss, w, xs, ys = equivalence.scalar_example()
-    return (np.asarray(engine.per_example_grads(loss, w, xs, ys)),
-            float(engine.batch_grad(loss, w, xs, ys, reduction="sum")))
-
-
 @ui.shared(label="Running the pitfalls")
 def pitfalls():
     return equivalence.run_pitfalls()
@@ -68,7 +60,7 @@ with ui.guard("The two ways could not be compared"):
 
 if result is not None:
     if example == "scalar":  # the seeds' numbers as a figure: [2, 8] per example, 10 both ways
-        ui.chart(plots.scalar_gradients(*scalar_gradients()))
+        ui.chart(plots.scalar_gradients(*ui.shared(gated=False)(equivalence.scalar_gradients)()))
     m = st.columns(4)
     m[0].metric("N examples", f"{cmp.n:,}", help=f"P = {cmp.num_params:,} parameters")
     m[1].metric("float32: max rel. |a − b|", f"{cmp.max_rel32:.1e}",

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from gradlab import ui
+from gradlab import equivalence, plots, ui
 from gradlab.ui.presets import LECTURE, PRESETS
 
 st.title("gradlab: per-example gradients, made visible")
@@ -18,6 +18,8 @@ the loss of a *single* example, differentiated with `grad`, vectorized over the 
 """
     )
     st.code("per_example_grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xs, ys)", language="python", wrap_lines=True)
+    # the picture: the seeds' two examples, computed live: one gradient each, and their sum is the batch's
+    ui.chart(plots.scalar_gradients(*ui.shared(gated=False)(equivalence.scalar_gradients)()))
     st.markdown(
         """
 It costs about as much as one batch gradient, not N of them. **Why people need it:**
