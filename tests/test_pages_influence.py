@@ -62,6 +62,8 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     pear = _metric(at, "Pearson r")
     assert pear and float(pear[0].value) > 0.9  # a converged convex model: predictions track retraining
     assert _metric(at, "Spearman ρ(TracIn, actual)")
+    # the verdict at the top of the page carries the same number
+    assert any(f"r = {pear[0].value}" in x.value and "holds" in x.value for x in at.success)
 
     # the LDS of every method on the same subsets, behind its button
     at.select_slider(key="infl_lds_m").set_value(20)
