@@ -131,3 +131,33 @@ def test_influence_and_performance_links_over_the_work_budget_are_refused(monkey
     text = " ".join(e.value for e in perf.error)
     assert "CPU-seconds" in text and "sweep" in text.lower(), text
     assert not perf.metric
+
+
+CRAFTED_SELECTIONS = [
+    None, {}, {"selection": None}, {"selection": {"points": []}}, {"selection": {"points": "x"}},
+    {"selection": {"points": [None]}}, {"selection": {"points": [{"customdata": "1; DROP"}]}},
+    {"selection": {"points": [{"customdata": ["a"]}]}}, {"selection": {"points": [{"point_index": -3}]}},
+    {"selection": {"points": [{"point_index": 10**30}]}}, {"selection": {"points": [{"point_index": float("nan")}]}},
+    {"selection": {"points": [{"point_index": 2.5}]}}, {"selection": {"points": [{"customdata": True}]}},
+    {"selection": {"points": [{"customdata": [7, "x"]}]}},
+]
+
+
+def test_a_crafted_chart_selection_is_ignored_never_a_traceback():
+    """What a visitor's client may send as a Plotly selection: only a whole index in range picks an example."""
+    from gradlab.ui import picked_index
+
+    results = [picked_index(event, 10) for event in CRAFTED_SELECTIONS]
+    assert results[:-1] == [None] * (len(CRAFTED_SELECTIONS) - 1) and results[-1] == 7
+    assert picked_index({"selection": {"points": [{"point_index": 3}]}}, 10) == 3
+
+
+@pytest.mark.parametrize("page, key", [("geometry", "geo_pick"), ("influence", "infl_pick")])
+def test_pages_survive_crafted_selections(page, key):
+    from conftest import assert_clean, open_page
+
+    at = open_page(page, steps=20, checkpoint_every=10)
+    for event in CRAFTED_SELECTIONS[4:8]:
+        at.session_state[key] = event
+        at.run()
+        assert_clean(at)

@@ -80,12 +80,9 @@ def removal(name, index):
 
 # click a training example (in the data chart) to remove it
 PICK = "geo_pick"
-event = st.session_state.get(PICK)
-points = (event or {}).get("selection", {}).get("points", []) if event else []
-if points:
-    picked = points[0].get("customdata", points[0].get("point_index"))
-    picked = int(picked[0] if isinstance(picked, (list, tuple)) else picked)
-    if 0 <= picked < p.n and st.session_state.get("_geo_last_pick") != (name, picked):
+picked = ui.picked_index(st.session_state.get(PICK), p.n)
+if picked is not None:
+    if st.session_state.get("_geo_last_pick") != (name, picked):
         st.session_state["geo_remove"] = picked
         st.session_state["_geo_last_pick"] = (name, picked)
 

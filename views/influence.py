@@ -105,15 +105,10 @@ correct = (test_pred == data.y_test) if classify else (np.abs(test_pred - data.y
 
 # A click on the test-point chart (previous run) sets the index before its widget is drawn.
 PICK, INDEX = "infl_pick", "infl_test"
-event = st.session_state.get(PICK)
-points = (event or {}).get("selection", {}).get("points", []) if event else []
-if points:
-    p = points[0]
-    picked = p.get("customdata", p.get("point_index"))
-    picked = int(picked[0] if isinstance(picked, (list, tuple)) else picked)
-    if 0 <= picked < n_test and st.session_state.get("_infl_last_pick") != picked:
-        st.session_state[INDEX] = picked
-        st.session_state["_infl_last_pick"] = picked
+picked = ui.picked_index(st.session_state.get(PICK), n_test)
+if picked is not None and st.session_state.get("_infl_last_pick") != picked:
+    st.session_state[INDEX] = picked
+    st.session_state["_infl_last_pick"] = picked
 
 # ------------------------------------------------------------------ controls
 SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn", "influence": "influence function",

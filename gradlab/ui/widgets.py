@@ -162,3 +162,19 @@ def choice(kind, label: str, choices: dict, key: str, **kwargs):
         listing = "\n".join(f"- **{c}**: {choices[c]}" for c in codes)
         kwargs["help"] = f"{kwargs['help']}\n\n{listing}" if kwargs.get("help") else listing
     return kind(label, codes, key=key, bind="query-params", **kwargs)
+
+
+def picked_index(event, n: int) -> int | None:
+    """The example a Plotly chart selection picked (its `customdata`, else its point index), if it is a whole
+    number in [0, n); None for no selection or anything malformed (a visitor's client can send any payload)."""
+    try:
+        point = event["selection"]["points"][0]
+        value = point.get("customdata", point.get("point_index"))
+        if isinstance(value, (list, tuple)):
+            value = value[0]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            return None
+        index = int(value)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError):
+        return None
+    return index if 0 <= index < n else None
