@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browser_helpers import (
+from benchmarks.browser import (
     CHROMIUM,
     EXTREME_LINKS,
     PAGES,
