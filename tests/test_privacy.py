@@ -257,6 +257,7 @@ def test_poisson_sampling_batches():
     assert np.std(sizes) > 3  # the batch size really varies (not fixed-size sampling)
 
 
+@pytest.mark.slow  # the step is pinned by test_dp_sgd_one_step_with_clipping_equals_manual
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd_on_the_same_batches(problem):
     model, xs, ys, _ = problem
     n, q, lr, steps, seed = len(xs), 0.3, 0.1, 12, 3
