@@ -113,6 +113,7 @@ def test_performance_panel(small):
     assert np.isfinite(ns["compile_s"]) and ns["run_s"] > 0
 
 
+@pytest.mark.slow  # clipping analysis and three DP-SGD steps both ways (~10 s)
 def test_dp_clipping_panel(small):
     m, xs, ys = small["model"], small["xs"], small["ys"]
     q, C, sigma, T, seed, delta = 0.25, 0.5, 1.1, 3, 7, 1e-5
@@ -160,6 +161,7 @@ def test_privacy_audit_panel():
     assert metrics.roc(ns["lira"], is_member).auc == pytest.approx(np.trapezoid(ns["tpr"], ns["fpr"]), abs=1e-9)
 
 
+@pytest.mark.slow  # trains θ̂, an LDS ensemble and TRAK (~15 s)
 def test_influence_panel(small):
     m, init, xs, ys, data = small["model"], small["init"], small["xs"], small["ys"], small["data"]
     lam, damping = 1e-2, 1e-2

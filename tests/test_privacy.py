@@ -128,6 +128,7 @@ def test_clipping_analysis_matches_full_matrix(problem):
 # ---------------------------------------------------------------- accounting
 
 
+@pytest.mark.slow  # both accountants' ε are pinned by test_epsilon_matches_tf_privacy_example_privacy
 def test_epsilon_agrees_with_dp_accounting_called_directly():
     q, sigma, t, delta = 0.05, 1.1, 300, 1e-5
     for name, acc in [("rdp", dp_accounting.rdp.RdpAccountant()), ("pld", dp_accounting.pld.PLDAccountant())]:
