@@ -77,7 +77,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
 
 
 def test_influence_page_lissa_divergence_shows_a_message():
-    at = open_page("influence", **LINEAR_NOISY)
+    at = open_page("influence", **dict(LINEAR_NOISY, dataset="moons"))  # 480 examples: the quick subset's Influence page
     at.selectbox(key="infl_solver").set_value("lissa")
     at.run()
     at.number_input(key="infl_lissa_scale").set_value(0.001)
