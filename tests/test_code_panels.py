@@ -4,7 +4,8 @@ Each view passes its code to `ui.code_panel(...)` as one string literal. The tes
 from the view's source with `ast` (the view itself is not run), defines the free names the panel uses
 from gradlab's own data and models (a small preamble per page), `exec`s it and compares its results with
 the library functions the page calls. A panel that stops running, or drifts from what the page computes
-(as the Influence panel once showed a solver the page did not use), fails here.
+(as the Influence panel once showed a solver the page did not use), fails here. The Influence and DP clipping
+panels train models (θ̂, an LDS ensemble, DP-SGD steps): those two tests are marked slow.
 """
 
 from __future__ import annotations
