@@ -1,8 +1,8 @@
 """Measure the privacy audit's goals: sound on correct DP-SGD, tight enough, catches every planted bug,
 and membership inference falls from the non-private to the DP-SGD model.
 
-    python benchmarks/audit.py                 # everything (a few minutes on a 2-core CPU)
-    python benchmarks/audit.py --only tight    # one part: sound | tight | bugs | membership
+    python -m benchmarks.audit                 # everything (a few minutes on a 2-core CPU)
+    python -m benchmarks.audit --only tight    # one part: sound | tight | bugs | membership
 
 All audits are `gradlab.audit.audit_dp_sgd` (gradient canary, full batch unless said), run through the real
 `gradlab.train.train_dp_sgd`; ε claimed is dp-accounting's PLD ε at δ = 1e-5. Times are wall-clock on
@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gradlab import audit, losses, membership, privacy  # noqa: E402
-from gradlab.experiment import Experiment, init_model, load_data  # noqa: E402
+from gradlab import audit, losses, membership, privacy
+from gradlab.experiment import Experiment, init_model, load_data
 
 
 def timed(**kw):

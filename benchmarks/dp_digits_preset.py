@@ -1,7 +1,7 @@
 """Measure DP-SGD on digits: test accuracy at a target (ε, δ), for the page's preset and a small sweep.
 
-    python benchmarks/dp_digits_preset.py            # the preset only
-    python benchmarks/dp_digits_preset.py --sweep    # a small sweep of models / batch sizes / steps
+    python -m benchmarks.dp_digits_preset            # the preset only
+    python -m benchmarks.dp_digits_preset --sweep    # a small sweep of models / batch sizes / steps
 
 σ is calibrated with dp-accounting (RDP) so that the whole run spends at most the target ε at
 δ = 1e-5; ε is then reported with both the RDP and the PLD accountant.
@@ -10,18 +10,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gradlab import data as data_mod  # noqa: E402
-from gradlab import losses, privacy  # noqa: E402
-from gradlab.models import ModelSpec, build_model  # noqa: E402
-from gradlab.train import train_dp_sgd  # noqa: E402
+from gradlab import data as data_mod
+from gradlab import losses, privacy
+from gradlab.models import ModelSpec, build_model
+from gradlab.train import train_dp_sgd
 
 
 def run(model="mlp", width=32, activation="tanh", batch=256, steps=400, eps=3.0, clip=1.0, opt="adam", lr=0.01,

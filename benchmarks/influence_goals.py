@@ -1,8 +1,8 @@
 """Measure the influence goals (issues 5 and 12) and print tables.
 
-    python benchmarks/influence_goals.py            # float32, as the app runs
-    python benchmarks/influence_goals.py --x64      # the same in float64
-    python benchmarks/influence_goals.py --quick    # fewer test points
+    python -m benchmarks.influence_goals            # float32, as the app runs
+    python -m benchmarks.influence_goals --x64      # the same in float64
+    python -m benchmarks.influence_goals --quick    # fewer test points
 
 1. Predicted vs actual leave-one-out change of one test loss at one converged θ̂, over the 8 most
    positive and 8 most negative predictions (Koh & Liang 2017, Fig. 2), as the page's check: the
@@ -15,13 +15,9 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import jax  # noqa: E402
+import jax
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ Each is reported as server time (the sum of the script runs it caused, from the 
 browser time (until the page is idle again, what a visitor waits). Goals (issue 11, in server
 time): warm ≤ 1.5 s, cold ≤ 20 s (judged on the restarted server; the first-ever visit is flagged). A fragment rerun (`ui.fragment`) logs its own server time.
 
-    python benchmarks/latency.py [--pages norms,equivalence] [--query "dataset=moons"]
+    python -m benchmarks.latency [--pages norms,equivalence] [--query "dataset=moons"]
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from browser_helpers import PAGES, launch, page_errors, run_times, streamlit_server, wait_until_idle  # noqa: E402
+from benchmarks.browser import PAGES, launch, page_errors, run_times, streamlit_server, wait_until_idle
 
 SETTLE = 1.0  # wait_until_idle's quiet period, subtracted from browser times
 

@@ -1,8 +1,8 @@
 """The linear datamodeling score (LDS) of every attribution method, on the app's own experiments.
 
-    python benchmarks/lds.py                 # digits MLP (the app's default) and breast-cancer logistic regression
-    python benchmarks/lds.py --m 100 --t 64  # more subset models / test points
-    python benchmarks/lds.py --only mlp
+    python -m benchmarks.lds                 # digits MLP (the app's default) and breast-cancer logistic regression
+    python -m benchmarks.lds --m 100 --t 64  # more subset models / test points
+    python -m benchmarks.lds --only mlp
 
 For each experiment: M models trained on random half-subsets with the experiment's own recipe (one vmapped,
 jitted scan), each test point's output −ℓ (ranked like the margin), and per method the mean over test points
@@ -18,13 +18,11 @@ damping). "TRAK − IF" is the paired difference of per-test-point LDS (the page
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def cell(per_test, signed: bool = False) -> str:

@@ -6,11 +6,11 @@ server process and all its children every 0.1 s from /proc (psutil when installe
 RSS after each page and the peak. The target is the smallest Streamlit Community Cloud instance:
 690 MB.
 
-    python benchmarks/memory_tour.py [--rounds 2] [--query "dataset=moons"] [--sessions 1] [--extreme]
+    python -m benchmarks.memory_tour [--rounds 2] [--query "dataset=moons"] [--sessions 1] [--extreme]
 
 `--rounds 2` tours twice (the second round shows what stays cached); `--sessions N` tours with N
 browser sessions at once; `--extreme` visits the shared links with extreme and invalid parameters
-(`browser_helpers.EXTREME_LINKS`: widest MLP, the largest sweep, lr 100, label noise 1.0, nonsense).
+(`benchmarks.browser.EXTREME_LINKS`: widest MLP, the largest sweep, lr 100, label noise 1.0, nonsense).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from browser_helpers import (  # noqa: E402
+from benchmarks.browser import (
     EXTREME_LINKS, PAGES, Sampler, launch, page_errors, streamlit_server, tree_rss_mb, wait_until_idle)
 
 TARGET_MB = 690
@@ -56,7 +54,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sessions", type=int, default=1)
     ap.add_argument("--query", default="", help="query string for every page, e.g. 'dataset=moons'")
-    ap.add_argument("--extreme", action="store_true", help="visit browser_helpers.EXTREME_LINKS instead")
+    ap.add_argument("--extreme", action="store_true", help="visit benchmarks.browser.EXTREME_LINKS instead")
     ap.add_argument("--log", default="/tmp/gradlab_memory_tour.log")
     args = ap.parse_args()
     if args.extreme:

@@ -11,10 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.browser import launch, page_errors, streamlit_server, wait_until_idle
 
-from browser_helpers import launch, page_errors, streamlit_server, wait_until_idle  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SIZES = {"1024x768": (1024, 768), "1400x900": (1400, 900)}
 

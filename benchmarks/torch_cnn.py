@@ -22,6 +22,7 @@ disagree (seed 0 has two such examples, 4 and 24). They are listed and reported 
 
     pip install -r requirements-bench.txt      # CPU torch + opacus
     python -m benchmarks.torch_cnn [--rounds 15] [--batch 64]
+    python -m benchmarks.torch_cnn --check     # the oracle check alone (a few seconds); exit 1 on disagreement
 """
 
 from __future__ import annotations
@@ -304,14 +305,34 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--no-loop", action="store_true", help="skip seed 003's slow Python loop")
+    ap.add_argument("--check", action="store_true",
+                    help="the oracle check only: batch 2, one round, no loop; exit 1 unless torch.func is the "
+                         "reference and every contender agrees with it to 1e-4")
     args = ap.parse_args(argv)
+    if args.check:
+        return check()
     print(report(run(args.batch, args.rounds, with_loop=not args.no_loop)))
 
 
+def check() -> int:
+    """torch.func as the oracle: gradlab's engine (layer rules and vmap), plain JAX and Opacus agree with it.
+    Returns the exit status (1 when torch is missing: an oracle check that did not run has not passed)."""
+    res = run(batch=2, rounds=1, with_loop=False)
+    print(report(res))
+    ok = (res["reference"] == "torch.func vmap(grad)"
+          and {"gradlab per_example_grads (layer rules)", "gradlab vmap(grad)"} <= set(res["agreement"])
+          and all(v < 1e-4 for v in res["agreement"].values()))
+    if res["reference"] != "torch.func vmap(grad)":
+        print("agreement with torch.func: NOT CHECKED (torch is not installed: pip install -r requirements-bench.txt)")
+    else:
+        print("agreement with torch.func:", "OK" if ok else f"FAILED {res['agreement']}")
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,7 +3,7 @@
 A shared server must not compute for minutes because someone opened a link, so every heavy computation
 (training, the membership attack, the canary audit, retraining checks, the LDS) has an estimate here:
 a fixed part (compiling, set-up) plus work divided by a rate. The rates were measured with
-`python benchmarks/costs.py` on the 2-core CPU this project is built on (process CPU time, both cores);
+`python -m benchmarks.costs` on the 2-core CPU this project is built on (process CPU time, both cores);
 that benchmark prints estimate / measured for each computation, so a slower host can re-calibrate.
 Estimates aim at the right order of magnitude (within about 2×), not at exact timing.
 """

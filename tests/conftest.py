@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,7 +18,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
 
 # Small, fast experiments for page tests: the sidebar keys are the Experiment's field names.
@@ -57,7 +55,7 @@ def page():
 def browser():
     """One headless Chromium for all browser tests: Playwright's sync API allows one per thread."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    from browser_helpers import launch
+    from benchmarks.browser import launch
 
     with sync_api.sync_playwright() as p:
         b = launch(p)

@@ -6,7 +6,9 @@
   computes, and the "copy link to this view" box holds that link;
 - a preset click opens its page with the settings in the URL;
 - three concurrent sessions touring the pages with different settings finish without errors and
-  never see each other's choices (marked slow).
+  never see each other's choices.
+
+Every test here is marked slow: `-m "not slow"` skips them; the whole suite and CI run them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browser_helpers import (
+from benchmarks.browser import (
     CHROMIUM,
     EXTREME_LINKS,
     PAGES,
@@ -34,6 +36,7 @@ from browser_helpers import (
 )
 
 pytestmark = [
+    pytest.mark.slow,  # a real server and Chromium per test: the whole suite runs them, `-m "not slow"` skips them
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed at {CHROMIUM} "
                        "(apt-get install chromium); the browser tests need it"),
     pytest.mark.timeout(900),
@@ -148,7 +151,6 @@ def _expected_n(query: dict[str, str]) -> str:
     return f"{load_data(Experiment.from_query(query)).x_train.shape[0]:,}"
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("GRADLAB_SKIP_SLOW") == "1", reason="GRADLAB_SKIP_SLOW=1")
 def test_three_concurrent_sessions_tour_the_pages_without_leaks(server):
     """Three browsers at once, each with its own settings in its URL, each visiting the pages; then
@@ -226,7 +228,6 @@ def _pct(text: str) -> float:
     return float(text.rstrip("%"))
 
 
-@pytest.mark.slow
 def test_two_uploads_with_the_same_settings_never_see_each_others_dp_sgd(server, browser):
     """Two people upload different CSVs with the same settings (same Experiment fields, same DP-SGD
     controls) and train DP-SGD. Before training nobody is shown a DP-SGD number; each sees what
@@ -267,7 +268,6 @@ def test_two_uploads_with_the_same_settings_never_see_each_others_dp_sgd(server,
         pg.context.close()
 
 
-@pytest.mark.slow
 def test_extreme_shared_links_keep_the_server_up_and_within_690_mb(browser):
     """Every page opened from links with extreme and invalid parameters (widest MLP, the largest
     sweep, lr 100, label noise 1.0, q = 1, unknown values): no traceback, the server stays up,

@@ -7,7 +7,7 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from browser_helpers import page_errors, streamlit_server, wait_until_idle
+from benchmarks.browser import page_errors, streamlit_server, wait_until_idle
 
 from gradlab.ui.presets import LECTURE
 

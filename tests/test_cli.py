@@ -116,6 +116,7 @@ def test_progress_bar_follows_the_train_functions_progress_calls():
     assert "8/8" in stream.getvalue().rsplit("\r", 1)[-1]
 
 
+@pytest.mark.slow  # a fresh interpreter importing JAX; main() is tested above
 def test_python_dash_m_gradlab_devices():
     r = subprocess.run([sys.executable, "-m", "gradlab", "devices"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

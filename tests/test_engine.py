@@ -85,7 +85,9 @@ def models():
 MODELS = models()
 
 
-@pytest.mark.parametrize("name,loss_fn,params,xs,ys", MODELS, ids=[c[0] for c in MODELS])
+# the CNN against the loop: also test_engine_ghost.py::test_rules_equal_the_loop_on_every_model[cnn] (faster)
+@pytest.mark.parametrize("name,loss_fn,params,xs,ys",
+                         [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] == "cnn" else []) for c in MODELS])
 def test_per_example_grads_match_python_loop(name, loss_fn, params, xs, ys):
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     ours = engine.per_example_grads(loss_fn, params, xs, ys)

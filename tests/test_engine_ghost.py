@@ -88,6 +88,7 @@ def test_conv_rule_with_stride_padding_dilation(conv):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # the CNN's rules are pinned by test_rules_equal_the_loop_on_every_model[cnn]
 def test_seed_003_cnn_in_chunks_equals_the_loop():
     """Seed 003's SimpleCNN (conv, conv, MaxPool2d, linear, linear): im2col convolutions, chunks
     with a remainder, and Linear outer products formed after the chunked pass."""

@@ -171,7 +171,13 @@ def assert_rel(got, want, what):
     assert err <= 1e-4, f"{what}: max relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("make", ZOO, ids=lambda f: f.__name__)
+# The slower twin of each rule family runs in the whole suite only: embeddings stay pinned by equinox_tokens_zoo,
+# convolutions by conv_zoo and transposed_conv_zoo.
+SLOW_ZOO = (token_zoo, equinox_cnn_zoo)
+
+
+@pytest.mark.parametrize("make", [pytest.param(f, marks=[pytest.mark.slow] if f in SLOW_ZOO else [], id=f.__name__)
+                                  for f in ZOO])
 def test_every_engine_function_matches_a_loop_of_grad(make):
     loss, params, xs, ys, ruled = make()
     rows = engine.explain(loss, params, xs, ys)

@@ -8,6 +8,7 @@ import io
 import jax
 import numpy as np
 import pandas as pd
+import pytest
 from conftest import assert_clean, open_page
 
 from gradlab import export
@@ -43,6 +44,7 @@ def test_gradient_npz_equals_a_loop_of_jax_grad():
     assert len(z["leaf_names"]) == len(z["leaf_sizes"])
 
 
+@pytest.mark.slow  # a page load at the widest model; the files: the tests above
 def test_norms_page_offers_downloads_and_refuses_a_huge_gradient_matrix():
     at = open_page("norms", dataset="moons", steps=50, checkpoint_every=25)
     assert_clean(at)

@@ -66,6 +66,7 @@ class Mlp(eqx.Module):
         return self.layers[1](jax.nn.relu(self.layers[0](x)))
 
 
+@pytest.mark.slow  # its parts are pinned by the tests above; the page runs the attack in test_membership_and_audit_render
 def test_memorizing_model_leaks_and_dp_sgd_leaks_less():
     x, y = load_digits(return_X_y=True)
     x = ((x - x.mean(0)) / (x.std(0) + 1e-6)).astype(np.float32)[:128]

@@ -27,6 +27,7 @@ def page():
     return at
 
 
+@pytest.mark.slow  # two page loads; the refusal itself: test_robustness's budget tests
 def test_a_link_starts_nothing_heavy_and_one_over_budget_says_what_fits():
     """Opening the page shows buttons with their estimates, not results; the crafted link's attack (about 56
     CPU-s) is refused with its cost and the largest setting that fits; its audit (about 10 CPU-s) waits for a press."""

@@ -55,6 +55,7 @@ def test_dp_page_bad_inputs_show_errors(key, value, message):
     assert any(h.value.startswith("DP-SGD") for h in at.header)
 
 
+@pytest.mark.slow  # two DP-SGD trainings
 def test_dp_page_trains_private_and_nonprivate():
     at = open_page("dp_clipping", model="linear", **FAST)
     at.radio(key="dp_sgd_mode").set_value("sigma").run()
@@ -94,6 +95,7 @@ def test_dp_page_regression_dataset_explains():
     assert "classification dataset" in errors(at)
 
 
+@pytest.mark.slow
 def test_dp_page_preset_reaches_the_goal():
     """The preset: ≥ 90% test accuracy on digits at ε ≤ 3, δ = 1e-5 (measured, not assumed)."""
     at = open_page("dp_clipping", **FAST)

@@ -14,6 +14,7 @@ def _metric(at, label_start):
     return [m for m in at.metric if m.label.startswith(label_start)]
 
 
+@pytest.mark.slow  # retraining and LDS on the page
 def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     at = open_page("influence", **LINEAR_NOISY)
     assert_clean(at)
@@ -78,7 +79,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
 
 
 def test_influence_page_lissa_divergence_shows_a_message():
-    at = open_page("influence", **LINEAR_NOISY)
+    at = open_page("influence", **dict(LINEAR_NOISY, dataset="moons"))  # 480 examples: the quick subset's Influence page
     at.selectbox(key="infl_solver").set_value("lissa")
     at.run()
     at.number_input(key="infl_lissa_scale").set_value(0.001)
@@ -90,6 +91,7 @@ def test_influence_page_lissa_divergence_shows_a_message():
     assert _metric(at, "AUC · TracIn")
 
 
+@pytest.mark.slow
 def test_influence_page_2d_mlp_damping_click_and_auto_cg_note():
     at = open_page("influence", **dict(FAST, dataset="moons", width=256, infl_trak_models=2))
     assert_clean(at)

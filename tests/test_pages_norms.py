@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from conftest import FAST, assert_clean, open_page
+
+from gradlab.experiment import Experiment, load_data
 
 
 def metric(at, label):
@@ -37,6 +41,17 @@ def test_norms_page_on_2d_and_regression_data():
         at = open_page("norms", dataset=dataset, model=model, **FAST)
         assert_clean(at)
         assert not at.error
+        data = load_data(Experiment(dataset=dataset))
+        assert metric(at, "Training examples") == f"{len(data.y_train):,}", dataset
+        median = float(metric(at, "Median norm"))
+        assert math.isfinite(median) and median > 0, (dataset, median)
+        labels = [m.label for m in at.metric]
+        if data.task == "classification":
+            assert 0 < float(metric(at, "Training accuracy").rstrip("%")) <= 100, dataset
+        else:
+            assert not any(label.startswith("Training accuracy") for label in labels), labels
+        if data.n_features <= 2:  # moons (2-D) and line_outliers (1-D): the training set coloured by norm
+            assert len(at.get("plotly_chart")) >= 3, dataset
 
 
 def test_impossible_settings_give_messages_not_tracebacks():

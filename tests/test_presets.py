@@ -72,6 +72,7 @@ def _page_title(page: str) -> str:
     return {"norms": "gradient norms", "dp_clipping": "dp clipping"}.get(Path(page).stem, Path(page).stem)
 
 
+@pytest.mark.slow  # every preset at its own (full) settings
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_clicking_a_preset_opens_its_page_with_every_control_set(preset: Preset):
     at = _home()
@@ -95,6 +96,7 @@ def test_clicking_a_preset_opens_its_page_with_every_control_set(preset: Preset)
     assert "_preset_goto" not in at.session_state
 
 
+@pytest.mark.slow
 def test_mislabeled_digits_preset_shows_the_library_numbers():
     """The norms page after the preset shows N, median norm and AUC as computed here directly."""
     from gradlab.metrics import detection_roc

@@ -128,6 +128,7 @@ def test_clipping_analysis_matches_full_matrix(problem):
 # ---------------------------------------------------------------- accounting
 
 
+@pytest.mark.slow  # both accountants' ε are pinned by test_epsilon_matches_tf_privacy_example_privacy
 def test_epsilon_agrees_with_dp_accounting_called_directly():
     q, sigma, t, delta = 0.05, 1.1, 300, 1e-5
     for name, acc in [("rdp", dp_accounting.rdp.RdpAccountant()), ("pld", dp_accounting.pld.PLDAccountant())]:
@@ -257,6 +258,7 @@ def test_poisson_sampling_batches():
     assert np.std(sizes) > 3  # the batch size really varies (not fixed-size sampling)
 
 
+@pytest.mark.slow  # the step is pinned by test_dp_sgd_one_step_with_clipping_equals_manual
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd_on_the_same_batches(problem):
     model, xs, ys, _ = problem
     n, q, lr, steps, seed = len(xs), 0.3, 0.1, 12, 3

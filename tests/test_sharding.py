@@ -112,6 +112,7 @@ def test_describe_devices_names_kind_and_count():
     assert jax.default_backend() in text
 
 
+@pytest.mark.slow  # a subprocess with 4 forced host devices (~35 s)
 def test_four_forced_host_devices():
     """Runs this file's `four` tests on 4 forced host CPU devices in a fresh interpreter."""
     if FOUR:

@@ -55,6 +55,7 @@ def problem():
     return params, xs, ys
 
 
+@pytest.mark.slow  # the checker itself: test_a_wrong_shape_is_caught
 def test_every_annotated_function_is_checked_here(problem):
     params, xs, ys = problem
     n, p = xs.shape[0], engine.num_params(params)

@@ -170,6 +170,7 @@ def _metric(at, label):
     return next(m.value for m in at.metric if m.label == label)
 
 
+@pytest.mark.slow
 def test_uploads_never_leak_between_sessions():
     """Same Experiment(dataset="upload") in two sessions with different data: each sees its own numbers."""
     from gradlab.summary import norm_summary

@@ -58,6 +58,7 @@ def test_shared_link_reproduces_the_norms_view_and_numbers():
     assert len(at.dataframe[0].value) == 5
 
 
+@pytest.mark.slow
 def test_a_second_session_with_the_same_link_sees_the_same_numbers():
     query = {"dataset": "blobs", "steps": "50", "checkpoint_every": "25", "seed": "1"}
     a = _open("norms", query)

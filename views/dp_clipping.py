@@ -253,11 +253,22 @@ if settings_ok:
 
 ui.code_panel(
     """
-import jax, jax.numpy as jnp, optax, dp_accounting
+import jax, jax.numpy as jnp, equinox as eqx, optax, dp_accounting
+from gradlab import engine
 
-def loss(model, x, y):                                   # the loss of ONE example
-    logits = model(x)
+params, static = eqx.partition(model, eqx.is_array)   # the model's arrays (differentiated) and the rest
+
+def loss(params, x, y):                                  # the loss of ONE example
+    logits = eqx.combine(params, static)(x)
     return jax.nn.logsumexp(logits) - logits[y]
+
+N = len(xs)
+
+# the top of the page: bias of clipping at C, streamed over chunks of examples (never N x P)
+G_C = jax.tree.map(lambda a: a / N, engine.clipped_grad_sum(loss, params, xs, ys, C))  # (1/N) Σᵢ gᵢ·min(1, C/‖gᵢ‖)
+G = engine.batch_grad(loss, params, xs, ys, reduction="mean")                          # (1/N) Σᵢ gᵢ
+flat = lambda tree: jnp.concatenate([a.ravel() for a in jax.tree.leaves(tree)])
+cos = flat(G_C) @ flat(G) / (jnp.linalg.norm(flat(G_C)) * jnp.linalg.norm(flat(G)))
 
 def dp_sgd_step(params, opt_state, key, xs, ys, q, C, sigma, buffer):
     k_sample, k_noise = jax.random.split(key)
@@ -273,13 +284,15 @@ def dp_sgd_step(params, opt_state, key, xs, ys, q, C, sigma, buffer):
     updates, opt_state = optimizer.update(jax.tree.unflatten(tree, noisy), opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
+keys = jax.random.split(jax.random.key(seed), T)         # one key per step
+opt_state = optimizer.init(params)
+for t in range(T):
+    params, opt_state = dp_sgd_step(params, opt_state, keys[t], xs, ys, q, C, sigma, buffer)
+
 # privacy spent after T steps (Google's dp-accounting; RdpAccountant or pld.PLDAccountant)
 acc = dp_accounting.rdp.RdpAccountant()
 acc.compose(dp_accounting.SelfComposedDpEvent(
     dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), T))
 epsilon = acc.get_epsilon(delta)
-
-# the top of the page: bias of clipping at C, streamed over chunks of examples (never N x P)
-#   Ḡ_C = (1/N) Σᵢ gᵢ·min(1, C/‖gᵢ‖),  G = (1/N) Σᵢ gᵢ,  cos = ⟨Ḡ_C, G⟩ / (‖Ḡ_C‖‖G‖)
 """
 )

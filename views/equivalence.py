@@ -124,23 +124,28 @@ with ui.guard("The pitfalls could not be run"):
 
 ui.code_panel(
     """
-import jax, jax.numpy as jnp
+import jax, jax.numpy as jnp, equinox as eqx
+
+params, static = eqx.partition(model, eqx.is_array)   # the model's arrays (differentiated) and the rest
 
 def per_example_loss(params, x, y):          # ONE example
-    ...
+    logits = eqx.combine(params, static)(x)
+    return jax.nn.logsumexp(logits) - logits[y]
 
-# way (a): per-example gradients, then sum over the example axis
-per_grads = jax.vmap(jax.grad(per_example_loss), in_axes=(None, 0, 0))(params, xs, ys)
-way_a = jax.tree.map(lambda g: g.sum(0), per_grads)          # .mean(0) for the mean
+def both_ways(params, xs, ys):
+    # way (a): per-example gradients, then sum over the example axis
+    per_grads = jax.vmap(jax.grad(per_example_loss), in_axes=(None, 0, 0))(params, xs, ys)
+    way_a = jax.tree.map(lambda g: g.sum(0), per_grads)          # .mean(0) for the mean
+    # way (b): vectorized forward, sum, ONE gradient
+    way_b = jax.grad(lambda p: jax.vmap(per_example_loss, in_axes=(None, 0, 0))(p, xs, ys).sum())(params)
+    return way_a, way_b
 
-# way (b): vectorized forward, sum, ONE gradient
-way_b = jax.grad(lambda p: jax.vmap(per_example_loss, in_axes=(None, 0, 0))(p, xs, ys).sum())(params)
-
+way_a, way_b = both_ways(params, xs, ys)
 diff = jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)), way_a, way_b)
 
 # float64 reference without touching other threads: enable_x64 is a thread-local context
 with jax.enable_x64(True):
-    params64 = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), params)
-    ...  # the same two ways on float64 copies of params, xs, ys
+    to64 = lambda tree: jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), tree)
+    way_a64, way_b64 = both_ways(to64(params), to64(xs), ys)   # the same two ways on float64 copies
 """
 )

@@ -183,7 +183,7 @@ from gradlab import engine
 def loss(theta, x, y):                     # ONE example; theta = (w, b)
     return (theta[0] * x + theta[1] - y) ** 2
 
-theta = jnp.array([1.0, 0.0])
+theta = jnp.array([-1.0, 4.0])
 g = engine.per_example_grads(loss, theta, xs, ys)     # (N, 2): the arrows = vmap(grad(loss), (None, 0, 0))
 G = engine.batch_grad(loss, theta, xs, ys, reduction="mean")   # the black arrow = g.mean(0)
 
@@ -192,7 +192,12 @@ clipped = g * jnp.minimum(1.0, C / norms)[:, None]    # each arrow cut to the ba
 noisy = clipped.mean(0) + sigma * C / B * jax.random.normal(key, (2,))   # one DP-SGD step direction
 
 # remove example i: retrain vs influence function (Koh & Liang 2017)
-H = jax.hessian(lambda t: jax.vmap(loss, (None, 0, 0))(t, xs, ys).mean())(theta_star)
+N = len(xs)
+mean_loss = lambda t, w: jnp.sum(w * jax.vmap(loss, (None, 0, 0))(t, xs, ys)) / jnp.sum(w)   # w = 0 drops
+newton = lambda t, w: t - jnp.linalg.solve(jax.hessian(mean_loss)(t, w), jax.grad(mean_loss)(t, w))
+theta_star = newton(theta, jnp.ones(N))                        # one Newton step: the loss is quadratic
+retrained = newton(theta_star, jnp.ones(N).at[i].set(0.0))     # the optimum without example i
+H = jax.hessian(mean_loss)(theta_star, jnp.ones(N))
 predicted = theta_star + jnp.linalg.solve(H, jax.grad(loss)(theta_star, xs[i], ys[i])) / N
 """
 )

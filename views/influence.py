@@ -471,35 +471,45 @@ else:
 
 ui.code_panel(
     """
-import jax, jax.numpy as jnp, optax
+import jax, jax.numpy as jnp, equinox as eqx
 from jax.flatten_util import ravel_pytree
-from gradlab import influence as inf
+from gradlab import engine, influence as inf
 
+params, static = eqx.partition(model, eqx.is_array)   # the model's arrays (differentiated) and the rest
+
+def loss(params, x, y):                                  # the loss of ONE example
+    logits = eqx.combine(params, static)(x)
+    return jax.nn.logsumexp(logits) - logits[y]
+
+N = len(xs)
 # one optimum: converge F(θ) = mean loss + λ/2‖θ‖² from the trained model (optax.lbfgs), used everywhere
-base = inf.minimize(loss, model, xs, ys, l2=lam, max_iter=500)      # base.grad_norm: ‖∇F(θ̂)‖
+base = inf.minimize(loss, params, xs, ys, l2=lam, max_iter=500)      # base.grad_norm: ‖∇F(θ̂)‖
 
 # gradient dot product with every training example, streamed in chunks (never N x P)
-g_test = jax.grad(loss)(model, x_test, y_test)
-grad_dot = gradlab.per_example_dots(loss, model, xs, ys, g_test)           # (N,)
+g_test = jax.grad(loss)(params, x_test, y_test)
+grad_dot = engine.per_example_dots(loss, params, xs, ys, g_test)           # (N,)
 
 # TracIn (Pruthi et al. 2020): checkpoints after SGD steps, each weighted by the learning rate used there
 ckpts, lrs = inf.tracin_checkpoints(sgd_run)                               # the initialization is not one
-tracin = sum(lr * per_example_dots(loss, c, xs, ys, jax.grad(loss)(c, x_test, y_test)) for c, lr in zip(ckpts, lrs))
+ckpts = [eqx.partition(c, eqx.is_array)[0] for c in ckpts]
+tracin = sum(lr * engine.per_example_dots(loss, c, xs, ys, jax.grad(loss)(c, x_test, y_test)) for c, lr in zip(ckpts, lrs))
 
 # influence function (Koh & Liang 2017) at θ̂: s = (H + δI)⁻¹ ∇L_test by CG on jvp-of-grad HVPs
+# (for P ≤ 1,000 the page builds H = jax.hessian(F)(flat) and solves with jnp.linalg.solve)
 flat, unravel = ravel_pytree(base.params)
 F = lambda th: jax.vmap(loss, (None, 0, 0))(unravel(th), xs, ys).mean() + lam / 2 * th @ th
 hvp = lambda v: jax.jvp(jax.grad(F), (flat,), (v,))[1] + delta * v
-s, _ = jax.scipy.sparse.linalg.cg(hvp, ravel_pytree(jax.grad(loss)(base.params, x_test, y_test))[0])
-predicted = (per_example_dots(loss, base.params, xs, ys, unravel(s)) + lam * flat @ s) / N
+s, _ = jax.scipy.sparse.linalg.cg(hvp, ravel_pytree(jax.grad(loss)(base.params, x_test, y_test))[0], tol=1e-6)
+predicted = (engine.per_example_dots(loss, base.params, xs, ys, unravel(s)) + lam * flat @ s) / N
 
 # TRAK (Park et al. 2023): per model (each its own θ̂ at λ), Φ = ∇ℓ R (R: P x k Gaussian, streamed) and the
 # after-kernel of the softmax Gauss-Newton matrix G: τ = φ(z)ᵀ(RᵀGR + λRᵀR)⁻¹Φᵀ / N, averaged over the models
-trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=P, l2=lam)  # (T, N); k ≥ P: CG, no P x P
+P = flat.size                                                              # k = P: no projection
+trak = inf.trak(loss, models, xs, ys, x_tests, y_tests, proj_dim=P, l2=lam, n_classes=K)   # (T, N)
 
 # LDS: M models on random halves, trained at once with vmap over the subsets
-subsets = inf.random_subsets(N, 50)
-outputs = inf.subset_outputs(loss, init, inf.train_on_subsets(init, loss, xs, ys, subsets), x_tests, y_tests)
-inf.lds(scores_T_by_N, subsets, outputs).mean
+subsets = inf.random_subsets(N, M)
+outputs = inf.subset_outputs(loss, params, inf.train_on_subsets(init, loss, xs, ys, subsets), x_tests, y_tests)
+lds = inf.lds(trak, subsets, outputs).mean
 """
 )

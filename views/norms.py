@@ -121,10 +121,12 @@ ui.download_gradients(f"gradlab_grads_{exp.dataset}_step{s.step}", fitted, ckpt)
 
 ui.code_panel(
     """
-import jax, jax.numpy as jnp
+import jax, jax.numpy as jnp, equinox as eqx
 
-def loss(model, x, y):                      # the loss of ONE example
-    logits = model(x)
+params, static = eqx.partition(model, eqx.is_array)   # the model's arrays (differentiated) and the rest
+
+def loss(params, x, y):                      # the loss of ONE example
+    logits = eqx.combine(params, static)(x)
     return jax.nn.logsumexp(logits) - logits[y]
 
 # On gradlab's models the engine takes a shortcut with the same numbers (tests check it): for a Linear
@@ -134,14 +136,15 @@ def loss(model, x, y):                      # the loss of ONE example
 
 # per-example squared norms per parameter leaf, streamed in chunks of at most 256 examples
 def sq_norms(x, y):
-    g = jax.grad(loss)(model, x, y)          # one example's gradient (a pytree like the model)
+    g = jax.grad(loss)(params, x, y)          # one example's gradient (a pytree like params)
     return jax.tree.map(lambda a: jnp.sum(a ** 2), g)
 
 layer_sq = jax.lax.map(lambda xy: sq_norms(*xy), (xs, ys), batch_size=256)   # vmap inside each chunk
 norms = jnp.sqrt(sum(jax.tree.leaves(layer_sq)))                              # (N,)
 
 # gradient noise scale B_simple = tr(Σ) / |G|²  (McCandlish et al. 2018)
-G = jax.grad(lambda m: jax.vmap(loss, (None, 0, 0))(m, xs, ys).mean())(model)
+N = len(xs)
+G = jax.grad(lambda p: jax.vmap(loss, (None, 0, 0))(p, xs, ys).mean())(params)
 G2 = sum(jnp.sum(a ** 2) for a in jax.tree.leaves(G))
 B_simple = (jnp.sum(norms ** 2) - N * G2) / (N - 1) / G2
 """

@@ -170,10 +170,18 @@ Norms need less: for a Linear layer ‖δᵢ ⊗ aᵢ‖ = ‖δᵢ‖ · ‖a�
 
 ui.code_panel(
     """
-import time, jax, jax.numpy as jnp
+import time, jax, jax.numpy as jnp, equinox as eqx
+from gradlab import engine
 
+params, static = eqx.partition(model, eqx.is_array)   # the model's arrays (differentiated) and the rest
+
+def loss(params, x, y):                      # the loss of ONE example
+    logits = eqx.combine(params, static)(x)
+    return jax.nn.logsumexp(logits) - logits[y]
+
+N = len(xs)
 grad_one = jax.jit(jax.grad(loss))                                   # the loop's single-example gradient
-loop    = lambda: jnp.stack([grad_one(params, xs[i], ys[i]) for i in range(N)])
+loop    = lambda: [grad_one(params, xs[i], ys[i]) for i in range(N)]  # N calls from Python
 vmapped = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))     # N x P per-example gradients
 batch   = jax.jit(jax.grad(lambda p: jax.vmap(loss, (None, 0, 0))(p, xs, ys).sum()))
 
@@ -182,9 +190,11 @@ def timed(f, *args):
     t0 = time.perf_counter(); jax.block_until_ready(f(*args)); run = time.perf_counter() - t0     # run only
     return first - run, run                                                                       # (compile, run)
 
+compile_s, run_s = timed(vmapped, params, xs, ys)
+
 # streamed norms with the per-layer rules (gradlab.rules): zero probes on each layer's output give δ_i
 #   ‖∂ℓᵢ/∂W‖² = ‖δᵢ‖² ‖aᵢ‖²,  ‖∂ℓᵢ/∂b‖² = ‖δᵢ‖²
-norms = gradlab.engine.per_example_norms(loss, params, xs, ys)      # method="auto"
+norms = engine.per_example_norms(loss, params, xs, ys)      # method="auto"
 """
 )
 

@@ -199,7 +199,7 @@ if res is not None:
 
 ui.code_panel(
     """
-import jax, jax.numpy as jnp, numpy as np, optax
+import jax, jax.numpy as jnp, numpy as np, optax, sklearn.metrics
 from scipy import stats
 from gradlab.train import train_dp_sgd
 
@@ -207,18 +207,35 @@ from gradlab.train import train_dp_sgd
 def loss(params, x, y):                       # x = [block r], y = 10·C (canary), 0 (canary left out), −2·C (anchor)
     return y * params["theta"][x[0].astype(jnp.int32)]
 
+xs = jnp.repeat(jnp.arange(R, dtype=jnp.float32), 2)[:, None]                  # examples 2r, 2r+1 in block r
+ys = jnp.stack([jnp.where(is_in, 10.0 * C, 0.0), jnp.full(R, -2.0 * C)], 1).ravel()
+N = len(ys)
 run = train_dp_sgd({"theta": jnp.zeros(R)}, loss, xs, ys, sample_rate=q, noise_multiplier=sigma, clip_norm=C,
-                   optimizer=optax.sgd(1.0), steps=T)          # the real DP-SGD step: clip, sum, noise, /qN
-score = -run.final["theta"] * q * N / C       # ~ N(0, Tσ²) with the canary, N(−T, Tσ²) without (q = 1)
+                   optimizer=optax.sgd(1.0), steps=T, checkpoint_every=T, seed=seed)  # the real DP-SGD step
+score = -np.asarray(run.final["theta"]) * q * N / C   # ~ N(0, Tσ²) with the canary, N(−T, Tσ²) without (q = 1)
 
-# threshold t picked on half the trials; on the other half, Clopper–Pearson at 97.5% each:
+# a quarter of the trials picks the threshold t and its direction; on the rest, Clopper–Pearson at 97.5% each:
+test = np.arange(R) % 4 != 0
+guess, member = direction * score[test] >= direction * t, is_in[test]
+fp, n_out = np.sum(guess & ~member), np.sum(~member)
+tp, n_in = np.sum(guess & member), np.sum(member)
 fpr_hi = stats.beta.ppf(0.975, fp + 1, n_out - fp)
 tpr_lo = stats.beta.ppf(0.025, tp, n_in - tp + 1)
-eps_lower = max(np.log((tpr_lo - delta) / fpr_hi), np.log((1 - fpr_hi - delta) / (1 - tpr_lo)))
+eps_lower = max(0.0, np.log((tpr_lo - delta) / fpr_hi), np.log((1 - fpr_hi - delta) / (1 - tpr_lo)))
 
-# membership inference (offline LiRA): phi = log p_y − log(1 − p_y); OUT shadows give mean mu_i and std s
-lira = (phi_target - mu_out) / s;  loss_attack = -loss
+# membership inference (offline LiRA, Carlini et al. 2022): φ = log p_y − log(1 − p_y) of each pool example
+# under the target model and under S shadow models; μ_out: its mean over the shadows trained without it
+def phi(logits, y):                                                          # (N, K), (N,) -> (N,)
+    own = jnp.take_along_axis(logits, y[:, None], 1)[:, 0]
+    return own - jax.nn.logsumexp(jnp.where(jax.nn.one_hot(y, logits.shape[1]) > 0, -jnp.inf, logits), axis=1)
+
+out = ~shadow_in                                                             # (S, N)
+phi_out = np.asarray(jax.vmap(phi, (0, None))(shadow_logits, labels))        # (S, N)
+mu_out = (phi_out * out).sum(0) / out.sum(0)
+s = np.sqrt(np.sum(((phi_out - mu_out) * out) ** 2) / (out.sum() - 1))      # one pooled std
+lira = (np.asarray(phi(target_logits, labels)) - mu_out) / s                 # high: member
+loss_attack = -target_losses                                                 # Yeom et al. 2018: low loss, member
 fpr, tpr, _ = sklearn.metrics.roc_curve(is_member, lira)
-bound = np.minimum(np.exp(eps) * fpr + delta, 1 - np.exp(-eps) * (1 - delta - fpr))   # no attack beats this
+bound = np.clip(np.minimum(np.exp(eps) * fpr + delta, 1 - np.exp(-eps) * (1 - delta - fpr)), 0, 1)  # no attack beats it
 """
 )

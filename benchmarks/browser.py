@@ -1,6 +1,7 @@
 """Start `streamlit run app.py` headless and drive it with Playwright + Debian's chromium.
 
-Shared by tests/test_browser.py and benchmarks/memory_tour.py. No pytest in here.
+One copy shared by the browser benchmarks (latency, memory_tour, screenshots) and the browser tests
+(`from benchmarks.browser import ...`; run both from the repository root with `python -m`). No pytest here.
 """
 
 from __future__ import annotations
