@@ -1,6 +1,6 @@
 """Calibrate gradlab/costs.py: each heavy computation's CPU-seconds, measured beside its estimate.
 
-    python benchmarks/costs.py            # prints one row per computation and setting: measured, estimated, ratio
+    python -m benchmarks.costs            # prints one row per computation and setting: measured, estimated, ratio
 
 CPU-seconds are this process's CPU time (`time.process_time`, all of XLA's threads), so a busy machine
 changes wall time more than these numbers. Estimates aim at the right order (ratio within about 0.5–2).

@@ -25,12 +25,12 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
 4. The server is stopped and started again on the same store; the first visitor of each page's default
    view, one page at a time (before the restart, the same tour warms the store).
 
-Server memory is the peak, sampled every 0.2 s from /proc (`tests/browser_helpers.Sampler`; psutil is not a
+Server memory is the peak, sampled every 0.2 s from /proc (`benchmarks/browser.Sampler`; psutil is not a
 dependency), of the server's RSS plus its children's private pages.
 
-    python benchmarks/crowd.py                      # cold, full sizes (about 4 min on 2 cores)
-    python benchmarks/crowd.py --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
-    python benchmarks/crowd.py --dir /tmp/crowd-warm   # run twice: the second run is warm
+    python -m benchmarks.crowd                      # cold, full sizes (about 4 min on 2 cores)
+    python -m benchmarks.crowd --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
+    python -m benchmarks.crowd --dir /tmp/crowd-warm   # run twice: the second run is warm
 """
 
 from __future__ import annotations
@@ -56,10 +56,9 @@ from streamlit.proto.Common_pb2 import FileURLs, UploadedFileInfo
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.browser import Sampler, free_port, run_times, streamlit_server
 
-from browser_helpers import Sampler, free_port, run_times, streamlit_server  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 QUEUED = "Queued"
 #: Error alerts a page shows on purpose: the Equivalence page runs the seeds' pitfalls live and shows each
@@ -476,7 +475,7 @@ def main(argv=None) -> int:
     server = Server(directory, logs)
     summary, details = [], []
     print(f"# crowd: {'warm' if warm else 'cold'} store and XLA cache in {directory}; server logs in {logs}", flush=True)
-    print(f"# machine: {os.cpu_count()} cores; command: python benchmarks/crowd.py {' '.join(sys.argv[1:] if argv is None else argv)}",
+    print(f"# machine: {os.cpu_count()} cores; command: python -m benchmarks.crowd {' '.join(sys.argv[1:] if argv is None else argv)}",
           flush=True)
     try:
         up = server.start()

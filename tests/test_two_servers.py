@@ -126,7 +126,7 @@ class ValueFiles(threading.Thread):
 
 def test_two_servers_share_one_store_behind_nginx():
     from benchmarks import crowd
-    from browser_helpers import free_port, streamlit_server
+    from benchmarks.browser import free_port, streamlit_server
 
 
     store = Path(tempfile.mkdtemp(prefix="gradlab-two-servers-store-"))
