@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import html
 import threading
 
 import numpy as np
@@ -129,11 +130,36 @@ def _power_ticks(ax) -> None:
         ax.update(exponentformat="power", minorloglabels="none")
 
 
+def _escape_text(values):
+    """HTML-escape strings that hold markup characters (a CSV's class or column names reach figures; Plotly
+    renders tags such as `<a href>` in text); numbers and plain strings pass unchanged."""
+    if isinstance(values, str):
+        return html.escape(values, quote=False) if any(c in values for c in "<>&") else values
+    if isinstance(values, (list, tuple, np.ndarray)) and any(isinstance(v, str) and any(c in v for c in "<>&")
+                                                            for v in values):
+        return [_escape_text(v) if isinstance(v, str) else v for v in values]
+    return values
+
+
+def _escape_traces(fig: go.Figure) -> None:
+    """Escape every trace's name, categories, text and hover text (`_escape_text`): data, never markup."""
+    for trace in fig.data:
+        for field in ("name", "x", "y", "text", "hovertext"):
+            value = getattr(trace, field, None)
+            if value is not None:
+                escaped = _escape_text(value)
+                if escaped is not value:
+                    trace[field] = escaped
+
+
 def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
     """The house style on `fig`: title, axis titles, `TEMPLATE`, `height` pixels, margins, 15-pt dark text.
+    Trace names, categories and texts are HTML-escaped (user data such as an upload's class names).
 
     **Returns** `fig` (changed in place).
     """
+    _escape_traces(fig)
+    x, y = _escape_text(x), _escape_text(y)
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE, height=height,
                       margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15, color="#111111"))
     return fig
@@ -158,8 +184,9 @@ def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray 
 def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, *, log: bool = False) -> go.Figure:
     """One small histogram of per-example gradient norms per (training) label."""
     v = _log10(norms) if log else np.asarray(norms)
-    names = [class_names[int(c)] for c in labels]
-    order = [c for c in class_names if c in set(names)]
+    safe = [_escape_text(str(c)) for c in class_names]  # facet titles are markup: an upload's names are text
+    names = [safe[int(c)] for c in labels]
+    order = [c for c in safe if c in set(names)]
     fig = px.histogram(x=v, facet_col=names, facet_col_wrap=5, nbins=30,
                        category_orders={"facet_col": order}, template=TEMPLATE)
     fig.for_each_annotation(lambda a: a.update(text="class " + a.text.split("=")[-1]))
@@ -205,7 +232,7 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
     for i, img in enumerate(images):
         r, c = divmod(i, cols)
         canvas[r * tile_h + head: (r + 1) * tile_h, c * tile_w: c * tile_w + w] = img.reshape(image_shape)
-    notes = [dict(x=(i % cols) * tile_w + (w - 1) / 2, y=(i // cols) * tile_h + head - 0.6, text=text,
+    notes = [dict(x=(i % cols) * tile_w + (w - 1) / 2, y=(i // cols) * tile_h + head - 0.6, text=_escape_text(text),
                   showarrow=False, yanchor="bottom", font=dict(size=12)) for i, text in enumerate(titles[:n])]
     fig = go.Figure(go.Heatmap(z=canvas, colorscale="gray_r", showscale=False, hoverinfo="skip"),
                     layout=dict(template=TEMPLATE, height=170 * rows + 40, margin=dict(l=10, r=10, t=50, b=10),

@@ -105,3 +105,20 @@ def test_current_c_is_marked_where_c_is_on_log_axes():
         assert line.x0 == line.x1 == 0.0019
         label = next(a for a in fig.layout.annotations if a.text == "current C")
         assert label.x == np.log10(0.0019)
+
+
+def test_user_strings_in_figures_are_text_not_markup():
+    """An upload's class names reach legends, categories and axis titles: Plotly would render `<a href>` there."""
+    import json
+
+    import numpy as np
+
+    from gradlab import plots
+
+    evil = '<a href="http://example.com">c</a>'
+    fig = plots.per_class_clipping([evil, "b"], np.array([0.1, 0.2]), np.array([0.9, 0.8]), np.array([0.7, 0.6]), 1.0)
+    fig = plots.norm_histogram_by_class(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0, 1, 0, 1]), [evil, "b"])
+    spec = json.dumps(fig.to_plotly_json())
+    assert "<a href" not in spec and "&lt;a href" in spec
+    grid = plots.image_grid(np.zeros((1, 4)), [evil], cols=1, image_shape=(2, 2))
+    assert "<a href" not in json.dumps(grid.to_plotly_json())

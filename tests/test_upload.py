@@ -238,3 +238,19 @@ def test_per_example_tables_name_each_examples_csv_line_and_feature_values():
     cols = example_columns(digits, np.arange(5))
     assert "index" in cols and "0" not in cols  # pixels are not spelled out
     np.testing.assert_array_equal(bundled.target[cols["index"]], digits.y_train[:5])
+
+
+def test_a_column_name_cannot_become_an_image_link_or_html_in_a_message():
+    """A CSV whose non-numeric column is named like a Markdown image and an HTML link: the message names it as
+    text (escaped), so the visitor's browser loads nothing and follows nothing."""
+    from streamlit.testing.v1 import AppTest
+
+    evil = "![x](http://example.com/a.png) <a href='http://example.com'>c</a>"
+    raw = f'"{evil}",f1,label\n' + "\n".join(f"abc,{i},{i % 2}" for i in range(20)) + "\n"
+    at = AppTest.from_function(_uploader_app, default_timeout=120)
+    at.run()
+    at.file_uploader(key="upload_file").set_value(("evil.csv", raw.encode(), "text/csv")).run()
+    assert not at.exception
+    messages = " ".join(e.value for e in at.error)
+    assert "This CSV cannot be used" in messages
+    assert "](http" not in messages and "<a href" not in messages and "!\\[x]" in messages, messages

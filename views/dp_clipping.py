@@ -95,7 +95,7 @@ with ui.guard("The clipping analysis could not be computed"):
         ui.chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
                                                  a.class_norm_ratio, clip_norm), width="stretch")
         worst = int(np.nanargmin(a.class_norm_ratio))
-        st.markdown(f"Class **{data.class_names[worst]}** loses most: its clipped mean gradient keeps "
+        st.markdown(f"Class **{ui.inert(data.class_names[worst])}** loses most: its clipped mean gradient keeps "
                     f"{a.class_norm_ratio[worst]:.0%} of its norm ({a.class_fraction_clipped[worst]:.0%} of its examples clipped).")
 
     st.subheader("Noise against signal")

@@ -12,6 +12,7 @@ import streamlit as st
 
 from gradlab.data import DataError, load_csv, read_csv
 from gradlab.experiment import UPLOAD, Experiment, upload_name
+from gradlab.ui.widgets import inert
 
 UPLOAD_LABEL = "Your own data (CSV upload)"
 _UPLOAD_STATE = "_upload"  # {"bytes", "file", "label", "task", "name"} or absent
@@ -38,7 +39,7 @@ def upload_controls() -> None:
         table = read_csv(raw)
     except DataError as err:
         st.session_state.pop(_UPLOAD_STATE, None)
-        st.error(f"**This CSV cannot be used.** {err}", icon="⚠️")
+        st.error(f"**This CSV cannot be used.** {inert(err)}", icon="⚠️")
         return
     columns = [str(c) for c in table.columns]
     label = st.selectbox("Label column", columns, index=len(columns) - 1, key="upload_label")
@@ -47,7 +48,7 @@ def upload_controls() -> None:
         load_csv(raw, label, task)  # validate now, so the message sits next to the controls
     except DataError as err:
         st.session_state.pop(_UPLOAD_STATE, None)
-        st.error(f"**This CSV cannot be used.** {err}", icon="⚠️")
+        st.error(f"**This CSV cannot be used.** {inert(err)}", icon="⚠️")
         return
     st.session_state[_UPLOAD_STATE] = {"bytes": raw, "file": file.name, "label": label, "task": task,
                                        "name": upload_name(raw, label, task)}

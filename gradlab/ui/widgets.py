@@ -39,6 +39,12 @@ def fragment(fn):
     return st.fragment(timed)
 
 
+def inert(text) -> str:
+    """`text` safe inside Markdown: a user's string (a CSV's column or class name, carried into a message) keeps
+    its characters but cannot become an image, a link or HTML (our own **bold** in messages still works)."""
+    return (str(text).replace("\\", "\\\\").replace("[", "\\[").replace("](", "]\\(").replace("<", "&lt;"))
+
+
 @contextlib.contextmanager
 def guard(what: str = "This part of the page could not be computed", *, stop: bool = False):
     """Show an exception as a clear message instead of a traceback.
@@ -49,12 +55,12 @@ def guard(what: str = "This part of the page could not be computed", *, stop: bo
     try:
         yield
     except ValueError as err:
-        st.error(f"**{what}.** {err}", icon="⚠️")
+        st.error(f"**{what}.** {inert(err)}", icon="⚠️")
         if stop:
             st.stop()
     except Exception as err:  # noqa: BLE001 - a user must never see a raw traceback
         log.exception(what)
-        st.error(f"**{what}.** Unexpected {type(err).__name__}: {err}", icon="⚠️")
+        st.error(f"**{what}.** Unexpected {type(err).__name__}: {inert(err)}", icon="⚠️")
         if stop:
             st.stop()
 
