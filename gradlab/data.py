@@ -360,13 +360,18 @@ def load_csv(
     non_numeric = [str(c) for c in features.columns if not _numeric(features[c])]
     if non_numeric:
         shown = ", ".join(non_numeric[:8]) + (f" and {len(non_numeric) - 8} more" if len(non_numeric) > 8 else "")
-        raise DataError(f"non-numeric feature column(s): {shown}. Features must be numbers: encode categories "
-                        "as numbers (e.g. one-hot) or drop those columns")
+        column = features[features.columns[[str(c) for c in features.columns].index(non_numeric[0])]]
+        bad = column[pd.to_numeric(column, errors="coerce").isna() & column.notna()]
+        first = f" (first: {str(bad.iloc[0])[:40]!r} at line {bad.index[0] + 2})" if len(bad) else ""
+        raise DataError(f"non-numeric feature column(s): {shown}{first}. Features must be numbers: encode "
+                        "categories as numbers (e.g. one-hot) or drop those columns")
     missing = table.isna().sum()
     missing = missing[missing > 0]
     if len(missing):
         where = ", ".join(f"{c} ({n} missing)" for c, n in list(missing.items())[:8])
-        raise DataError(f"missing values in {where}. Drop or fill those rows before uploading")
+        lines = (np.flatnonzero(table.isna().any(axis=1).to_numpy()) + 2)[:5]  # line 1 is the header
+        raise DataError(f"missing values in {where}, at line(s) {', '.join(map(str, lines))}"
+                        f"{' …' if table.isna().any(axis=1).sum() > 5 else ''}. Drop or fill those rows before uploading")
     x = features.to_numpy(np.float64)
     if not np.isfinite(x).all():
         bad = [str(c) for c, ok in zip(features.columns, np.isfinite(x).all(0)) if not ok]

@@ -254,3 +254,15 @@ def test_a_column_name_cannot_become_an_image_link_or_html_in_a_message():
     messages = " ".join(e.value for e in at.error)
     assert "This CSV cannot be used" in messages
     assert "](http" not in messages and "<a href" not in messages and "!\\[x]" in messages, messages
+
+
+def test_messages_name_the_csv_line_of_a_bad_value():
+    """The header is line 1: a word in row 5 of the data is line 6; missing values name their lines."""
+    rows = [f"{i},{i * 2},{i % 2}" for i in range(20)]
+    rows[4] = "4,abc,0"
+    with pytest.raises(DataError, match=r"'abc' at line 6"):
+        load_csv(("a,b,label\n" + "\n".join(rows) + "\n").encode(), "label", "classification")
+    rows = [f"{i},{i * 2},{i % 2}" for i in range(20)]
+    rows[2], rows[7] = "2,,0", ",14,1"
+    with pytest.raises(DataError, match=r"at line\(s\) 4, 9"):
+        load_csv(("a,b,label\n" + "\n".join(rows) + "\n").encode(), "label", "classification")
