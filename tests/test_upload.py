@@ -266,3 +266,20 @@ def test_messages_name_the_csv_line_of_a_bad_value():
     rows[2], rows[7] = "2,,0", ",14,1"
     with pytest.raises(DataError, match=r"at line\(s\) 4, 9"):
         load_csv(("a,b,label\n" + "\n".join(rows) + "\n").encode(), "label", "classification")
+
+
+def test_an_unusable_upload_is_explained_in_the_main_area():
+    """With the experiment on the upload and a bad file, the page itself says why (not only the sidebar)."""
+    from conftest import ROOT
+    from streamlit.testing.v1 import AppTest
+
+    rows = [f"{i},{i * 2},{i % 2}" for i in range(20)]
+    rows[4] = "4,abc,0"
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params["dataset"] = "upload"
+    at.switch_page("views/norms.py")
+    at.run()
+    at.sidebar.file_uploader(key="upload_file").set_value(("bad.csv", ("a,b,label\n" + "\n".join(rows)).encode(), "text/csv")).run()
+    assert not at.exception
+    main = [e.value for e in at.main.error]
+    assert any("line 6" in m and "This CSV cannot be used" in m for m in main), main

@@ -30,6 +30,7 @@ def upload_controls() -> None:
         help=f"{CSV_MIN_ROWS}–{CSV_MAX_ROWS:,} rows, at most {CSV_MAX_FEATURES} feature columns, no missing values. "
              "It stays in your browser session: a shared link does not carry it.",
     )
+    st.session_state.pop(_UPLOAD_ERROR, None)
     if file is None:
         st.session_state.pop(_UPLOAD_STATE, None)
         st.info("Upload a CSV to use your own data.", icon="📄")
@@ -38,8 +39,7 @@ def upload_controls() -> None:
     try:
         table = read_csv(raw)
     except DataError as err:
-        st.session_state.pop(_UPLOAD_STATE, None)
-        st.error(f"**This CSV cannot be used.** {inert(err)}", icon="⚠️")
+        _refuse(file.name, err)
         return
     columns = [str(c) for c in table.columns]
     label = st.selectbox("Label column", columns, index=len(columns) - 1, key="upload_label")
@@ -47,12 +47,22 @@ def upload_controls() -> None:
     try:
         load_csv(raw, label, task)  # validate now, so the message sits next to the controls
     except DataError as err:
-        st.session_state.pop(_UPLOAD_STATE, None)
-        st.error(f"**This CSV cannot be used.** {inert(err)}", icon="⚠️")
+        _refuse(file.name, err)
         return
     st.session_state[_UPLOAD_STATE] = {"bytes": raw, "file": file.name, "label": label, "task": task,
                                        "name": upload_name(raw, label, task)}
     st.caption(f"{file.name}: {len(table):,} rows, {len(columns) - 1} features, label **{label}** ({task}).")
+
+
+_UPLOAD_ERROR = "_upload_error"
+
+
+def _refuse(name: str, err: DataError) -> None:
+    """Forget the upload and say why, here (the sidebar) and in the main area (`require_upload`)."""
+    st.session_state.pop(_UPLOAD_STATE, None)
+    message = f"**This CSV cannot be used** ({inert(name)}). {inert(err)}"
+    st.session_state[_UPLOAD_ERROR] = message
+    st.error(message, icon="⚠️")
 
 
 def uploaded() -> dict | None:
@@ -70,6 +80,9 @@ def require_upload(exp: Experiment) -> dict:
     """This session's upload for an upload experiment; stops the page with a hint when there is none
     (or when `exp` names other bytes than this session holds)."""
     up = uploaded()
+    if up is None and _UPLOAD_ERROR in st.session_state:  # the file is there but unusable: say why, here too
+        st.error(st.session_state[_UPLOAD_ERROR], icon="⚠️")
+        st.stop()
     if up is None or up["name"] != exp.dataset:
         st.info(
             "This view uses **your own data**: upload a CSV in the sidebar. Uploaded data stays in the "
