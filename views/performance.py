@@ -5,6 +5,7 @@ import streamlit as st
 
 from gradlab import bench, costs, engine, memory, plots, ui
 from gradlab.experiment import init_model, load_data
+from gradlab.losses import loss_for
 from gradlab.sharding import describe_devices
 
 st.title("Performance")
@@ -46,8 +47,6 @@ def problem(workload, exp, _data=None):
     if workload == "digits_mlp":
         return bench.digits_mlp()
     data = _data if _data is not None else load_data(exp)
-    from gradlab.losses import loss_for
-
     return loss_for(data.task), init_model(exp, data), data.x_train, data.y_train
 
 

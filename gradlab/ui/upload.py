@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gradlab.data import DataError, load_csv, read_csv
+from gradlab.data import CSV_MAX_FEATURES, CSV_MAX_ROWS, CSV_MIN_ROWS, DataError, load_csv, read_csv
 from gradlab.experiment import UPLOAD, Experiment, upload_name
 from gradlab.ui.widgets import inert
 
@@ -23,7 +23,6 @@ def upload_controls() -> None:
 
     Valid uploads are stored in this session only (`st.session_state`); a bad file shows what to fix.
     """
-    from gradlab.data import CSV_MAX_FEATURES, CSV_MAX_ROWS, CSV_MIN_ROWS
 
     file = st.file_uploader(
         "CSV file (header row, numeric features, one label column)", type=["csv"], key="upload_file",

@@ -12,7 +12,7 @@ import time
 
 import streamlit as st
 
-from gradlab import export, glossary
+from gradlab import engine, export, glossary
 from gradlab.memory import release_memory
 from gradlab.experiment import Fitted
 
@@ -110,8 +110,6 @@ def download_gradients(name: str, f: Fitted, checkpoint: int = -1, *, budget_byt
     N × P × 4 bytes is within `budget_bytes` (default `export.EXPORT_BUDGET_BYTES`); otherwise the
     reason is shown instead (norms and dot products never need the matrix: the pages stream them).
     """
-    from gradlab import engine
-
     model = f.run.checkpoints[checkpoint]
     n, p = f.data.x_train.shape[0], engine.num_params(model)
     size = n * p * 4
