@@ -41,7 +41,7 @@ __all__ = [
     "batch_grad", "explain",
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
-    "resolve_method", "clip_factors", "clipped_sum_core", "weighted_grad", "weighted_grads", "scan_chunks",
+    "resolve_method", "clip_factors", "clipped_sum_core", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
     "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "DEFAULT_CHUNK",
 ]
 
@@ -91,17 +91,34 @@ def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
     return jax.vmap(f)(xs) if chunk is None else jax.lax.map(f, xs, batch_size=chunk)
 
 
+def pad_examples(arrays: Any, pad: int) -> Any:
+    """`arrays` (example axis first) with `pad` more examples: real ones repeated from the start, never zeros.
+
+    A zero input can make a loss undefined (x/‖x‖, a mean over an empty bag): its NaN would survive a weight
+    of 0 (0·NaN = NaN), and typed PRNG keys cannot be zero-padded at all. Callers weight the copies by 0.
+    """
+    if not pad:
+        return arrays
+    n = jax.tree.leaves(arrays)[0].shape[0]
+    index = jnp.arange(n + pad) % n
+    return jax.tree.map(lambda a: a[index], arrays)
+
+
+def _pad_zeros(a, pad: int):
+    return jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)) if pad else a
+
+
 def scan_chunks(step: Callable, init: Any, arrays: Any, chunk: int) -> Any:
     """A streamed reduction: fold `acc = step(acc, (arrays_chunk, mask))` over chunks of `chunk` examples.
 
-    The arrays (example axis first) are zero-padded to a multiple of `chunk`; `mask (chunk,)`
-    float32 is 0 on the padding, so `step` can drop it. Only one chunk's intermediates are alive
-    at a time. **Returns** the final accumulator.
+    The arrays (example axis first) are padded to a multiple of `chunk` with repeated real examples
+    (`pad_examples`); `mask (chunk,)` float32 is 0 on the padding, so `step` must weight by it (it is
+    finite there). Only one chunk's intermediates are alive at a time. **Returns** the final accumulator.
     """
     n = jax.tree.leaves(arrays)[0].shape[0]
     pad = (-n) % chunk
     mask = (jnp.arange(n + pad) < n).astype(jnp.float32)
-    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), arrays)
+    padded = pad_examples(arrays, pad)
     split = lambda a: a.reshape((-1, chunk) + a.shape[1:])  # noqa: E731
     acc, _ = jax.lax.scan(lambda acc, b: (step(acc, b), None), init, (jax.tree.map(split, padded), split(mask)))
     return acc
@@ -655,7 +672,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         out, losses, norms = block(xs, ys, w_all)
         return _diff_tree(params, out), losses, norms
     pad = (-n) % chunk
-    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys, w_all))
+    padded = (*pad_examples((xs, ys), pad), _pad_zeros(w_all, pad))  # copies of real examples, weight 0
     split = jax.tree.map(lambda a: a.reshape((-1, chunk) + a.shape[1:]), padded)
 
     def step(acc, batch):
@@ -681,7 +698,7 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
 
     chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)) or n
     pad = (-n) % chunk
-    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), (xs, ys, w))
+    padded = (*pad_examples((xs, ys), pad), _pad_zeros(w, pad))  # copies of real examples, weight 0
     split = jax.tree.map(lambda a: a.reshape((-1, chunk) + a.shape[1:]), padded)
     mask = (jnp.arange(n + pad) < n).reshape(-1, chunk)
 
