@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import streamlit as st
 
 from gradlab import costs, memory
@@ -44,8 +45,6 @@ _MISSING = object()
 
 def _code_version() -> str:
     """A hash of gradlab's and the views' sources and JAX's version: stored results from other code are never used."""
-    import jax
-
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256(jax.__version__.encode())
     for path in sorted([*root.glob("gradlab/**/*.py"), *root.glob("views/*.py")]):
