@@ -124,3 +124,27 @@ def test_short_codes_work_and_a_bad_link_value_is_named_not_dropped_silently():
 
 def at_value(at, key):
     return at.session_state[key]
+
+
+def test_every_page_control_is_declared_once_in_the_registry():
+    """Views draw their URL-bound controls through ui.control / ui.choice (which refuse an undeclared key), and
+    none binds a widget to the URL by hand; every declared key is drawn by its page."""
+    import ast
+
+    from gradlab.ui import pages
+
+    drawn = {}
+    for page in pages.PAGES:
+        source = (ROOT / page.path).read_text()
+        assert 'bind="query-params"' not in source, page.path
+        keys = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("control", "choice", "checkpoint_picker"):
+                keys |= {kw.value.value for kw in node.keywords if kw.arg == "key" and isinstance(kw.value, ast.Constant)}
+                if node.func.attr == "choice" and len(node.args) >= 4:
+                    keys.add(node.args[3].value)
+                if node.func.attr == "checkpoint_picker" and not node.keywords:
+                    keys.add("checkpoint")
+        drawn[page.path] = keys
+        assert keys <= set(page.controls), (page.path, keys - set(page.controls))
+    assert set().union(*drawn.values()) | {"infl_test"} == set(pages.control_keys())  # infl_test: key=INDEX

@@ -52,17 +52,17 @@ with c1:
 norms = norms_at(exp, ckpt, fitted)
 median = float(np.median(norms))
 with c2:
-    c_in = st.number_input(
+    c_in = ui.control(st.number_input,
         "Clipping norm C", value=None, format="%.4g", placeholder=f"median {median:.2g}", key="dp_clip_c",
-        bind="query-params", help="Empty: the median per-example gradient norm at this checkpoint (Abadi et al. 2016's advice).")
+        help="Empty: the median per-example gradient norm at this checkpoint (Abadi et al. 2016's advice).")
 with c3:
-    sigma_a = st.number_input("Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
-                              bind="query-params", help="The noise added to the clipped sum has std σ·C.")
+    sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
+                         help="The noise added to the clipped sum has std σ·C.")
 with c4:
-    batch_a = st.number_input("Batch size B", value=int(min(256, n_train)), step=32, key="dp_clip_batch",
-                              bind="query-params", help="The noise on the averaged gradient has std σ·C/B per coordinate.")
-log = st.toggle("Log-scale norms", value=True, key="dp_clip_log", bind="query-params",
-                help="Per-example norms of a trained model are heavy-tailed: log₁₀ shows both the bulk and the tail.")
+    batch_a = ui.control(st.number_input, "Batch size B", value=int(min(256, n_train)), step=32, key="dp_clip_batch",
+                         help="The noise on the averaged gradient has std σ·C/B per coordinate.")
+log = ui.control(st.toggle, "Log-scale norms", value=True, key="dp_clip_log",
+                 help="Per-example norms of a trained model are heavy-tailed: log₁₀ shows both the bulk and the tail.")
 clip_norm = median if c_in is None else float(c_in)
 
 with ui.guard("The clipping analysis could not be computed"):
@@ -140,27 +140,26 @@ st.button("Preset: ≥ 90% test accuracy on digits at ε ≤ 3 (δ = 1e-5)", on_
 NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
 d1, d2, d3, d4 = st.columns(4)
 with d1:
-    q = st.number_input("Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
-                        key="dp_sgd_q", bind="query-params", help="Probability that an example joins a batch: q ∈ (0, 1].")
-    steps = st.number_input("Training steps T", value=200, min_value=1, max_value=5000, step=50, key="dp_sgd_steps",
-                            bind="query-params")
+    q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
+                   key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
+    steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=5000, step=50, key="dp_sgd_steps")
 with d2:
-    c_dp = st.number_input("Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c", bind="query-params")
+    c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
     optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
 with d3:
     mode = ui.choice(st.radio, "Noise", NOISE_MODES, "dp_sgd_mode", horizontal=True)
     if mode == "epsilon":
-        eps_target = st.number_input("Target ε", value=3.0, step=0.5, key="dp_sgd_eps", bind="query-params")
+        eps_target = ui.control(st.number_input, "Target ε", value=3.0, step=0.5, key="dp_sgd_eps")
         sigma_in = None
     else:
-        sigma_in = st.number_input("Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma", bind="query-params")
+        sigma_in = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma")
         eps_target = None
-    lr = st.select_slider("Learning rate", options=LRS, value=0.02, key="dp_sgd_lr", bind="query-params")
+    lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=0.02, key="dp_sgd_lr")
 with d4:
-    delta = st.number_input("δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta", bind="query-params",
-                            help=f"Default below 1/N = {1 / n_train:.1e}.")
+    delta = ui.control(st.number_input, "δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta",
+                       help=f"Default below 1/N = {1 / n_train:.1e}.")
     accountant = ui.choice(st.radio, "Accountant", privacy.ACCOUNTANTS, "dp_sgd_accountant", horizontal=True)
-    seed = st.number_input("Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed", bind="query-params")
+    seed = ui.control(st.number_input, "Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed")
 
 
 def dp_sgd_cost(fitted, q, steps, *_):

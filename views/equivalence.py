@@ -22,8 +22,8 @@ c1, c2 = st.columns([3, 2])
 with c1:
     example = ui.choice(st.radio, "Example", EXAMPLES, "eq_example", horizontal=True)
 with c2:
-    reduction = st.radio("Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction", bind="query-params",
-                         help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
+    reduction = ui.control(st.radio, "Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction",
+                           help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
 
 exp = ui.experiment()
 

@@ -22,27 +22,25 @@ st.markdown(
 # figure first: the field on the left, every control beside it
 field_col, side = st.columns([5, 2], gap="medium")
 with side:
-    name = st.radio("Model and data", list(geometry.PROBLEMS), key="geo_problem", bind="query-params", index=1,
-                    horizontal=True)  # short names: a bound radio writes the shown option into the URL
+    name = ui.control(st.radio, "Model and data", list(geometry.PROBLEMS), key="geo_problem", index=1,
+                      horizontal=True)  # short names: a bound radio writes the shown option into the URL
     st.caption(geometry.PROBLEMS[name])
     p = geometry.problem(name)
-    clip_on = st.toggle("Clip each gᵢ at C", value=False, key="geo_clip", bind="query-params")
-    noise_on = st.toggle("DP noise cloud", value=False, key="geo_noise", bind="query-params")
-    paths_on = st.toggle("Trajectories", value=False, key="geo_paths", bind="query-params",
-                         help="SGD, clipped SGD and DP-SGD from the same start with the same minibatches.")
-    c_in = st.number_input("Clipping norm C", value=None, min_value=0.0, format="%.3g", key="geo_c",
-                           bind="query-params", placeholder="median ‖gᵢ‖", help="Empty: the median per-example norm at θ.")
-    sigma = st.number_input("Noise multiplier σ", value=1.0, min_value=0.0, step=0.5, key="geo_sigma",
-                            bind="query-params")
+    clip_on = ui.control(st.toggle, "Clip each gᵢ at C", value=False, key="geo_clip")
+    noise_on = ui.control(st.toggle, "DP noise cloud", value=False, key="geo_noise")
+    paths_on = ui.control(st.toggle, "Trajectories", value=False, key="geo_paths",
+                          help="SGD, clipped SGD and DP-SGD from the same start with the same minibatches.")
+    c_in = ui.control(st.number_input, "Clipping norm C", value=None, min_value=0.0, format="%.3g", key="geo_c",
+                      placeholder="median ‖gᵢ‖", help="Empty: the median per-example norm at θ.")
+    sigma = ui.control(st.number_input, "Noise multiplier σ", value=1.0, min_value=0.0, step=0.5, key="geo_sigma")
     if int(st.session_state.get("geo_batch") or 1) > p.n:  # kept from a problem with more examples
         st.session_state["geo_batch"] = p.n
-    batch = int(st.number_input("Batch size B", value=min(p.batch_size, p.n), min_value=1, max_value=p.n, key="geo_batch",
-                                bind="query-params"))
-    steps = int(st.select_slider("Steps", options=[0, 5, 10, 20, 40, 80], value=20, key="geo_steps", bind="query-params"))
-    lr = float(st.select_slider("Learning rate η", options=[0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0], value=p.lr,
-                                key="geo_lr", bind="query-params"))
-    at = st.slider("Arrows drawn at step t of the SGD path", 0, max(steps, 1), key="geo_t", bind="query-params",
-                   disabled=steps == 0)
+    batch = int(ui.control(st.number_input, "Batch size B", value=min(p.batch_size, p.n), min_value=1, max_value=p.n, key="geo_batch"))
+    steps = int(ui.control(st.select_slider, "Steps", options=[0, 5, 10, 20, 40, 80], value=20, key="geo_steps"))
+    lr = float(ui.control(st.select_slider, "Learning rate η", options=[0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0], value=p.lr,
+                          key="geo_lr"))
+    at = ui.control(st.slider, "Arrows drawn at step t of the SGD path", 0, max(steps, 1), key="geo_t",
+                    disabled=steps == 0)
     b1, b2, b3 = st.columns(3)
 
 
@@ -163,9 +161,9 @@ with left:
                                      removed=removed.index if removed else None, kind=kind),
                  on_select="rerun", selection_mode="points", key=PICK)
 with right:
-    st.number_input("Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
-                    bind="query-params", placeholder="none", disabled=name == "scalar",
-                    help="Or click a point in the chart. Retrain without it (Newton's method) and compare with the influence function.")
+    ui.control(st.number_input, "Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
+               placeholder="none", disabled=name == "scalar",
+               help="Or click a point in the chart. Retrain without it (Newton's method) and compare with the influence function.")
     if removed is not None:
         moved = np.linalg.norm(removed.retrained - removed.optimum)
         r = st.columns(2)

@@ -118,35 +118,35 @@ c1, c2, c3, c4, c5 = st.columns([2, 1, 1, 1, 1])
 with c1:
     method = ui.choice(st.selectbox, "Scoring method", inf.METHODS, "infl_method", index=list(inf.METHODS).index("influence"))
 with c2:
-    l2 = st.select_slider(
+    l2 = ui.control(st.select_slider,
         "Regularization λ", options=[1e-4, 1e-3, 1e-2, 1e-1], value=1e-2, format_func=lambda v: f"{v:g}",
-        key="infl_l2", bind="query-params",
+        key="infl_l2",
         help="Part of the objective F(θ) = mean loss + λ/2‖θ‖² that θ̂ minimizes: it moves θ̂ and what retraining "
              "converges to. The influence function, its self-influence and the retraining check all use this θ̂.")
 with c3:
-    damping = st.select_slider(
+    damping = ui.control(st.select_slider,
         "Damping δ", options=[0.0, 1e-3, 1e-2, 1e-1, 1.0], value=1e-2, format_func=lambda v: f"{v:g}",
-        key="infl_damping", bind="query-params",
+        key="infl_damping",
         help="Added to the Hessian only: (H + δI)⁻¹. A network's Hessian has negative eigenvalues where θ̂ is not an "
              "exact minimum; δ > 0 makes H + δI positive definite. It does not change θ̂.")
 with c4:
-    solver = st.selectbox("H⁻¹v solver", list(inf.SOLVERS), key="infl_solver", bind="query-params",
-                          help="\n".join(f"- **{k_}**: {v_}" for k_, v_ in inf.SOLVERS.items()))
+    solver = ui.control(st.selectbox, "H⁻¹v solver", list(inf.SOLVERS), key="infl_solver",
+                        help="\n".join(f"- **{k_}**: {v_}" for k_, v_ in inf.SOLVERS.items()))
 with c5:
-    k = st.number_input("Top-k", min_value=1, max_value=24, value=8, key="infl_k", bind="query-params")
+    k = ui.control(st.number_input, "Top-k", min_value=1, max_value=24, value=8, key="infl_k")
 lissa_scale = 0.0
 if solver == "lissa":
-    lissa_scale = st.number_input("LiSSA scale (0 = 2 × the largest Hessian eigenvalue, by power iteration)",
-                                  min_value=0.0, value=0.0, step=1.0, key="infl_lissa_scale", bind="query-params")
+    lissa_scale = ui.control(st.number_input, "LiSSA scale (0 = 2 × the largest Hessian eigenvalue, by power iteration)",
+                             min_value=0.0, value=0.0, step=1.0, key="infl_lissa_scale")
 with st.expander("TRAK settings"):
     t1, t2 = st.columns(2)
-    n_models = int(t1.number_input("Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
-                                   key="infl_trak_models", bind="query-params",
-                                   help="θ̂ (as the influence function) plus models trained with seeds seed+1, … on the same data, each "
+    n_models = int(ui.control(t1.number_input, "Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
+                              key="infl_trak_models",
+                              help="θ̂ (as the influence function) plus models trained with seeds seed+1, … on the same data, each "
                                         "converged to its own θ̂ of the same objective at λ."))
-    k_pick = t2.select_slider("Projection dimension k", options=[*map(str, PROJ_DIMS), EXACT], value=EXACT,
-                              key="infl_trak_k", bind="query-params",
-                              help="Per-example gradients are projected to k dimensions by a Gaussian matrix. "
+    k_pick = ui.control(t2.select_slider, "Projection dimension k", options=[*map(str, PROJ_DIMS), EXACT], value=EXACT,
+                        key="infl_trak_k",
+                        help="Per-example gradients are projected to k dimensions by a Gaussian matrix. "
                                    "P (exact): no projection; the Gauss–Newton kernel is solved by conjugate gradient.")
     P = engine.num_params(fitted.model)
     proj_dim = P if k_pick == EXACT else int(k_pick)
@@ -195,8 +195,8 @@ st.subheader("The test point")
 left, right = st.columns([1, 2])
 name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
 with left:
-    test_index = st.number_input("Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
-                                 bind="query-params", help="Or click a point in the chart.")
+    test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
+                            help="Or click a point in the chart.")
     test_index = int(min(max(int(test_index), 0), n_test - 1))
     if data.image_shape is not None:
         ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{test_index}"], cols=1,
@@ -314,11 +314,11 @@ if selfs is not None:
     )
     c1, c2 = st.columns([2, 1])
     with c1:
-        picked_self = st.selectbox("Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self", bind="query-params",
-                                   help="\n".join(f"- **{SELF_SHORT[m_]}**: {inf.SELF_INFLUENCE[m_]}" for m_ in selfs))
+        picked_self = ui.control(st.selectbox, "Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self",
+                                 help="\n".join(f"- **{SELF_SHORT[m_]}**: {inf.SELF_INFLUENCE[m_]}" for m_ in selfs))
         self_method = {v: k_ for k_, v in SELF_SHORT.items()}[picked_self]
     with c2:
-        top_pct = st.slider("Top x% to inspect", 1, 50, 10, key="infl_top_pct", bind="query-params")
+        top_pct = ui.control(st.slider, "Top x% to inspect", 1, 50, 10, key="infl_top_pct")
     if self_note:
         st.caption(self_note)
     v = selfs[self_method]
@@ -379,8 +379,7 @@ def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitte
 
 c1, c2 = st.columns([1, 3])
 with c1:
-    rk = st.number_input("k (retrains 2k models)", min_value=2, max_value=25, value=8, key="infl_retrain_k",
-                         bind="query-params")
+    rk = ui.control(st.number_input, "k (retrains 2k models)", min_value=2, max_value=25, value=8, key="infl_retrain_k")
 check_args = (exp, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk), fitted)
 chk = None
 with c1, ui.guard("The retraining check failed"):
@@ -441,8 +440,8 @@ def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_,
 
 
 c1, c2, c3 = st.columns([1, 1, 2])
-lds_m = int(c1.select_slider("Models M", options=[20, 50, 100], value=50, key="infl_lds_m", bind="query-params"))
-lds_t = int(c2.select_slider("Test points", options=[16, 32, 64], value=32, key="infl_lds_t", bind="query-params"))
+lds_m = int(ui.control(c1.select_slider, "Models M", options=[20, 50, 100], value=50, key="infl_lds_m"))
+lds_t = int(ui.control(c2.select_slider, "Test points", options=[16, 32, 64], value=32, key="infl_lds_t"))
 lds_args = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim, fitted)
 lds_out = None
 with c3, ui.guard("The LDS could not be computed"):

@@ -32,7 +32,7 @@ c1, c3 = st.columns([4, 1])
 with c1:
     ckpt = ui.checkpoint_picker(fitted)
 with c3:
-    k = st.number_input("Top-k examples", min_value=1, max_value=48, value=16, key="topk", bind="query-params")
+    k = ui.control(st.number_input, "Top-k examples", min_value=1, max_value=48, value=16, key="topk")
 
 with st.spinner("Computing per-example gradients…"):
     s = summary(exp, ckpt, fitted)
@@ -43,7 +43,7 @@ det = detection_roc(s.norms, flipped) if noisy else None
 @ui.fragment
 def histograms():
     """The log-scale toggle reruns only these figures (st.fragment), not the whole page."""
-    log = st.toggle("Log scale", value=True, key="log", bind="query-params")
+    log = ui.control(st.toggle, "Log scale", value=True, key="log")
     left, right = st.columns(2)
     with left:
         ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")

@@ -28,14 +28,14 @@ figure = st.container()  # figure first: the timings above the controls that set
 c1, c2 = st.columns([3, 2])
 with c1:
     workload = ui.choice(st.radio, "Workload", WORKLOADS, "perf_workload", horizontal=True)
-    approaches = st.multiselect("Approaches", list(bench.APPROACHES), default=DEFAULT_APPROACHES,
-                                format_func=bench.APPROACHES.get, key="perf_approaches", bind="query-params")
+    approaches = ui.control(st.multiselect, "Approaches", list(bench.APPROACHES), default=DEFAULT_APPROACHES,
+                            format_func=bench.APPROACHES.get, key="perf_approaches")
 with c2:
-    sizes = st.multiselect("Batch sizes N", SIZES, default=[16, 64, 256], key="perf_sizes", bind="query-params")
-    repeats = st.slider("Timed runs per cell (median)", 1, 7, 2, key="perf_repeats", bind="query-params")
-    loop_max = st.select_slider("Run the Python loop up to N", options=[16, 64, 256, 1024], value=256,
-                                key="perf_loop_max", bind="query-params",
-                                help="The loop is slow by design: skip it above this batch size.")
+    sizes = ui.control(st.multiselect, "Batch sizes N", SIZES, default=[16, 64, 256], key="perf_sizes")
+    repeats = ui.control(st.slider, "Timed runs per cell (median)", 1, 7, 2, key="perf_repeats")
+    loop_max = ui.control(st.select_slider, "Run the Python loop up to N", options=[16, 64, 256, 1024], value=256,
+                          key="perf_loop_max",
+                          help="The loop is slow by design: skip it above this batch size.")
 
 exp = ui.experiment()
 

@@ -35,24 +35,21 @@ st.markdown(
 )
 c1, c2, c3, c4 = st.columns(4)
 with c1:
-    pool = st.number_input("Pool size (members + non-members)", value=int(min(256, len(data.y_train))), min_value=8,
-                           max_value=int(len(data.y_train)), step=64, key="mia_pool", bind="query-params",
-                           help="The first examples of the training split; half of them train the target.")
-    shadows = st.number_input("Shadow models per procedure", value=4, min_value=2, max_value=16, step=2, key="mia_shadows",
-                              bind="query-params", help="More shadows calibrate LiRA better and take longer.")
+    pool = ui.control(st.number_input, "Pool size (members + non-members)", value=int(min(256, len(data.y_train))), min_value=8,
+                      max_value=int(len(data.y_train)), step=64, key="mia_pool",
+                      help="The first examples of the training split; half of them train the target.")
+    shadows = ui.control(st.number_input, "Shadow models per procedure", value=4, min_value=2, max_value=16, step=2, key="mia_shadows",
+                         help="More shadows calibrate LiRA better and take longer.")
 with c2:
-    q = st.number_input("Sampling rate q", value=0.5, min_value=0.01, max_value=1.0, step=0.05, format="%.3f", key="mia_q",
-                        bind="query-params")
-    steps = st.number_input("Training steps T", value=200, min_value=1, max_value=2000, step=50, key="mia_steps",
-                            bind="query-params")
+    q = ui.control(st.number_input, "Sampling rate q", value=0.5, min_value=0.01, max_value=1.0, step=0.05, format="%.3f", key="mia_q")
+    steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=2000, step=50, key="mia_steps")
 with c3:
-    c_dp = st.number_input("Clipping norm C", value=1.0, format="%.4g", step=0.1, key="mia_c", bind="query-params")
-    eps_target = st.number_input("Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
-                                 bind="query-params", help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
+    c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="mia_c")
+    eps_target = ui.control(st.number_input, "Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
+                            help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
 with c4:
     optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "mia_opt")
-    lr = st.select_slider("Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr",
-                          bind="query-params")
+    lr = ui.control(st.select_slider, "Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr")
 delta = 1e-5
 
 
@@ -141,20 +138,20 @@ st.markdown(
 )
 a1, a2, a3, a4 = st.columns(4)
 with a1:
-    sigma_a = st.number_input("Noise multiplier σ", value=2.0, min_value=0.3, step=0.5, key="audit_sigma", bind="query-params")
-    steps_a = st.number_input("Steps T", value=1, min_value=1, max_value=16, key="audit_steps", bind="query-params")
+    sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=2.0, min_value=0.3, step=0.5, key="audit_sigma")
+    steps_a = ui.control(st.number_input, "Steps T", value=1, min_value=1, max_value=16, key="audit_steps")
 with a2:
-    q_a = st.number_input("Sampling rate q", value=1.0, min_value=0.01, max_value=1.0, step=0.1, format="%.2f",
-                          key="audit_q", bind="query-params", help="1 = full batch (the tightest audit).")
-    c_a = st.number_input("Clipping norm C", value=1.0, min_value=0.01, step=0.5, format="%.3g", key="audit_c",
-                          bind="query-params", help="'Noise not scaled by C' only shows for C > 1.")
+    q_a = ui.control(st.number_input, "Sampling rate q", value=1.0, min_value=0.01, max_value=1.0, step=0.1, format="%.2f",
+                     key="audit_q", help="1 = full batch (the tightest audit).")
+    c_a = ui.control(st.number_input, "Clipping norm C", value=1.0, min_value=0.01, step=0.5, format="%.3g", key="audit_c",
+                     help="'Noise not scaled by C' only shows for C > 1.")
 with a3:
-    trials = st.select_slider("Trials", options=[4096, 16384, 65536, 131072, 262144], value=16384, key="audit_trials",
-                              bind="query-params", help="Each trial is one training run's worth of canary; 2048 run at once.")
+    trials = ui.control(st.select_slider, "Trials", options=[4096, 16384, 65536, 131072, 262144], value=16384, key="audit_trials",
+                        help="Each trial is one training run's worth of canary; 2048 run at once.")
     canary = ui.choice(st.radio, "Canary", audit.CANARIES, "audit_canary", horizontal=True)
 with a4:
-    bug = st.selectbox("Spot the bug: plant one", ["none (correct DP-SGD)"] + list(audit.BUGS), key="audit_bug",
-                       bind="query-params", help="A mistake real DP-SGD code has shipped, planted in the DP-SGD step.")
+    bug = ui.control(st.selectbox, "Spot the bug: plant one", ["none (correct DP-SGD)"] + list(audit.BUGS), key="audit_bug",
+                     help="A mistake real DP-SGD code has shipped, planted in the DP-SGD step.")
 bug = None if bug.startswith("none") else bug
 if bug:
     st.info(f"**Planted bug: {bug}.** {audit.BUGS[bug].description}")

@@ -14,6 +14,7 @@ import streamlit as st
 
 from gradlab import engine, export, glossary
 from gradlab.memory import release_memory
+from gradlab.ui import pages
 from gradlab.experiment import Fitted
 
 log = logging.getLogger("gradlab")
@@ -74,10 +75,8 @@ def code_panel(code: str, title: str = "The exact JAX code behind these numbers"
 def checkpoint_picker(f: Fitted, key: str = "checkpoint") -> int:
     """Select a checkpoint by training step (default: the last). Returns its index."""
     steps = list(f.run.steps)
-    step = st.select_slider(
-        "Checkpoint (training step)", options=steps, value=steps[-1], key=key, bind="query-params",
-        help="The model as it was after this many training steps.",
-    )
+    step = control(st.select_slider, "Checkpoint (training step)", options=steps, value=steps[-1], key=key,
+                   help="The model as it was after this many training steps.")
     return steps.index(step)
 
 
@@ -152,6 +151,18 @@ def terms(*names: str, label: str = "Terms") -> None:
             st.markdown(f"**{name}**: {glossary.explain(name)}")
 
 
+def control(kind, label: str, *args, key: str, **kwargs):
+    """Draw a page's control `kind(label, *args, **kwargs)` (a Streamlit widget or a column's) bound to the URL:
+    its key is the query parameter, as the sidebar's controls are.
+
+    **Raises** KeyError when no page declares `key` in `gradlab.ui.pages` (every control is declared once there,
+    so presets, the lecture's resets and the link checks know it).
+    """
+    if key not in pages.control_keys():
+        raise KeyError(f"control {key!r} is not declared in gradlab.ui.pages: add it to its page's controls")
+    return kind(label, *args, key=key, bind="query-params", **kwargs)
+
+
 def choice(kind, label: str, choices: dict, key: str, **kwargs):
     """A radio or selectbox bound to the URL whose value there is a short stable code (`?eq_example=scalar`).
 
@@ -165,7 +176,7 @@ def choice(kind, label: str, choices: dict, key: str, **kwargs):
     else:
         listing = "\n".join(f"- **{c}**: {choices[c]}" for c in codes)
         kwargs["help"] = f"{kwargs['help']}\n\n{listing}" if kwargs.get("help") else listing
-    return kind(label, codes, key=key, bind="query-params", **kwargs)
+    return control(kind, label, codes, key=key, **kwargs)
 
 
 def picked_index(event, n: int) -> int | None:
