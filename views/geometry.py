@@ -41,16 +41,16 @@ with side:
                           key="geo_lr"))
     at = ui.control(st.slider, "Arrows drawn at step t of the SGD path", 0, max(steps, 1), key="geo_t",
                     disabled=steps == 0)
-    b1, b2, b3 = st.columns(3)
+    buttons = st.container(horizontal=True)  # wraps instead of cutting a label in a narrow column
 
 
 def _step(delta: int) -> None:
     st.session_state["geo_t"] = min(max(int(st.session_state.get("geo_t", 0)) + delta, 0), max(steps, 1))
 
 
-b1.button("Step", on_click=_step, args=(1,), key="geo_step_btn", width="stretch")
-play = b2.button("Play", key="geo_play_btn", width="stretch")
-b3.button("Reset", on_click=_step, args=(-10_000,), key="geo_reset_btn", width="stretch")
+buttons.button("Step", on_click=_step, args=(1,), key="geo_step_btn")
+play = buttons.button("Play", key="geo_play_btn")
+buttons.button("Reset", on_click=_step, args=(-10_000,), key="geo_reset_btn")
 
 
 @ui.shared(label="Following every method's path")
