@@ -84,6 +84,7 @@ class Store:
         if directory:
             try:
                 self._disk = diskcache.Cache(directory, size_limit=int(disk_bytes), eviction_policy="least-recently-used")
+                os.makedirs(os.path.join(directory, "locks"), exist_ok=True)
             except Exception as err:  # noqa: BLE001 - a read-only or full disk leaves the memory tier working
                 log.warning("results store on disk unavailable (%s): memory only", err)
 
@@ -146,9 +147,7 @@ class Store:
         Without a disk tier, a no-op. A lock not acquired within `timeout` s is skipped (compute anyway)."""
         if self._disk is None:
             return contextlib.nullcontext()
-        path = os.path.join(self._disk.directory, "locks", hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return _Lock(filelock.FileLock(path), timeout)
+        return _Lock(self._lock_file(hashlib.sha256(key.encode()).hexdigest()[:32]), timeout)
 
     def once(self, key: str, compute: Callable[[], Any], *, persist: bool = True):
         """The value under `key`, computed by `compute()` and stored only if no one (in any process sharing the
@@ -164,9 +163,11 @@ class Store:
         """Gate slot `i` held across processes (a file lock beside the disk tier; a no-op without one)."""
         if self._disk is None:
             return contextlib.nullcontext()
-        path = os.path.join(self._disk.directory, "locks", f"gate-slot-{int(i)}.lock")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return filelock.FileLock(path)
+        return self._lock_file(f"gate-slot-{int(i)}")
+
+    def _lock_file(self, name: str) -> filelock.FileLock:
+        """The file lock `name` in the disk tier's `locks` folder (made once, when the store opens)."""
+        return filelock.FileLock(os.path.join(self._disk.directory, "locks", name + ".lock"))
 
     def clear_memory(self) -> None:
         """Drop the memory tier (the disk tier stays)."""

@@ -114,7 +114,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     - `cost(*args, **kwargs)`: estimated CPU-seconds of a run (the queue's wait estimate, and `ui.on_request`'s
       budget check); without it the gate uses the last run's duration.
 
-    `fn.stored(*args)` says whether a result is already stored; `fn.cost(*args)` is the estimate (or None).
+    `fn.key(*args)` is the store key; `fn.stored(*args)` says whether a result is already stored; `fn.cost(*args)`
+    is the estimate (or None).
     """
     if fn is None:
         return functools.partial(shared, label=label, persist=persist, gated=gated, cost=cost)
@@ -169,7 +170,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
             if slot[0] is not None:
                 slot[0].empty()
 
-    run.stored = lambda *args, **kwargs: key(args, kwargs)[0] in STORE
+    run.key = lambda *args, **kwargs: key(args, kwargs)[0]
+    run.stored = lambda *args, **kwargs: run.key(*args, **kwargs) in STORE
     run.cost = (lambda *args, **kwargs: None) if cost is None else cost
     return run
 
@@ -191,7 +193,7 @@ def on_request(fn, *args, name: str, button: str, help: str | None = None, fix: 
         return None
     about = f" (about {max(seconds, 1):.0f} s)" if seconds is not None else ""
     pressed = st.button(button + about, type="primary", key=f"run_{name}", help=help) or go
-    if requested(name, key_of(fn.__qualname__, args, kwargs), pressed, kept=1):
+    if requested(name, fn.key(*args, **kwargs), pressed, kept=1):
         return fn(*args, **kwargs)
     return None
 

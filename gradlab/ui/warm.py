@@ -34,6 +34,19 @@ def press_heavy_sections(at) -> None:
         at.run()
 
 
+def _visit(at, what: str, *, press: bool):
+    """Run `at` once (and its heavy sections when `press`); **returns** `(seconds, at)`. **Raises** RuntimeError
+    naming `what` if the page shows an exception."""
+    start = time.perf_counter()
+    at.run()
+    if press:
+        press_heavy_sections(at)
+    seconds = time.perf_counter() - start
+    if at.exception:
+        raise RuntimeError(f"{what}: {at.exception[0].value}")
+    return seconds, at
+
+
 def run_step(step: int, *, presenter: bool = False, press: bool = False, timeout: float = 600):
     """Run lecture step `step` (1-based) in a fresh `AppTest` session, pressing its heavy sections' buttons when
     `press`; return `(seconds, AppTest)`.
@@ -45,36 +58,22 @@ def run_step(step: int, *, presenter: bool = False, press: bool = False, timeout
     if presenter:
         at.query_params["presenter"] = "true"
     at.switch_page("views/lecture.py")
-    start = time.perf_counter()
-    at.run()
-    if press:
-        press_heavy_sections(at)
-    seconds = time.perf_counter() - start
-    if at.exception:
-        raise RuntimeError(f"lecture step {step}: {at.exception[0].value}")
-    return seconds, at
+    return _visit(at, f"lecture step {step}", press=press)
 
 
 PAGES = tuple(p.path for p in pages.PAGES if p.url_path != "lecture")
 
 
 def run_page(page: str, *, press: bool = False, timeout: float = 600):
-    """Run page `page`'s default view (its script path, or its name: `"norms"` for `views/norms.py`) in a fresh `AppTest` session, pressing its heavy sections' buttons when
-    `press`; return `(seconds, AppTest)`.
+    """Run page `page`'s default view (its script path, or its name: `"norms"` for `views/norms.py`) in a fresh
+    `AppTest` session, pressing its heavy sections' buttons when `press`; return `(seconds, AppTest)`.
 
     **Raises** `RuntimeError` if the page shows an exception.
     """
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
     at.run()
     at.switch_page(page if page.endswith(".py") else f"views/{page}.py")
-    start = time.perf_counter()
-    at.run()
-    if press:
-        press_heavy_sections(at)
-    seconds = time.perf_counter() - start
-    if at.exception:
-        raise RuntimeError(f"page {page}: {at.exception[0].value}")
-    return seconds, at
+    return _visit(at, f"page {page}", press=press)
 
 
 def fill(*, pages: bool = True, log=print) -> float:
