@@ -24,6 +24,9 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
 3. 5 visitors at once upload a different CSV (Gradient norms on "your own data").
 4. The server is stopped and started again on the same store; the first visitor of each page's default
    view, one page at a time (before the restart, the same tour warms the store).
+5. `--followers` N students open a lecture room's link (`/lecture?room=…`), polling as the browser's follow
+   fragment does (its auto-rerun every second); the lecturer moves the room one step on: when does each
+   student's URL reach the new step, and its first chart come?
 
 Server memory is the peak, sampled every 0.2 s from /proc (`benchmarks/browser.Sampler`; psutil is not a
 dependency), of the server's RSS plus its children's private pages.
@@ -96,6 +99,7 @@ class Visit:
     note: str = ""
     expect: str = ""  # a text the page must show (an upload: its file name)
     expect_seen: bool = False
+    moved_s: float | None = None  # follow mode: when the page's URL reached the room's new step
 
     @property
     def clean(self) -> bool:
@@ -142,6 +146,7 @@ class Session:
         self.bound: dict[str, tuple[str, object, str]] = {}  # URL key -> (element type, proto, fragment id)
         self.page = ""
         self.query = ""  # the URL's query string as the server last set it (bound widgets write it)
+        self.auto_rerun: dict[str, float] = {}  # fragment id -> interval (s) of `st.fragment(run_every=…)`
 
     async def __aenter__(self):
         # No pings: a busy 2-core server may answer a ping late, and the browser does not ping either.
@@ -155,7 +160,8 @@ class Session:
     async def send(self, msg: BackMsg) -> None:
         await self.ws.send(msg.SerializeToString())
 
-    async def rerun(self, visit: Visit, *, widget_states=(), fragment_id: str = "", timeout: float = 600) -> Visit:
+    async def rerun(self, visit: Visit, *, widget_states=(), fragment_id: str = "", auto: bool = False,
+                    timeout: float = 600) -> Visit:
         """Run the page of `visit` with its query (and `widget_states`; only the fragment `fragment_id` if
         given); record until the run ends."""
         self.page, self.query = visit.page, visit.query
@@ -165,6 +171,7 @@ class Session:
         msg.rerun_script.widget_states.widgets.extend(widget_states)
         if fragment_id:
             msg.rerun_script.fragment_id = fragment_id
+            msg.rerun_script.is_auto_rerun = auto
         msg.rerun_script.context_info.url = f"{self.base}/{visit.page}"
         msg.rerun_script.context_info.timezone = "UTC"
         msg.rerun_script.context_info.locale = "en-US"
@@ -188,6 +195,9 @@ class Session:
                 self.session_id = fm.new_session.initialize.session_id or self.session_id
             elif kind == "page_info_changed":
                 self.query = fm.page_info_changed.query_string
+                visit.moved_s = now if visit.moved_s is None else visit.moved_s
+            elif kind == "auto_rerun":
+                self.auto_rerun[fm.auto_rerun.fragment_id] = fm.auto_rerun.interval
             elif kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
                 self._element(fm.delta.new_element, visit, now, fm.delta.fragment_id)
             elif kind == "script_finished":
@@ -344,6 +354,61 @@ async def upload_visit(base: str, name: str, csv: bytes, *, query: str = "datase
     return v
 
 
+async def follow_visit(base: str, name: str, room: str, step: int, moved: list, ready: list, *,
+                       timeout: float = 600) -> Visit:
+    """A student on the lecture page of `room` (at `step`), polling as the browser does (the follow fragment's
+    auto-rerun every interval); returns, from the room's move (`moved[0]`, a `perf_counter` time), when its URL
+    reached the next step (`moved_s`) and when the next step's first chart came (`chart_s`)."""
+    v = Visit(name, "lecture", f"room={room}&step={step}")
+    try:
+        async with Session(base) as s:
+            first = await s.rerun(Visit(name, "lecture", v.query), timeout=timeout)
+            if first.status != "ok" or not s.auto_rerun:
+                v.status = f"before the move: {first.status}" + ("" if s.auto_rerun else ", no follow fragment")
+                return v
+            ready.append(name)
+            fragment, interval = next(iter(s.auto_rerun.items()))
+            deadline = time.perf_counter() + timeout
+            while time.perf_counter() < deadline:
+                await asyncio.sleep(interval)
+                sent = time.perf_counter()
+                poll = await s.rerun(Visit(name, "lecture", s.query), fragment_id=fragment, auto=True, timeout=timeout)
+                if f"step={step + 1}" in s.query.split("&"):
+                    v.status, v.exceptions, v.errors = poll.status, poll.exceptions, poll.errors
+                    v.moved_s = sent + (poll.moved_s or 0.0) - moved[0]
+                    v.chart_s = None if poll.chart_s is None else sent + poll.chart_s - moved[0]
+                    v.finished_s = None if poll.finished_s is None else sent + poll.finished_s - moved[0]
+                    v.charts = poll.charts
+                    return v
+                if poll.status != "ok":
+                    v.status = f"poll: {poll.status}"
+                    return v
+            v.status = "never moved"
+    except (OSError, websockets.WebSocketException, TimeoutError) as err:
+        v.status = f"follow failed: {type(err).__name__}: {err}"
+    return v
+
+
+async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
+                 timeout: float = 600) -> list[Visit]:
+    """`n` students open a new room's students' link on `step`; once all follow it (and `settle` s of polling
+    went by), the lecturer moves the room to `step + 1` (as the speaker view's Next does)."""
+    from gradlab.rooms import Rooms
+
+    rooms = Rooms(rooms_dir)
+    code, key = rooms.open(step)
+    moved, ready = [float("inf")], []
+    tasks = [asyncio.create_task(follow_visit(base, f"follower-{i}", code, step, moved, ready, timeout=timeout))
+             for i in range(n)]
+    deadline = time.monotonic() + timeout
+    while len(ready) < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(settle)
+    moved[0] = time.perf_counter()
+    rooms.move(code, key, step + 1)
+    return list(await asyncio.gather(*tasks))
+
+
 def crowd(base: str, visits: list[tuple[str, str, str]], *, spread: float = 0.0, seed: int = 0,
           timeout: float = 600) -> list[Visit]:
     """`visits` = [(name, page, query)], all started within `spread` s (random offsets); blocks until all end."""
@@ -459,7 +524,9 @@ def main(argv=None) -> int:
     ap.add_argument("--by", choices=["widget", "url"], default="widget",
                     help="scenario 2: change each control in an open page (widget state) or open a link with it")
     ap.add_argument("--uploads", type=int, default=5, help="scenario 3: visitors uploading a CSV each")
-    ap.add_argument("--scenarios", default="1,2,3,4", help="which scenarios, e.g. 1,4")
+    ap.add_argument("--scenarios", default="1,2,3,4", help="which scenarios, e.g. 1,4 (5: follow mode)")
+    ap.add_argument("--followers", type=int, default=30, help="scenario 5: students following a room")
+    ap.add_argument("--follow-step", type=int, default=2, help="scenario 5: the room moves from this step to the next")
     ap.add_argument("--pages", default="", help="scenario 4: only these url paths (comma separated; 'home' for Home)")
     ap.add_argument("--dir", default="", help="keep the store and XLA cache here (warm on a second run); "
                                               "default: a new temporary directory (cold)")
@@ -548,6 +615,19 @@ def main(argv=None) -> int:
                     details.append(detail_row(f"4 {when}", v))
                     print(f"# 4 {when}: {title}: chart {_s(v.chart_s)} s, done {_s(v.finished_s)} s, {v.status}", flush=True)
                 summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
+        if 5 in scenarios:
+            sampler = server.measure()
+            visits = asyncio.run(follow(server.base, str(directory / "store" / "rooms"), args.followers,
+                                        args.follow_step, timeout=args.timeout))
+            moved = [v.moved_s for v in visits if v.moved_s is not None]
+            print(f"# scenario 5: {len(moved)} of {len(visits)} followers moved; after the lecturer's move: URL "
+                  f"p50 {_s(_q(moved, 50))} s, max {_s(max(moved, default=None))} s", flush=True)
+            for v in visits:
+                v.note = f"(URL moved after {_s(v.moved_s)} s)"
+            summary.append(summary_row("5 follow", f"students following a room, step {args.follow_step} → "
+                                                   f"{args.follow_step + 1} (times from the lecturer's move)",
+                                       visits, sampler.peak))
+            details += [detail_row("5", v) for v in visits if not v.clean or args.detail]
     finally:
         server.stop()
 

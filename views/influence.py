@@ -14,14 +14,9 @@ from gradlab.metrics import detection_roc, fraction_in_top
 st.title("Influence")
 st.markdown(
     "Pick a test point. Every training example gets a **score**: how much it helped (**proponent**, positive) or "
-    "hurt (**opponent**, negative) that prediction. The gradient dot product ⟨∇ℓ(zᵢ), ∇ℓ(z)⟩ says how a gradient "
-    "step on zᵢ moves the test loss; **TracIn** sums it over the checkpoints of an SGD run, weighted by the "
-    "learning rate used (Pruthi et al. 2020); the **influence function** predicts the change of the test loss if "
-    "zᵢ were removed and the model retrained to the optimum θ̂ (Koh & Liang 2017); **TRAK** makes that prediction "
-    "for the linearized model (its Gauss–Newton matrix), averaged over an ensemble of models (Park et al. 2023). "
-    "Scores alone can mean "
-    "nothing, so the bottom of the page **retrains** without the top examples, and scores every method by the "
-    "**linear datamodeling score**: how well it predicts models trained on random halves of the data."
+    "hurt (**opponent**, negative) that prediction, by the gradient dot product, **TracIn**, the **influence "
+    "function** or **TRAK**. Scores alone can mean nothing: the bottom of the page **retrains** without the top "
+    "examples and scores every method by the **linear datamodeling score**."
 )
 
 ui.terms("influence function", "proponents and opponents", "L-BFGS", "H⁻¹v", "TracIn", "TRAK", "LDS", "self-influence")
@@ -110,6 +105,30 @@ if picked is not None and st.session_state.get("_infl_last_pick") != picked:
     st.session_state[INDEX] = picked
     st.session_state["_infl_last_pick"] = picked
 
+# ------------------------------------------------------------------ the test point
+st.subheader("The test point")
+left, right = st.columns([1, 2])
+name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
+with left:
+    test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
+                            help="Or click a point in the chart.")
+    test_index = int(min(max(int(test_index), 0), n_test - 1))
+    if data.image_shape is not None:
+        ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{test_index}"], cols=1,
+                                  image_shape=data.image_shape), width="stretch")
+    m = st.columns(2)  # two per row: the left third of a 1024 px projector is too narrow for three
+    m[0].metric("Label", name(data.y_test[test_index]))
+    m[1].metric("Prediction", name(test_pred[test_index]), delta="correct" if correct[test_index] else "wrong",
+                delta_color="normal" if correct[test_index] else "inverse")
+    st.metric("Test loss", f"{test_loss[test_index]:.3g}")
+with right:
+    if data.n_features == 2:
+        xy, axes = data.x_test, data.feature_names
+    else:
+        xy, axes = np.stack([np.arange(n_test), test_loss], 1), ("test point index", "test loss at the trained model")
+    ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes), width="stretch",
+             on_select="rerun", selection_mode="points", key=PICK)
+
 # ------------------------------------------------------------------ controls
 SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn", "influence": "influence function",
          "trak": "TRAK"}
@@ -172,47 +191,10 @@ with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (
 if base is None:
     st.stop()
 verdict = st.container()  # filled below, once the retraining check is known: the evidence comes first
-o = st.columns(3)
-o[0].metric("‖∇F(θ̂)‖ at the point used", f"{base.grad_norm:.1e}",
-            help=f"Gradient norm of F(θ) = mean loss + {l2:g}/2‖θ‖² at θ̂; the target is {base.tol:.0e}.")
-o[1].metric("L-BFGS iterations", f"{base.iterations}")
-o[2].metric("θ̂", "minimum" if base.converged else "near-minimum",
-            help="Whether ‖∇F‖ reached the target. A ReLU network's F has kinks, where L-BFGS stalls near 1e-3: "
-                 "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions. The "
-                 "retraining check below measures whether the rankings still hold.")
-if not base.converged:
-    st.caption(f"θ̂ stopped at ‖∇F‖ = {base.grad_norm:.1e} after {base.iterations} iterations (target {base.tol:.0e})"
-               + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
-                  if exp.model != "linear" and exp.activation == "relu" else "."))
-
 with st.spinner("Training the SGD run TracIn follows…"):
     tr_ckpts, tr_note = tracin_run(exp, fitted)
 if tr_ckpts is None:
     st.warning(tr_note, icon="⚠️")
-
-# ------------------------------------------------------------------ the test point
-st.subheader("The test point")
-left, right = st.columns([1, 2])
-name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
-with left:
-    test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
-                            help="Or click a point in the chart.")
-    test_index = int(min(max(int(test_index), 0), n_test - 1))
-    if data.image_shape is not None:
-        ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{test_index}"], cols=1,
-                                  image_shape=data.image_shape), width="stretch")
-    m = st.columns(2)  # two per row: the left third of a 1024 px projector is too narrow for three
-    m[0].metric("Label", name(data.y_test[test_index]))
-    m[1].metric("Prediction", name(test_pred[test_index]), delta="correct" if correct[test_index] else "wrong",
-                delta_color="normal" if correct[test_index] else "inverse")
-    st.metric("Test loss", f"{test_loss[test_index]:.3g}")
-with right:
-    if data.n_features == 2:
-        xy, axes = data.x_test, data.feature_names
-    else:
-        xy, axes = np.stack([np.arange(n_test), test_loss], 1), ("test point index", "test loss at the trained model")
-    ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes), width="stretch",
-             on_select="rerun", selection_mode="points", key=PICK)
 
 with st.spinner("Scoring every training example with every method…"):
     res = None
@@ -280,6 +262,23 @@ table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label"
                       **{SHORT[m_]: v for m_, v in scores.items()}})
 st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
+
+# ------------------------------------------------------------------ the optimum the scores use
+st.markdown("**The optimum θ̂** the influence function, self-influence and the retraining check use (L-BFGS on "
+            f"F(θ) = mean loss + {l2:g}/2‖θ‖², from the trained model)")
+o = st.columns(3)
+o[0].metric("‖∇F(θ̂)‖ at the point used", f"{base.grad_norm:.1e}",
+            help=f"Gradient norm of F(θ) = mean loss + {l2:g}/2‖θ‖² at θ̂; the target is {base.tol:.0e}.")
+o[1].metric("L-BFGS iterations", f"{base.iterations}")
+o[2].metric("θ̂", "minimum" if base.converged else "near-minimum",
+            help="Whether ‖∇F‖ reached the target. A ReLU network's F has kinks, where L-BFGS stalls near 1e-3: "
+                 "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions. The "
+                 "retraining check below measures whether the rankings still hold.")
+if not base.converged:
+    st.caption(f"θ̂ stopped at ‖∇F‖ = {base.grad_norm:.1e} after {base.iterations} iterations (target {base.tol:.0e})"
+               + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
+                  if exp.model != "linear" and exp.activation == "relu" else "."))
+
 
 # ------------------------------------------------------------------ agreement between methods
 st.subheader("Do the methods agree?")
