@@ -146,6 +146,7 @@ class Session:
         self.bound: dict[str, tuple[str, object, str]] = {}  # URL key -> (element type, proto, fragment id)
         self.page = ""
         self.query = ""  # the URL's query string as the server last set it (bound widgets write it)
+        self.page_hash = ""  # the page's script hash, as the server named it (the browser sends it back)
         self.auto_rerun: dict[str, float] = {}  # fragment id -> interval (s) of `st.fragment(run_every=…)`
 
     async def __aenter__(self):
@@ -172,6 +173,7 @@ class Session:
         if fragment_id:
             msg.rerun_script.fragment_id = fragment_id
             msg.rerun_script.is_auto_rerun = auto
+            msg.rerun_script.page_script_hash = self.page_hash  # a rerun the fragment asks for stays on this page
         msg.rerun_script.context_info.url = f"{self.base}/{visit.page}"
         msg.rerun_script.context_info.timezone = "UTC"
         msg.rerun_script.context_info.locale = "en-US"
@@ -193,6 +195,8 @@ class Session:
             kind = fm.WhichOneof("type")
             if kind == "new_session":
                 self.session_id = fm.new_session.initialize.session_id or self.session_id
+            elif kind == "navigation":  # st.navigation names the page it ran: the browser sends that hash back
+                self.page_hash = fm.navigation.page_script_hash or self.page_hash
             elif kind == "page_info_changed":
                 self.query = fm.page_info_changed.query_string
                 visit.moved_s = now if visit.moved_s is None else visit.moved_s

@@ -20,7 +20,12 @@ from gradlab.ui.presets import LECTURE
 
 def first_chart(page) -> tuple[float, float] | None:
     """(top, visible height) in px of the first Plotly chart in the window, or None if the view has none."""
-    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    except PlaywrightTimeout:
+        return None
     page.wait_for_timeout(800)  # let the layout settle after the chart's first draw
     box = page.locator(".js-plotly-plot").first.bounding_box()
     if box is None:

@@ -13,10 +13,11 @@ FLOOR = 1e-4  # log axes: rates below this are drawn at it
 
 
 def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsilon: float | None, delta: float,
-               floor: float = FLOOR, title: str = "Membership inference ROC (log-log)") -> go.Figure:
+               floor: float = FLOOR, title: str = "Membership inference ROC (log-log)", height: int = 480) -> go.Figure:
     """ROC curves `{name: (fpr, tpr, auc)}` on log-log axes, the chance line, and the (ε, δ)-DP bound on
     any attack's ROC (TPR ≤ e^ε·FPR + δ and its mirror). `floor`: the smallest FPR the data can measure
-    (1 / number of non-members); smaller rates, 0 included, are drawn at it."""
+    (1 / number of non-members); smaller rates, 0 included, are drawn at it. With no curves: the bound alone,
+    what the promise allows before any attack ran. `height` in px."""
     fig = go.Figure()
     grid = np.geomspace(floor, 1, 200)
     for name, (fpr, tpr, auc) in curves.items():
@@ -31,7 +32,7 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
     fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
     fig.update_layout(legend=dict(orientation="h", y=-0.22))  # under the axes: never over the curves
     return style_figure(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",
-                   height=480)
+                   height=height)
 
 
 def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray, claimed: float, *, confidence: float = 0.95,

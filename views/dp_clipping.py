@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import clipping, costs, engine, memory, plots, privacy, ui
+from gradlab import clipping, costs, engine, memory, privacy, ui
+from gradlab.ui.figures import plots
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
 

@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import equivalence, plots, ui
+from gradlab import equivalence, ui
+from gradlab.ui.figures import plots
 
 st.title("Equivalence")
 st.markdown(

@@ -6,7 +6,8 @@ import time
 import numpy as np
 import streamlit as st
 
-from gradlab import geometry, plots, ui
+from gradlab import geometry, ui
+from gradlab.ui.figures import plots
 
 st.title("Geometry of per-example gradients")
 st.markdown(

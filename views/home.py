@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from gradlab import equivalence, plots, ui
+from gradlab import equivalence, ui
+from gradlab.ui.figures import plots
 from gradlab.ui.presets import LECTURE, PRESETS
 
 st.title("gradlab: per-example gradients, made visible")

@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import export, plots, ui
+from gradlab import export, ui
+from gradlab.ui.figures import plots
 from gradlab.metrics import detection_roc
 from gradlab.summary import norm_summary
 

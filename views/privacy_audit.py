@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import audit, audit_plots, costs, engine, export, membership, plots, privacy, ui
+from gradlab import audit, costs, engine, export, membership, privacy, ui
+from gradlab.ui.figures import audit_plots, plots
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS
 
@@ -33,21 +34,23 @@ st.markdown(
     "scores how far the target sits above that. Both models use the sidebar's model, the same batches and optimizer "
     "(the DP clipping page's DP-SGD settings); a small pool and many steps make the non-private model memorize."
 )
-c1, c2, c3, c4 = st.columns(4)
-with c1:
+controls, promise = st.columns([3, 2])  # the promise (what ε allows) beside the settings that spend it
+with controls:
+    left, right = st.columns(2)
+with left:
     pool = ui.control(st.number_input, "Pool size (members + non-members)", value=int(min(256, len(data.y_train))), min_value=8,
                       max_value=int(len(data.y_train)), step=64, key="mia_pool",
                       help="The first examples of the training split; half of them train the target.")
     shadows = ui.control(st.number_input, "Shadow models per procedure", value=4, min_value=2, max_value=16, step=2, key="mia_shadows",
                          help="More shadows calibrate LiRA better and take longer.")
-with c2:
+with right:
     q = ui.control(st.number_input, "Sampling rate q", value=0.5, min_value=0.01, max_value=1.0, step=0.05, format="%.3f", key="mia_q")
     steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=2000, step=50, key="mia_steps")
-with c3:
+with left:
     c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="mia_c")
     eps_target = ui.control(st.number_input, "Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
                             help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
-with c4:
+with right:
     optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "mia_opt")
     lr = ui.control(st.select_slider, "Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr")
 delta = 1e-5
@@ -80,6 +83,9 @@ with ui.guard("Membership inference could not run with these settings"):
     with st.spinner("Calibrating σ with dp-accounting…"):
         sigma = calibrated_sigma(float(eps_target), q, int(steps), delta)
     eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
+    with promise:
+        ui.chart(audit_plots.roc_loglog({}, epsilon=eps, delta=delta, floor=1 / (int(pool) - int(pool) // 2), height=330,
+                                        title=f"What ε = {eps:.2f} allows any membership attack"))
     st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
                f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
     args = (exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)

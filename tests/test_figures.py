@@ -1,0 +1,46 @@
+"""Figures shared by sessions (`gradlab.ui.figures`): one object per distinct call, equal to a fresh build."""
+
+import threading
+
+import numpy as np
+
+from gradlab import plots as library
+from gradlab.ui.figures import audit_plots, plots
+
+
+def test_same_arguments_share_one_figure_equal_to_a_fresh_build():
+    norms = np.linspace(0.1, 3.0, 50)
+    a, b = plots.norm_histogram(norms, log=True), plots.norm_histogram(norms.copy(), log=True)
+    assert a is b
+    assert a.to_json() == library.norm_histogram(norms, log=True).to_json()
+    assert plots.norm_histogram(norms, log=False) is not a  # a keyword changes the key
+    assert plots.norm_histogram(norms.astype(np.float64) * 2) is not a  # so do the values
+    assert plots.norm_histogram(norms.astype(np.float32), log=True) is not a  # and the dtype
+    bound = audit_plots.roc_loglog({}, epsilon=2.0, delta=1e-5)
+    assert bound is audit_plots.roc_loglog({}, epsilon=2.0, delta=1e-5)
+    assert bound is not audit_plots.roc_loglog({}, epsilon=3.0, delta=1e-5)
+
+
+def test_presenter_mode_is_part_of_the_key_and_other_names_pass_through():
+    assert plots.set_presenter is library.set_presenter and plots.NORM_LABEL == library.NORM_LABEL
+    norms = np.linspace(0.1, 3.0, 20)
+    normal = plots.norm_histogram(norms)
+    seen = {}
+
+    def presenter_session():  # Streamlit runs each session on its own thread; the mode is per thread
+        library.set_presenter(True)
+        seen["fig"] = plots.norm_histogram(norms)
+
+    t = threading.Thread(target=presenter_session)
+    t.start()
+    t.join()
+    assert seen["fig"] is not normal
+    assert seen["fig"].layout.title.font.size > normal.layout.title.font.size
+
+
+def test_an_argument_without_a_value_key_builds_unshared():
+    rows = [{"n": 4, "approach": "loop", "run_s": 1.0}, {"n": 8, "approach": "loop", "run_s": 2.0}]
+    labels = {"loop": "Python loop"}
+    assert plots.timing_vs_n(rows, labels) is plots.timing_vs_n(rows, labels)
+    odd = [{"n": 4, "approach": "loop", "run_s": 1.0, "note": object()}]
+    assert plots.timing_vs_n(odd, labels) is not plots.timing_vs_n(odd, labels)
