@@ -34,10 +34,14 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
                    height=480)
 
 
-def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray, claimed: float, *, confidence: float = 0.95,
-                      title: str = "Empirical ε lower bound as trials grow") -> go.Figure:
-    """The audit's lower bound from the first n trials against n (log x), with the accountant's ε."""
-    fig = go.Figure(go.Scatter(x=trials, y=lower, mode="lines+markers", name=f"ε lower bound ({confidence:.0%} confidence)"))
+def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray | dict[str, np.ndarray], claimed: float, *,
+                      confidence: float = 0.95, title: str = "Empirical ε lower bound as trials grow") -> go.Figure:
+    """The audit's lower bound from the first n trials against n (log x), with the accountant's ε.
+
+    `lower (K,)` is one bound's curve, or a dict of curves by estimator name (one line each)."""
+    curves = lower if isinstance(lower, dict) else {"ε lower bound": lower}
+    fig = go.Figure([go.Scatter(x=trials, y=c, mode="lines+markers", name=f"{name} ({confidence:.0%} confidence)")
+                     for name, c in curves.items()])
     fig.add_hline(y=claimed, line=dict(color="black", dash="dash"), annotation_text=f"accountant's ε = {claimed:.2f}")
     fig.update_xaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.2))
