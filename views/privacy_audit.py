@@ -180,7 +180,7 @@ if res is not None:
     m[0].metric("Accountant's ε (PLD)", f"{res.epsilon_claimed:.2f}", help=f"dp-accounting, δ = {res.delta:g}")
     for col, (name, e) in zip(m[1:], res.estimates.items()):
         col.metric(f"ε lower bound, {name} ({res.confidence:.0%})", f"{e:.2f}", help=audit.ESTIMATORS[name].reference,
-                   delta=f"{e / res.epsilon_claimed:.0%} of claimed", delta_color="off")
+                   delta=f"{e / res.epsilon_claimed:.0%} of claimed", delta_color="off", delta_arrow="off")
     m[-1].metric("Trials", f"{res.trials:,}")
     best = res.tightest
     st.markdown(f"**{best}** is the tightest here ({res.estimates[best]:.2f}, {res.estimates[best] / res.epsilon_claimed:.0%} "
