@@ -450,30 +450,35 @@ def epsilon_lower_bound_fdp(scores, is_in, *, delta: float, confidence: float = 
 class Estimator:
     """One way to turn canary scores into an ε lower bound.
 
-    `bound(scores, is_in, delta=, confidence=) -> ε`; `assumes`: what the bound needs to hold;
-    `why`: one sentence on how tight it is and why; `reference`: the paper.
+    `bound(scores, is_in, delta=, confidence=) -> ε`; `gaussian`: the bound holds only for a Gaussian trade-off
+    (DP-SGD at full batch); `assumes`: what it needs, in words; `why`: one sentence on how tight it is and why;
+    `reference`: the paper.
     """
 
     name: str
     bound: Callable[..., float]
+    gaussian: bool
     assumes: str
     why: str
     reference: str
+
+
+def _clopper_pearson_bound(scores, is_in, *, delta, confidence):
+    return epsilon_lower_bound(scores, is_in, delta=delta, confidence=confidence)[0]
 
 
 #: The estimators an audit reports, each at the audit's confidence. Scores are oriented (higher = in).
 ESTIMATORS: dict[str, Estimator] = {
     e.name: e
     for e in (
-        Estimator("Clopper–Pearson", lambda s, i, *, delta, confidence: epsilon_lower_bound(
-            s, i, delta=delta, confidence=confidence)[0], "independent trials",
-            "it reads one threshold, so it must measure a tiny false-positive rate and most of the ε hides in the "
-            "width of that rate's interval", "Jagielski et al. 2020; Nasr et al. 2021"),
-        Estimator("Gaussian DP", epsilon_lower_bound_gdp, "independent trials and a Gaussian trade-off (DP-SGD at "
-                  "full batch)", "it fits μ of the Gaussian trade-off DP-SGD follows to every threshold at once, so "
-                  "no tiny rate has to be measured", "Nasr et al. 2023; Dong, Roth & Su 2019"),
-        Estimator("f-DP (one run)", epsilon_lower_bound_fdp, "a Gaussian trade-off (DP-SGD at full batch); the "
-                  "trials need not be independent", "it stays valid even if every canary shared one training "
+        Estimator("Clopper–Pearson", _clopper_pearson_bound, False, "independent trials",
+                  "it reads one threshold, so it must measure a tiny false-positive rate and most of the ε hides in "
+                  "the width of that rate's interval", "Jagielski et al. 2020; Nasr et al. 2021"),
+        Estimator("Gaussian DP", epsilon_lower_bound_gdp, True, "independent trials and a Gaussian trade-off "
+                  "(DP-SGD at full batch)", "it fits μ of the Gaussian trade-off DP-SGD follows to every threshold at "
+                  "once, so no tiny rate has to be measured", "Nasr et al. 2023; Dong, Roth & Su 2019"),
+        Estimator("f-DP (one run)", epsilon_lower_bound_fdp, True, "a Gaussian trade-off (DP-SGD at full batch); "
+                  "the trials need not be independent", "it stays valid even if every canary shared one training "
                   "run, and pays for that generality with a looser bound", "Mahloujifar et al. 2024"),
     )
 }
@@ -589,16 +594,19 @@ class AuditResult:
         return self.sample_rate == 1.0
 
     @property
+    def valid(self) -> dict[str, float]:
+        """The estimates whose assumption holds for this run (the Gaussian ones only at full batch)."""
+        return {n: e for n, e in self.estimates.items() if self.gaussian or not ESTIMATORS[n].gaussian}
+
+    @property
     def caught(self) -> list[str]:
-        """The estimators whose bound is above the claimed ε (only those whose assumption holds)."""
-        return [n for n, e in self.estimates.items() if e > self.epsilon_claimed
-                and (self.gaussian or "Gaussian" not in ESTIMATORS[n].assumes)]
+        """The estimators whose bound is above the claimed ε, among `valid`."""
+        return [n for n, e in self.valid.items() if e > self.epsilon_claimed]
 
     @property
     def tightest(self) -> str:
-        """The estimator with the largest bound (the most informative), among those whose assumption holds."""
-        valid = {n: e for n, e in self.estimates.items() if self.gaussian or "Gaussian" not in ESTIMATORS[n].assumes}
-        return max(valid, key=valid.get)
+        """The estimator with the largest bound (the most informative), among `valid`."""
+        return max(self.valid, key=self.valid.get)
 
 
 TRIALS_PER_RUN = {"gradient": 2048, "input": 256}

@@ -77,11 +77,15 @@ def test_planted_bug_is_caught_on_the_page(page):
 def test_bad_setting_is_a_message_not_a_traceback(page):
     at = page
     at.radio(key="audit_canary").set_value("input")
+    at.number_input(key="audit_q").set_value(0.5)
     at.number_input(key="mia_c").set_value(0.0)  # C = 0 is refused with a message; the audit still runs
     press(at.run(), "audit")
     assert_clean(at)
     assert any("Membership inference could not run" in e.value for e in at.error)
     assert float(metric(at, "Accountant's ε (PLD)")) > 0
+    # q < 1: the Gaussian estimators are shown as estimates and the tightest named is an assumption-free one
+    assert any("not Gaussian" in c.value for c in at.caption)
+    assert any(m.value.startswith("**Clopper–Pearson** is the tightest") for m in at.markdown)
 
 
 def test_a_second_visitor_sees_the_same_numbers_and_no_error():
