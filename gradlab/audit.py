@@ -4,7 +4,10 @@ A DP-SGD run claims (ε, δ)-DP: no test can tell whether one example (a *canary
 set with TPR > e^ε·FPR + δ. An audit (Jagielski et al. 2020; Nasr et al. 2021, 2023) trains many times
 with and without the canary, observes the privatized output, guesses "in" when the observation passes
 a threshold, and turns the guesses' (FPR, TPR), with Clopper–Pearson confidence intervals, into a
-lower bound on the ε the code really spends. A bound above the accountant's ε is a bug.
+lower bound on the ε the code really spends. A bound above the accountant's ε is a bug. Beside that
+Clopper–Pearson bound, `ESTIMATORS` reads the whole trade-off curve against the Gaussian family that
+full-batch DP-SGD follows: a Gaussian-DP fit of μ (Nasr et al. 2023) and a one-run f-DP test (Mahloujifar
+et al. 2024), far tighter for the same trials.
 
 Trials are vectorized through the real training function: one `train_dp_sgd` run holds R independent
 trials, each in its own block of parameters (trial r's examples only touch block r, per-example
@@ -235,7 +238,7 @@ def epsilon_lower_bound(scores, is_in, *, delta: float, confidence: float = 0.95
 # DP-SGD is exactly √T/σ-GDP, so the family is the right one there and the bounds can be tight. Scores are
 # oriented: a higher score means "canary in" (negate them otherwise). Definitions follow
 # `jax_privacy.auditing.CanaryScoreAuditor` (its `epsilon_from_gdp` and `epsilon_one_run_fdp`) so the numbers
-# can be compared on the same scores (tests/test_audit_estimators.py, benchmarks/audit.py).
+# can be compared on the same scores (tests/test_audit.py, benchmarks/audit.py).
 
 
 def _log_gdp_delta(epsilon: float, mu: float) -> float:
