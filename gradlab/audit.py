@@ -4,7 +4,10 @@ A DP-SGD run claims (ε, δ)-DP: no test can tell whether one example (a *canary
 set with TPR > e^ε·FPR + δ. An audit (Jagielski et al. 2020; Nasr et al. 2021, 2023) trains many times
 with and without the canary, observes the privatized output, guesses "in" when the observation passes
 a threshold, and turns the guesses' (FPR, TPR), with Clopper–Pearson confidence intervals, into a
-lower bound on the ε the code really spends. A bound above the accountant's ε is a bug.
+lower bound on the ε the code really spends. A bound above the accountant's ε is a bug. Beside that
+Clopper–Pearson bound, `ESTIMATORS` reads the whole trade-off curve against the Gaussian family that
+full-batch DP-SGD follows: a Gaussian-DP fit of μ (Nasr et al. 2023) and a one-run f-DP test (Mahloujifar
+et al. 2024), far tighter for the same trials.
 
 Trials are vectorized through the real training function: one `train_dp_sgd` run holds R independent
 trials, each in its own block of parameters (trial r's examples only touch block r, per-example
@@ -34,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from scipy import stats
+from scipy import optimize, special, stats
 
 from gradlab import engine, privacy
 from gradlab.train import train_dp_sgd
@@ -228,6 +231,262 @@ def epsilon_lower_bound(scores, is_in, *, delta: float, confidence: float = 0.95
     return float(eps), t * sign, sign
 
 
+# ---------------------------------------------------------------- Gaussian DP and f-DP estimators
+#
+# Both read the empirical trade-off curve (FPR, FNR at every threshold) through Clopper–Pearson bands and
+# compare it with the Gaussian trade-off family G_μ(α) = Φ(Φ⁻¹(1−α) − μ) (Dong, Roth & Su 2019). Full-batch
+# DP-SGD is exactly √T/σ-GDP, so the family is the right one there and the bounds can be tight. Scores are
+# oriented: a higher score means "canary in" (negate them otherwise). Definitions follow
+# `jax_privacy.auditing.CanaryScoreAuditor` (its `epsilon_from_gdp` and `epsilon_one_run_fdp`) so the numbers
+# can be compared on the same scores (tests/test_audit.py, benchmarks/audit.py).
+
+
+def _log_gdp_delta(epsilon: float, mu: float) -> float:
+    """log δ(ε) of μ-GDP (see `gdp_delta`), computed in the log domain so tiny δ stay accurate."""
+    a = stats.norm.logcdf(-epsilon / mu + mu / 2)
+    b = epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2)
+    return float(a + np.log1p(-np.exp(min(b - a, 0.0)))) if b < a else -math.inf
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """The δ at which μ-GDP gives ε: δ(ε) = Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2).
+
+    **Arguments** `epsilon` ε ≥ 0; `mu` μ > 0 (for the Gaussian mechanism, sensitivity / noise std).
+
+    **Returns** δ ∈ [0, 1].
+
+    Dong, Roth & Su 2019 ("Gaussian differential privacy"), Corollary 2.13; equal to Balle & Wang 2018, Thm 8.
+    """
+    return math.exp(_log_gdp_delta(float(epsilon), float(mu)))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The ε of μ-GDP at δ: the root of `gdp_delta`(ε, μ) = δ (0 if μ ≤ 0 or δ(0) ≤ δ).
+
+    **Arguments** `mu` μ; `delta` δ ∈ (0, 1).
+
+    **Returns** ε ≥ 0 (capped at 100, as `jax_privacy.auditing` does).
+
+    **Raises** `ValueError` unless 0 < δ < 1.
+    """
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    mu = float(mu)
+    if not mu > 0:
+        return 0.0
+    gap = lambda e: _log_gdp_delta(e, mu) - math.log(delta)  # noqa: E731  decreasing in ε
+    if gap(0.0) <= 0:
+        return 0.0
+    if gap(100.0) >= 0:
+        return 100.0
+    return float(optimize.brentq(gap, 0.0, 100.0, xtol=1e-9))
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The μ whose GDP guarantee gives exactly (ε, δ): the inverse of `gdp_epsilon` in μ.
+
+    **Arguments** `epsilon` ε ≥ 0; `delta` δ ∈ (0, 1).
+
+    **Returns** μ > 0. For the Gaussian mechanism this is 1/σ of `dp_accounting.get_sigma_gaussian(ε, δ)`.
+
+    **Raises** `ValueError` unless ε ≥ 0 and 0 < δ < 1.
+    """
+    if not (epsilon >= 0 and 0 < delta < 1):
+        raise ValueError(f"need ε ≥ 0 and 0 < δ < 1, got {epsilon} and {delta}")
+    gap = lambda m: _log_gdp_delta(epsilon, m) - math.log(delta)  # noqa: E731  increasing in μ
+    hi = 1.0
+    while gap(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(gap, 1e-12, hi, xtol=1e-12))
+
+
+def _oriented(scores, is_in):
+    scores, is_in = np.asarray(scores, float), np.asarray(is_in, bool)
+    if scores.shape != is_in.shape or scores.ndim != 1:
+        raise ValueError(f"scores and is_in must be 1-D of one length, got {scores.shape} and {is_in.shape}")
+    if min(is_in.sum(), (~is_in).sum()) < 1:
+        raise ValueError("need trials both with and without the canary")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("scores must be finite")
+    return scores, is_in
+
+
+def roc_hull(scores, is_in) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The thresholds of the ROC curve's concave hull, with their error counts.
+
+    The test is "guess in when score ≥ t" for every t among the scores and +∞. Thresholds strictly inside
+    a hull segment are dropped: a randomized mix of the segment's ends does at least as well, so the
+    estimators need only the hull (and correct for its size, not for every score).
+
+    **Arguments** `scores (n,)` float (higher means in), `is_in (n,)` bool.
+
+    **Returns** `(thresholds (k,), false negatives (k,), true negatives (k,))`, int counts, FN increasing.
+
+    **Raises** `ValueError` for arrays of different shapes, non-finite scores, or an empty world.
+    """
+    scores, is_in = _oriented(scores, is_in)
+    thresholds = np.r_[np.unique(scores), np.inf]
+    fn = np.searchsorted(np.sort(scores[is_in]), thresholds, side="left")
+    tn = np.searchsorted(np.sort(scores[~is_in]), thresholds, side="left")
+    keep = np.arange(len(thresholds))
+    while len(keep) > 2:  # drop every point on or below the chord of its neighbours until none is
+        d = np.diff(np.stack([fn[keep], tn[keep]], 1).astype(float), axis=0)
+        below = d[:-1, 1] * d[1:, 0] - d[1:, 1] * d[:-1, 0] <= 0
+        if not below.any():
+            break
+        keep = keep[np.r_[True, ~below, True]]
+    return thresholds[keep], fn[keep], tn[keep]
+
+
+def gdp_mu_lower_bound(scores, is_in, *, confidence: float = 0.95) -> float:
+    """A lower confidence bound on μ of a μ-GDP mechanism, from its canary scores.
+
+    μ-GDP means every test has FNR ≥ Φ(Φ⁻¹(1−FPR) − μ), i.e. μ ≥ Φ⁻¹(1−FPR) − Φ⁻¹(FNR). At each threshold of
+    `roc_hull`, FPR and FNR get one-sided Clopper–Pearson upper bounds at level (1−confidence)/(2k)
+    (Bonferroni over the k hull thresholds and both rates); the largest μ they force is the bound.
+
+    **Arguments** `scores (n,)`, higher means in; `is_in (n,)` bool; `confidence` ∈ (0.5, 1).
+
+    **Returns** μ lower bound ≥ 0.
+
+    **Raises** `ValueError` as `roc_hull`, or for a confidence outside (0.5, 1).
+
+    Nasr et al. 2023 ("Tight auditing of differentially private machine learning"), §5; Dong, Roth & Su 2019,
+    Eq. 6. Unlike `jax_privacy.auditing.epsilon_from_gdp` (2.0.0), a test worse than chance is not
+    read backwards: its |μ| would use upper bounds where the reversed test needs lower ones, and on Gaussian
+    scores it then reports ε above the true ε far more often than 5% of the time.
+    """
+    if not 0.5 < confidence < 1:
+        raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+    _, fn, tn = roc_hull(scores, is_in)
+    n_in, n_out = fn[-1], tn[-1]
+    alpha = (1 - confidence) / (2 * len(fn))
+    fnr = clopper_pearson_upper(fn, n_in, alpha)
+    fpr = clopper_pearson_upper(n_out - tn, n_out, alpha)
+    with np.errstate(all="ignore"):
+        mu = stats.norm.isf(fpr) - stats.norm.ppf(fnr)
+    return float(max(np.max(np.nan_to_num(mu, nan=-np.inf)), 0.0))
+
+
+def epsilon_lower_bound_gdp(scores, is_in, *, delta: float, confidence: float = 0.95) -> float:
+    """ε lower bound assuming a Gaussian trade-off: `gdp_epsilon`(`gdp_mu_lower_bound`, δ).
+
+    Holds with probability ≥ `confidence` for a mechanism that is μ-GDP for its true μ, as full-batch
+    DP-SGD is (μ = √T/σ); for subsampled DP-SGD (q < 1) the trade-off is not Gaussian and the number is an
+    estimate, not a bound. Uses every threshold at once, so it needs far fewer trials than one
+    Clopper–Pearson threshold at a tiny FPR.
+
+    **Arguments** `scores (n,)`, higher means in; `is_in (n,)` bool; `delta` δ ∈ (0, 1); `confidence`.
+
+    **Returns** ε ≥ 0.
+
+    **Raises** `ValueError` as `gdp_mu_lower_bound` and `gdp_epsilon`.
+
+    Nasr et al. 2023 §5 (the GDP audit), with the conversion of Dong, Roth & Su 2019, Corollary 2.13.
+    """
+    return gdp_epsilon(gdp_mu_lower_bound(scores, is_in, confidence=confidence), delta)
+
+
+def _fdp_rejects(mu: float, m: int, n_guess: int, n_correct: int, alpha: float) -> float:
+    """> 0 when `n_correct` right of `n_guess` guesses among m canaries reject μ-GDP at level α.
+
+    Mahloujifar et al. 2024, Alg. 3 ("audit_rh_with_cap"): the most correct guesses a μ-GDP mechanism allows
+    with probability α, built up one guess at a time along the trade-off curve's inverse.
+    """
+    r, h = alpha * n_correct / m, alpha * (n_guess - n_correct) / m
+    for i in range(n_correct - 1, -1, -1):
+        h_new = max(h, float(special.ndtr(special.ndtri(r) - mu)))
+        if h_new == h:  # nothing moves any more
+            break
+        r, h = min(r + i / (n_guess - i) * (h_new - h), 1.0), h_new
+    return r + h - n_guess / m
+
+
+def _fdp_epsilon_at(m, n_guess, n_correct, alpha, delta, eps_lo):
+    """The largest ε whose GDP claim (μ = `gdp_mu`(ε, δ)) these counts reject, or `eps_lo` if none above it."""
+    mu_lo = gdp_mu(eps_lo, delta)
+    if _fdp_rejects(mu_lo, m, n_guess, n_correct, alpha) <= 0:
+        return eps_lo
+    mu_hi = max(2 * mu_lo, 1.0)
+    while _fdp_rejects(mu_hi, m, n_guess, n_correct, alpha) > 0:
+        mu_lo, mu_hi = mu_hi, 2 * mu_hi
+    mu = optimize.brentq(lambda u: _fdp_rejects(u, m, n_guess, n_correct, alpha), mu_lo, mu_hi, xtol=1e-9)
+    return max(gdp_epsilon(mu, delta), eps_lo)
+
+
+def epsilon_lower_bound_fdp(scores, is_in, *, delta: float, confidence: float = 0.95) -> float:
+    """ε lower bound from auditing the Gaussian f-DP claim with the guesses of one threshold.
+
+    At each threshold of `roc_hull` (Bonferroni over them) the guesses "in" (score ≥ t), n of them with c
+    correct among m canaries, are tested against the μ-GDP trade-off; the bound is the largest ε whose
+    claim (μ with `gdp_epsilon`(μ, δ) = ε) is rejected at level 1 − confidence. The test stays valid when all
+    canaries share one training run (it does not need independent trials), which costs tightness here.
+
+    **Arguments** `scores (n,)`, higher means in; `is_in (n,)` bool; `delta` δ ∈ (0, 1); `confidence`.
+
+    **Returns** ε ≥ 0.
+
+    **Raises** `ValueError` as `roc_hull`, or for a confidence outside (0.5, 1).
+
+    Mahloujifar, Melis & Chaudhuri 2024 ("Auditing f-differential privacy in one run"), Alg. 3 with the
+    Gaussian family, as `jax_privacy.auditing.CanaryScoreAuditor.epsilon_one_run_fdp`.
+    """
+    if not 0.5 < confidence < 1:
+        raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+    _, fn, tn = roc_hull(scores, is_in)
+    n_in, n_out = fn[-1], tn[-1]
+    tp, fp = n_in - fn, n_out - tn
+    guesses = tp + fp
+    alpha = (1 - confidence) / len(fn)
+    with np.errstate(all="ignore"):  # most precise first: later thresholds are then mostly skipped
+        order = np.argsort(-(1 - clopper_pearson_upper(fp, guesses, alpha)))
+    best = 0.0
+    for i in order:
+        # a precision below e^ε/(1+e^ε) cannot beat ε (the same shortcut as jax_privacy)
+        if guesses[i] == 0 or tp[i] / guesses[i] <= special.expit(best):
+            continue
+        best = _fdp_epsilon_at(int(n_in + n_out), int(guesses[i]), int(tp[i]), alpha, delta, best)
+    return float(best)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """One way to turn canary scores into an ε lower bound.
+
+    `bound(scores, is_in, delta=, confidence=) -> ε`; `gaussian`: the bound holds only for a Gaussian trade-off
+    (DP-SGD at full batch); `assumes`: what it needs, in words; `why`: one sentence on how tight it is and why;
+    `reference`: the paper.
+    """
+
+    name: str
+    bound: Callable[..., float]
+    gaussian: bool
+    assumes: str
+    why: str
+    reference: str
+
+
+def _clopper_pearson_bound(scores, is_in, *, delta, confidence):
+    return epsilon_lower_bound(scores, is_in, delta=delta, confidence=confidence)[0]
+
+
+#: The estimators an audit reports, each at the audit's confidence. Scores are oriented (higher = in).
+ESTIMATORS: dict[str, Estimator] = {
+    e.name: e
+    for e in (
+        Estimator("Clopper–Pearson", _clopper_pearson_bound, False, "independent trials",
+                  "it reads one threshold, so it must measure a tiny false-positive rate and most of the ε hides in "
+                  "the width of that rate's interval", "Jagielski et al. 2020; Nasr et al. 2021"),
+        Estimator("Gaussian DP", epsilon_lower_bound_gdp, True, "independent trials and a Gaussian trade-off "
+                  "(DP-SGD at full batch)", "it fits μ of the Gaussian trade-off DP-SGD follows to every threshold at "
+                  "once, so no tiny rate has to be measured", "Nasr et al. 2023; Dong, Roth & Su 2019"),
+        Estimator("f-DP (one run)", epsilon_lower_bound_fdp, True, "a Gaussian trade-off (DP-SGD at full batch); "
+                  "the trials need not be independent", "it stays valid even if every canary shared one training "
+                  "run, and pays for that generality with a looser bound", "Mahloujifar et al. 2024"),
+    )
+}
+
+
 # ---------------------------------------------------------------- canaries through train_dp_sgd
 
 CANARY_SCALE = 10.0  # the gradient canary's gradient norm, in units of C (clipped to C)
@@ -297,8 +556,11 @@ def _trial_run(kind: str, is_in: np.ndarray, *, noise_multiplier, steps, sample_
 class AuditResult:
     """An audit of DP-SGD with canaries.
 
-    - `epsilon_lower`: ε lower bound at `confidence` from all trials; `epsilon_claimed`: the PLD
-      accountant's ε for the same run (q, σ, T, δ).
+    - `epsilon_lower`: the Clopper–Pearson ε lower bound at `confidence` from all trials; `epsilon_claimed`:
+      the PLD accountant's ε for the same run (q, σ, T, δ).
+    - `estimates`: every estimator of `ESTIMATORS` by name, its ε lower bound at `confidence` (each holds on
+      its own at that level, under its `assumes`); `curves`: each one's bound from the first n_k trials.
+    - `mu_lower`: `gdp_mu_lower_bound` of the scores (full batch: the true μ is √T/σ).
     - `scores (n,)`, `is_in (n,)`: each trial's observation and whether its canary was in.
     - `trials_curve (K,)`, `epsilon_curve (K,)`: the bound from the first n_k trials (each point is a
       95% bound on its own, not all at once).
@@ -321,10 +583,33 @@ class AuditResult:
     bug: str | None
     canary: str
     confidence: float
+    estimates: dict[str, float] = dataclasses.field(default_factory=dict)
+    curves: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    mu_lower: float = 0.0
 
     @property
     def trials(self) -> int:
         return len(self.scores)
+
+    @property
+    def gaussian(self) -> bool:
+        """Whether the Gaussian-trade-off estimators hold: full-batch DP-SGD is exactly √T/σ-GDP."""
+        return self.sample_rate == 1.0
+
+    @property
+    def valid(self) -> dict[str, float]:
+        """The estimates whose assumption holds for this run (the Gaussian ones only at full batch)."""
+        return {n: e for n, e in self.estimates.items() if self.gaussian or not ESTIMATORS[n].gaussian}
+
+    @property
+    def caught(self) -> list[str]:
+        """The estimators whose bound is above the claimed ε, among `valid`."""
+        return [n for n, e in self.valid.items() if e > self.epsilon_claimed]
+
+    @property
+    def tightest(self) -> str:
+        """The estimator with the largest bound (the most informative), among `valid`."""
+        return max(self.valid, key=self.valid.get)
 
 
 TRIALS_PER_RUN = {"gradient": 2048, "input": 256}
@@ -357,9 +642,11 @@ def audit_dp_sgd(
     - `canary`: `"gradient"` (white box, tight) or `"input"` (a mislabeled outlier input).
     - `confidence`: of the lower bound; `progress(done, total)`: called after each run.
 
-    **Returns** an `AuditResult`: `epsilon_lower` ≤ the true ε with probability ≥ `confidence` (if the
-    trials are independent, as they are for correct per-example clipping) and `epsilon_claimed`, the
-    PLD accountant's ε for (q, σ, T, δ) (Nasr et al. 2021, 2023; Jagielski et al. 2020).
+    **Returns** an `AuditResult`: `epsilon_lower` (Clopper–Pearson) ≤ the true ε with probability ≥
+    `confidence` (if the trials are independent, as they are for correct per-example clipping), the same for
+    each estimator of `ESTIMATORS` in `estimates` (Gaussian DP and f-DP: at full batch, q = 1), and
+    `epsilon_claimed`, the PLD accountant's ε for (q, σ, T, δ) (Nasr et al. 2021, 2023; Jagielski et al. 2020;
+    Mahloujifar et al. 2024).
 
     **Raises** `ValueError` for an unknown bug or canary, or settings `train_dp_sgd` refuses.
     """
@@ -387,9 +674,13 @@ def audit_dp_sgd(
     eps, t, sign = epsilon_lower_bound(scores, is_in, delta=delta, confidence=confidence)
     n = len(scores)
     curve = np.unique(np.r_[np.geomspace(min(64, n), n, 8).astype(int), n])
-    eps_curve = np.array([epsilon_lower_bound(scores[:k], is_in[:k], delta=delta, confidence=confidence)[0]
-                          if min(is_in[:k].sum(), (~is_in[:k]).sum()) >= 4 else 0.0 for k in curve])
+    # every estimator reads the scores oriented "higher means in", as both canaries' observations are
+    curves = {name: np.array([e.bound(scores[:k], is_in[:k], delta=delta, confidence=confidence)
+                              if min(is_in[:k].sum(), (~is_in[:k]).sum()) >= 4 else 0.0 for k in curve])
+              for name, e in ESTIMATORS.items()}
+    estimates = {name: float(c[-1]) for name, c in curves.items()}  # the last curve point is all n trials
     return AuditResult(epsilon_lower=eps, epsilon_claimed=claimed, scores=scores, is_in=is_in, trials_curve=curve,
-                       epsilon_curve=eps_curve, threshold=t, direction=sign, noise_multiplier=sigma, steps=int(steps),
-                       sample_rate=float(sample_rate), clip_norm=float(clip_norm), delta=float(delta), bug=bug,
-                       canary=canary, confidence=confidence)
+                       epsilon_curve=curves["Clopper–Pearson"], threshold=t, direction=sign, noise_multiplier=sigma,
+                       steps=int(steps), sample_rate=float(sample_rate), clip_norm=float(clip_norm), delta=float(delta),
+                       bug=bug, canary=canary, confidence=confidence, estimates=estimates, curves=curves,
+                       mu_lower=gdp_mu_lower_bound(scores, is_in, confidence=confidence))

@@ -35,14 +35,18 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
                    height=height)
 
 
-def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray, claimed: float, *, confidence: float = 0.95,
-                      title: str = "Empirical ε lower bound as trials grow") -> go.Figure:
-    """The audit's lower bound from the first n trials against n (log x), with the accountant's ε."""
-    fig = go.Figure(go.Scatter(x=trials, y=lower, mode="lines+markers", name=f"ε lower bound ({confidence:.0%} confidence)"))
+def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray | dict[str, np.ndarray], claimed: float, *,
+                      confidence: float = 0.95, title: str = "Empirical ε lower bound as trials grow") -> go.Figure:
+    """The audit's lower bound from the first n trials against n (log x), with the accountant's ε.
+
+    `lower (K,)` is one bound's curve, or a dict of curves by estimator name (one line each)."""
+    curves = lower if isinstance(lower, dict) else {"ε lower bound": lower}
+    fig = go.Figure([go.Scatter(x=trials, y=c, mode="lines+markers", name=name) for name, c in curves.items()])
     fig.add_hline(y=claimed, line=dict(color="black", dash="dash"), annotation_text=f"accountant's ε = {claimed:.2f}")
     fig.update_xaxes(type="log")
-    fig.update_layout(legend=dict(orientation="h", y=-0.2))
-    return style_figure(fig, title, "trials (training runs with or without the canary)", "ε", height=400)
+    fig.update_layout(legend=dict(orientation="h", y=-0.3, x=0))
+    return style_figure(fig, title, "trials (training runs with or without the canary)",
+                        f"ε lower bound ({confidence:.0%} confidence)", height=420)
 
 
 def observation_histogram(scores: np.ndarray, is_in: np.ndarray, threshold: float, *, xlabel: str,

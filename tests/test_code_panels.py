@@ -155,6 +155,8 @@ def test_privacy_audit_panel():
                    target_losses=r.random(n), eps=2.0)
     close(ns["score"], res.scores)
     assert ns["eps_lower"] == pytest.approx(res.epsilon_lower, rel=1e-6)
+    assert ns["mu_lower"] == pytest.approx(res.mu_lower, rel=1e-9) and res.mu_lower > 1  # μ = √T/σ = 5 in truth
+    assert ns["eps_gdp"] == pytest.approx(res.estimates["Gaussian DP"], rel=1e-6)
     conf = membership.logit_confidence(target, labels)
     shadow_conf = np.stack([membership.logit_confidence(l, labels) for l in shadows])
     close(ns["lira"], membership.lira_offline_scores(conf, shadow_conf, shadow_in), rtol=1e-5)

@@ -3,6 +3,7 @@
 import pytest
 
 from conftest import assert_clean, open_page
+from gradlab import audit
 
 SMALL = dict(mia_pool=64, mia_steps=40, mia_shadows=2, mia_q=0.5, audit_trials=4096)
 
@@ -42,15 +43,23 @@ def test_a_link_starts_nothing_heavy_and_one_over_budget_says_what_fits():
     warnings = [w.value for w in heavy.warning if "CPU-seconds" in w.value]
     assert len(warnings) == 1 and "training steps" in warnings[0], [w.value for w in heavy.warning]
     assert "run_mia" not in {b.key for b in heavy.button} and "run_audit" in {b.key for b in heavy.button}
-    assert not [m for m in heavy.metric if m.label.startswith(("LiRA", "Empirical"))]
+    assert not [m for m in heavy.metric if m.label.startswith(("LiRA", "ε lower bound"))]
 
 
 def test_membership_and_audit_render(page):
     at = page
     assert float(metric(at, "LiRA AUC, non-private")) > 0.5
-    assert 0.0 <= float(metric(at, "Empirical ε lower bound (95%)")) <= float(metric(at, "Accountant's ε (PLD)"))
-    assert float(metric(at, "Accountant's ε (PLD)")) == pytest.approx(1.99, abs=0.01)  # σ = 2, one step, full batch
+    claimed = float(metric(at, "Accountant's ε (PLD)"))
+    assert claimed == pytest.approx(1.99, abs=0.01)  # σ = 2, one step, full batch
+    bounds = {name: float(metric(at, f"ε lower bound, {name} (95%)")) for name in audit.ESTIMATORS}
+    assert all(0.0 <= b <= claimed for b in bounds.values()), bounds
     assert any("No violation" in s.value for s in at.success)
+    # the page names the tightest estimator and says why, in one sentence
+    best = max(bounds, key=bounds.get)
+    assert any(m.value.startswith(f"**{best}** is the tightest") and audit.ESTIMATORS[best].why in m.value
+               for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "estimator" in d.value.columns)
+    assert list(table["estimator"]) == list(audit.ESTIMATORS) and set(table["confidence"]) == {0.95}
     assert len(at.get("plotly_chart")) >= 4
 
 
@@ -61,17 +70,22 @@ def test_planted_bug_is_caught_on_the_page(page):
     press(at.run(), "audit")  # new settings: the audit waits for a press again
     assert_clean(at)
     assert any("caught a bug" in e.value for e in at.error)
-    assert float(metric(at, "Empirical ε lower bound (95%)")) > float(metric(at, "Accountant's ε (PLD)"))
+    for name in audit.ESTIMATORS:  # every estimator sees this one
+        assert float(metric(at, f"ε lower bound, {name} (95%)")) > float(metric(at, "Accountant's ε (PLD)"))
 
 
 def test_bad_setting_is_a_message_not_a_traceback(page):
     at = page
     at.radio(key="audit_canary").set_value("input")
+    at.number_input(key="audit_q").set_value(0.5)
     at.number_input(key="mia_c").set_value(0.0)  # C = 0 is refused with a message; the audit still runs
     press(at.run(), "audit")
     assert_clean(at)
     assert any("Membership inference could not run" in e.value for e in at.error)
     assert float(metric(at, "Accountant's ε (PLD)")) > 0
+    # q < 1: the Gaussian estimators are shown as estimates and the tightest named is an assumption-free one
+    assert any("not Gaussian" in c.value for c in at.caption)
+    assert any(m.value.startswith("**Clopper–Pearson** is the tightest") for m in at.markdown)
 
 
 def test_a_second_visitor_sees_the_same_numbers_and_no_error():
@@ -82,5 +96,5 @@ def test_a_second_visitor_sees_the_same_numbers_and_no_error():
     for at in (first, second):
         assert_clean(at)
         assert not at.error, [e.value for e in at.error]
-    for label in ("LiRA AUC, non-private", "Empirical ε lower bound (95%)"):
+    for label in ("LiRA AUC, non-private", "ε lower bound, Gaussian DP (95%)", "ε lower bound, Clopper–Pearson (95%)"):
         assert metric(first, label) == metric(second, label)

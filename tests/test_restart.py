@@ -33,5 +33,5 @@ def test_the_warm_up_presses_heavy_sections_so_every_visitor_sees_them():
     visitor = open_page("privacy_audit")
     assert_clean(visitor)
     labels = {m.label for m in visitor.metric}
-    assert {"LiRA AUC, non-private", "Empirical ε lower bound (95%)"} <= labels
+    assert {"LiRA AUC, non-private", "ε lower bound, Gaussian DP (95%)"} <= labels
     assert not [b for b in visitor.button if (b.key or "").startswith("run_")]
