@@ -13,11 +13,13 @@ FLOOR = 1e-4  # log axes: rates below this are drawn at it
 
 
 def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsilon: float | None, delta: float,
-               floor: float = FLOOR, title: str = "Membership inference ROC (log-log)", height: int = 480) -> go.Figure:
+               floor: float = FLOOR, title: str = "Membership inference ROC (log-log)", height: int = 480,
+               axes: tuple[str, str] = ("false positive rate (non-members called members)",
+                                        "true positive rate (members found)")) -> go.Figure:
     """ROC curves `{name: (fpr, tpr, auc)}` on log-log axes, the chance line, and the (ε, δ)-DP bound on
     any attack's ROC (TPR ≤ e^ε·FPR + δ and its mirror). `floor`: the smallest FPR the data can measure
     (1 / number of non-members); smaller rates, 0 included, are drawn at it. With no curves: the bound alone,
-    what the promise allows before any attack ran. `height` in px."""
+    what the promise allows before any attack ran. `height` in px; `axes`: the (x, y) axis titles."""
     fig = go.Figure()
     grid = np.geomspace(floor, 1, 200)
     for name, (fpr, tpr, auc) in curves.items():
@@ -31,8 +33,7 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
     fig.update_xaxes(type="log", range=[np.log10(floor), 0])
     fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
     fig.update_layout(legend=dict(orientation="h", y=-0.22))  # under the axes: never over the curves
-    return style_figure(fig, title, "false positive rate (non-members called members)", "true positive rate (members found)",
-                   height=height)
+    return style_figure(fig, title, *axes, height=height)
 
 
 def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray | dict[str, np.ndarray], claimed: float, *,

@@ -84,8 +84,9 @@ with ui.guard("Membership inference could not run with these settings"):
         sigma = calibrated_sigma(float(eps_target), q, int(steps), delta)
     eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
     with promise:
-        ui.chart(audit_plots.roc_loglog({}, epsilon=eps, delta=delta, floor=1 / (int(pool) - int(pool) // 2), height=330,
-                                        title=f"What ε = {eps:.2f} allows any membership attack"))
+        ui.chart(audit_plots.roc_loglog({}, epsilon=eps, delta=delta, floor=1 / (int(pool) - int(pool) // 2), height=360,
+                                        title=f"What ε = {eps:.2f} allows any membership attack",
+                                        axes=("FPR (non-members called members)", "TPR (members found)")))
     st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
                f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
     args = (exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)
