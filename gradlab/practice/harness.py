@@ -1,8 +1,8 @@
 """The program the sandbox's child process runs (`python -I -c <this file's text>`); never imported by the server.
 
-It reads one JSON payload on stdin (`code`, `fn`, `cases`, `limits`, `output_chars`), sets its own resource
-limits before anything else (so the student's code runs under them, and cannot raise them: soft = hard),
-imports JAX, executes the student's code with restricted builtins and an import allowlist (the second wall
+It sets its own resource limits (argv[1], JSON) before anything else (so the student's code runs under them, and
+cannot raise them: soft = hard), imports JAX, then reads one JSON payload on stdin (`code`, `fn`, `cases`,
+`output_chars`...): a spare child waits there, warm, until a run needs it. It executes the student's code with restricted builtins and an import allowlist (the second wall
 behind the AST check in `sandbox.refusals`), calls `fn` on every case and writes one JSON line to fd 1:
 `{"output", "truncated", "exec_error", "results": [{"leaves": [{"shape", "data"}], "error"}], "seconds"}`.
 Standard library only, besides JAX and NumPy: the child cannot import gradlab.
@@ -15,8 +15,7 @@ import sys
 import time
 import traceback
 
-payload = json.loads(sys.stdin.read())
-limits = payload["limits"]
+limits = json.loads(sys.argv[1])  # set before JAX is imported: a spare child imports it while it waits
 
 
 def _tasks_of(uid):
@@ -45,6 +44,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+jnp.zeros(1).block_until_ready()  # start the backend while waiting (a spare child is warm when its code arrives)
+payload = json.loads(sys.stdin.read())
 ALLOWED = set(payload["allowed_imports"])
 SAFE_BUILTINS = payload["builtins"]
 

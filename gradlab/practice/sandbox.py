@@ -17,6 +17,7 @@ Nothing here imports Streamlit; the page runs `execute` through the server's gat
 from __future__ import annotations
 
 import ast
+import atexit
 import dataclasses
 import json
 import logging
@@ -27,6 +28,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import subprocess
 from pathlib import Path
@@ -206,6 +208,80 @@ def _stopped(status: int, limits: Limits, timed_out: bool, peak_mb: float) -> st
             f"signal {signal.Signals(sig).name}). Is an array far larger than the problem needs?")
 
 
+@dataclasses.dataclass
+class _Child:
+    """A started harness process waiting for its payload on stdin, in its own empty folder."""
+
+    proc: subprocess.Popen
+    folder: str
+    limits: Limits
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def discard(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(5)
+        except (subprocess.TimeoutExpired, ChildProcessError):
+            pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+#: One spare child kept warm (JAX imported) for the next run: Check answers without JAX's 1.5 s import.
+#: `GRADLAB_PRACTICE_WARM=0` turns it off (it holds about 220 MB while it waits).
+WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "1") != "0"
+_SPARE: list[_Child] = []
+_SPARE_LOCK = threading.Lock()
+
+
+def _start(limits: Limits) -> _Child:
+    """Start a harness child under `limits` in a fresh empty folder (owned by `nobody` when we are root)."""
+    folder = tempfile.mkdtemp(prefix="gradlab-practice-")
+    user = None if _CANNOT_DROP else _nobody()
+    if user:
+        os.chown(folder, *user)
+    with open(os.path.join(folder, ".out"), "wb") as out, open(os.path.join(folder, ".err"), "wb") as err:
+        proc = _spawn(folder, user, _limits_json(limits), stdin=subprocess.PIPE, stdout=out, stderr=err)
+    return _Child(proc, folder, limits)
+
+
+def _limits_json(limits: Limits) -> str:
+    return json.dumps({"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
+                       "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks})
+
+
+def _take(limits: Limits) -> _Child:
+    """The warm spare child when it has these limits and still waits, else a freshly started one."""
+    with _SPARE_LOCK:
+        spare = _SPARE.pop() if _SPARE else None
+    if spare is not None and spare.limits == limits and spare.alive:
+        return spare
+    if spare is not None:
+        spare.discard()
+    return _start(limits)
+
+
+def _refill(limits: Limits) -> None:
+    """Start the next spare (after a run, so its JAX import never competes with a run for the CPU)."""
+    if not WARM:
+        return
+    with _SPARE_LOCK:
+        if not _SPARE:
+            _SPARE.append(_start(limits))
+
+
+@atexit.register
+def _discard_spares() -> None:
+    with _SPARE_LOCK:
+        while _SPARE:
+            _SPARE.pop().discard()
+
+
 def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMITS, check: bool = True,
             max_elements: int = 100_000) -> Outcome:
     """Run student `code` in a sandboxed child process and call its function `fn` on each case.
@@ -224,53 +300,48 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
     if reasons:
         return Outcome(refused=reasons)
     payload = json.dumps({"code": code, "fn": fn, "cases": list(cases), "output_chars": limits.output_chars,
-                          "allowed_imports": ALLOWED_IMPORTS, "builtins": SAFE_BUILTINS, "max_elements": max_elements,
-                          "limits": {"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
-                                     "file_bytes": limits.file_bytes, "open_files": limits.open_files,
-                                     "tasks": limits.tasks}})
-    folder = tempfile.mkdtemp(prefix="gradlab-practice-")
-    user = _nobody()
+                          "allowed_imports": ALLOWED_IMPORTS, "builtins": SAFE_BUILTINS,
+                          "max_elements": max_elements}).encode()
+    child = _take(limits)
     try:
-        if user:
-            os.chown(folder, *user)
-        stdin_path, stdout_path, stderr_path = (os.path.join(folder, n) for n in (".in", ".out", ".err"))
-        Path(stdin_path).write_text(payload)
-        with open(stdin_path, "rb") as stdin, open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-            os.unlink(stdin_path)  # the child reads its open descriptor; its folder starts empty
-            started = time.perf_counter()
-            proc = _spawn(folder, user, stdin=stdin, stdout=stdout, stderr=stderr)
-            status, usage, timed_out = _wait(proc, limits.wall_seconds)
-            seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        try:
+            child.proc.stdin.write(payload)
+            child.proc.stdin.close()
+        except OSError:
+            pass  # it died waiting: its status says why
+        status, usage, timed_out = _wait(child.proc, limits.wall_seconds)
+        seconds = time.perf_counter() - started
         peak_mb = usage.ru_maxrss / 1024 if usage is not None else 0.0
         outcome = Outcome(seconds=seconds, peak_rss_mb=peak_mb, stopped=_stopped(status, limits, timed_out, peak_mb))
-        with open(stdout_path, "rb") as f:
-            raw = f.read(limits.file_bytes)
-        reply = _parse(raw)
+        with open(os.path.join(child.folder, ".out"), "rb") as f:
+            reply = _parse(f.read(limits.file_bytes))
         if reply is None:
             if outcome.stopped is None:
-                with open(stderr_path, "rb") as f:
+                with open(os.path.join(child.folder, ".err"), "rb") as f:
                     tail = f.read()[-600:].decode(errors="replace").strip()
                 outcome.stopped = ("Stopped: the process running your code ended without an answer "
                                    f"(exit status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status}). {tail}")
             return outcome
         outcome.output, outcome.truncated, outcome.exec_error = reply["output"], reply["truncated"], reply["exec_error"]
-        outcome.results = [{"leaves": None if r["leaves"] is None else
-                            [_array(leaf) for leaf in r["leaves"]], "error": r["error"]} for r in reply["results"]]
+        outcome.results = [{"leaves": None if r["leaves"] is None else [_array(leaf) for leaf in r["leaves"]],
+                            "error": r["error"]} for r in reply["results"]]
         if outcome.exec_error and _out_of_memory(outcome.exec_error):
             outcome.stopped = (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB of address "
                                "space). Is an array far larger than the problem needs?")
         return outcome
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        child.discard()
+        _refill(limits)
 
 
 _CANNOT_DROP: list = []
 
 
-def _spawn(folder: str, user, **files) -> subprocess.Popen:
+def _spawn(folder: str, user, limits_json: str, **files) -> subprocess.Popen:
     """Start the child in `folder`, as `user` (uid, gid) when given and that user can run this Python (a Python
     under root's home cannot be run by `nobody`: then as this process's user, noted in the log once)."""
-    command = [sys.executable, "-I", "-c", HARNESS]
+    command = [sys.executable, "-I", "-c", HARNESS, limits_json]
     common = dict(cwd=folder, env=child_env(folder), start_new_session=True, close_fds=True, **files)
     if user and not _CANNOT_DROP:
         try:
