@@ -124,13 +124,15 @@ def _diagnose(problem: Problem, args: tuple, got, error: dict | None) -> list[Pi
     return found
 
 
-def run(problem: Problem, code: str, *, limits: sandbox.Limits = sandbox.LIMITS) -> Verdict:
+def run(problem: Problem, code: str, *, limits: sandbox.Limits = sandbox.LIMITS, execute=sandbox.execute) -> Verdict:
     """**Run**: execute `code` and call the problem's function on the seed's input. Returns a `Verdict` whose one
-    case compares the output with the oracle (the seed's expected answer), with diagnoses when it differs."""
-    return _judge(problem, code, [("the seed's input", problem.args)], limits)
+    case compares the output with the oracle (the seed's expected answer), with diagnoses when it differs.
+    `execute`: what runs the code (`sandbox.execute`; tests of the diagnoses pass an in-process one)."""
+    return _judge(problem, code, [("the seed's input", problem.args)], limits, execute)
 
 
-def check(problem: Problem, code: str, seed: int = HIDDEN_SEED, *, limits: sandbox.Limits = sandbox.LIMITS) -> Verdict:
+def check(problem: Problem, code: str, seed: int = HIDDEN_SEED, *, limits: sandbox.Limits = sandbox.LIMITS,
+          execute=sandbox.execute) -> Verdict:
     """**Check**: `code`'s function on the seed's input and the hidden random inputs drawn from `seed`, each compared
     with the problem's oracle (float64, computed another way), and the problem's `extra` condition (a timing).
 
@@ -140,11 +142,11 @@ def check(problem: Problem, code: str, seed: int = HIDDEN_SEED, *, limits: sandb
     """
     inputs = [("the seed's input", problem.args)]
     inputs += [(f"hidden input {i}", a) for i, a in enumerate(hidden_inputs(problem, seed), start=1)]
-    return _judge(problem, code, inputs, limits)
+    return _judge(problem, code, inputs, limits, execute)
 
 
-def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits: sandbox.Limits) -> Verdict:
-    out = sandbox.execute(code, problem.fn, [[encode(a) for a in args] for _, args in inputs], limits=limits)
+def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits: sandbox.Limits, execute) -> Verdict:
+    out = execute(code, problem.fn, [[encode(a) for a in args] for _, args in inputs], limits=limits)
     verdict = Verdict(passed=False, refused=out.refused, stopped=out.stopped, output=out.output,
                       truncated=out.truncated, exec_error=out.exec_error, seconds=out.seconds)
     if out.exec_error is not None:
