@@ -66,6 +66,7 @@ SAFE_BUILTINS = (
     "range", "repr", "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip", "complex",
     "__build_class__", "ArithmeticError", "AssertionError", "Exception", "IndexError", "KeyError", "LookupError",
     "NotImplementedError", "RuntimeError", "StopIteration", "TypeError", "ValueError", "ZeroDivisionError",
+    "NameError", "ImportError", "AttributeError", "OverflowError", "FloatingPointError",
     "True", "False", "None",
 )
 
