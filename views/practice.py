@@ -41,11 +41,7 @@ slug = ui.choice(st.selectbox, "Problem", {p.slug: f"{i}. {p.title}" for i, p in
                  help="A link with `?problem=<name>` opens that problem.")
 number = [p.slug for p in PROBLEMS].index(slug) + 1
 problem = practice.BY_SLUG[slug]
-st.progress(len(done) / len(PROBLEMS), text=f"Solved {len(done)} of {len(PROBLEMS)}" + (
-    ": " + ", ".join(str(i) for i, p in enumerate(PROBLEMS, 1) if p.slug in done) if done else ""))
-mirror_progress()
-
-st.subheader(f"{number}. {problem.title}" + (" ✅" if slug in done else ""))
+progress_slot, heading_slot = st.empty(), st.empty()  # filled at the end: a Check below may solve this problem
 st.caption(f"From seed {problem.seed}" + (f" · expected on the seed's input: `{problem.expected}`" if problem.expected else ""))
 st.markdown(problem.statement)
 
@@ -70,6 +66,8 @@ def reset_code() -> None:
     st.session_state.pop(result_key, None)
 
 
+st.html("<style>[class*='st-key-practice_code_'] textarea { font-family: 'Source Code Pro', monospace; "
+        "font-size: 0.85rem; }</style>")  # an editor: code in a fixed-width font
 code = st.text_area("Your code", value=problem.starter, height=380, key=code_key,
                     help="Press Run or Check when done (Ctrl+Enter applies the edit).")
 b_run, b_check, b_reset = st.columns([1, 1, 2])
@@ -148,3 +146,8 @@ if shown < len(problem.hints):
               on_click=lambda: st.session_state.__setitem__(hints_key, shown + 1))
 if st.toggle("Show the solution", key=f"practice_solution_{slug}"):
     st.code(problem.solution, language="python")
+
+progress_slot.progress(len(done) / len(PROBLEMS), text=f"Solved {len(done)} of {len(PROBLEMS)}" + (
+    ": " + ", ".join(str(i) for i, p in enumerate(PROBLEMS, 1) if p.slug in done) if done else ""))
+heading_slot.subheader(f"{number}. {problem.title}" + (" ✅" if slug in done else ""))
+mirror_progress()
