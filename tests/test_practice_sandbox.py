@@ -13,48 +13,13 @@ import time
 
 import pytest
 
+from benchmarks.practice import REFUSED, STOPPED
+
 from gradlab.memory import rss_mb
 from gradlab.practice import Limits, execute, refusals, sandbox
 
 #: Small limits for the runtime attacks: quick to hit, room for JAX's import (about 580 MB of address space).
 SMALL = Limits(memory_mb=1024, cpu_seconds=8, wall_seconds=8, output_chars=2_000)
-
-REFUSED = {
-    "read a file": "print(open('/etc/passwd').read())",
-    "import os": "import os\nprint(os.environ)",
-    "import subprocess": "import subprocess\nsubprocess.run(['ls', '/'])",
-    "from os import": "from os import system\nsystem('id')",
-    "__import__": "__import__('os').system('id')",
-    "subclasses walk": "print(().__class__.__bases__[0].__subclasses__())",
-    "globals walk": "def f():\n    pass\nprint(f.__globals__)",
-    "builtins": "print(__builtins__)",
-    "getattr with a dunder string": "print(getattr((), '__cl' + 'ass__'))",
-    "getattr": "import jax\nprint(getattr(jax, 'numpy'))",
-    "eval": "eval('1 + 1')",
-    "exec": "exec('x = 1')",
-    "compile": "compile('1', 'x', 'eval')",
-    "network socket": "import socket\nsocket.create_connection(('example.com', 80))",
-    "urllib": "import urllib.request\nurllib.request.urlopen('http://example.com')",
-    "np.load reads files": "import numpy as np\nprint(np.loadtxt('/etc/passwd', dtype=str))",
-    "np.fromfile": "import numpy as np\nprint(np.fromfile('/etc/passwd', dtype='uint8'))",
-    "np.lib": "import numpy as np\nnp.lib.npyio.DataSource()",
-    "ctypes through numpy": "import numpy as np\nnp.ctypeslib.ctypes.CDLL(None)",
-    "tofile writes": "import numpy as np\nnp.ones(3).tofile('/tmp/x')",
-    "jax.profiler writes files": "from jax import profiler\nprofiler.start_trace('/tmp/t')",
-    "format walks attributes": "print('{0.__class__}'.format(1))",
-    "format via a variable": "s = '{0.real}'\nprint(s.format(1))",
-    "frame walk": "g = (x for x in [1])\nprint(g.gi_frame.f_back.f_globals)",
-    "traceback frames": "try:\n    1 / 0\nexcept Exception as e:\n    print(e.__traceback__.tb_frame)",
-    "fork bomb": "import os\nwhile True:\n    os.fork()",
-    "multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print).start()",
-    "relative import": "from . import x",
-    "star import": "from numpy import *",
-    "private attribute": "import jax\nprint(jax._src)",
-    "type() to reach object": "print(type(1).mro())",
-    "breakpoint": "breakpoint()",
-    "huge code": "x = 1\n" * 20_000,
-}
-
 
 @pytest.mark.parametrize("code", list(REFUSED.values()), ids=list(REFUSED))
 def test_attack_is_refused_before_it_runs(code):
@@ -117,23 +82,22 @@ def test_child_environment_and_folder_are_empty():
 
 def test_memory_bomb_is_stopped_and_the_server_does_not_grow():
     before = rss_mb()
-    out = execute("import numpy as np\nx = np.ones((20000, 20000))\nprint(x.sum())", limits=SMALL)
+    out = execute(STOPPED["memory bomb (numpy)"], limits=SMALL)
     assert out.stopped and "memory limit" in out.stopped
-    out = execute("import jax.numpy as jnp\nblocks = []\nwhile True:\n    blocks.append(jnp.ones(10**7) + len(blocks))",
-                  limits=SMALL)
+    out = execute(STOPPED["memory bomb (growing)"], limits=SMALL)
     assert out.stopped and ("memory limit" in out.stopped or "CPU" in out.stopped or "longer" in out.stopped), out.stopped
     assert out.peak_rss_mb < SMALL.memory_mb
     assert rss_mb() - before < 50  # the server only reads a small JSON reply
 
 
 def test_endless_loop_is_stopped_by_the_cpu_or_wall_clock_limit():
-    out = execute("while True:\n    pass\n", limits=SMALL)
+    out = execute(STOPPED["endless loop"], limits=SMALL)
     assert out.stopped and ("CPU time" in out.stopped or "longer than" in out.stopped), out.stopped
     assert out.seconds < SMALL.wall_seconds + 5
 
 
 def test_huge_output_is_capped():
-    out = execute("print('x' * 10**7)\nfor i in range(10**5):\n    print(i)\n", limits=SMALL)
+    out = execute(STOPPED["huge output"], limits=SMALL)
     assert out.ran and len(out.output) == SMALL.output_chars and out.truncated > 10**7 - SMALL.output_chars
 
 
