@@ -89,3 +89,33 @@ def test_practice_off_leaves_the_page_out(monkeypatch):
     finally:
         monkeypatch.undo()
         assert "practice" in {p.url_path for p in importlib.reload(pages).PAGES}
+
+
+def _linked_steps():
+    from gradlab.ui.presets import LECTURE
+
+    return [(i, s.practice) for i, s in enumerate(LECTURE, 1) if s.practice]
+
+
+def test_lecture_steps_name_existing_practice_problems():
+    linked = _linked_steps()
+    assert len(linked) >= 5 and all(slug in practice.BY_SLUG for _, slug in linked)
+    assert linked[0] == (1, "per_example_grads")  # the seeds' example: the first problem
+
+
+@pytest.mark.slow  # a lecture step runs its page (the equivalence of the seeds' example)
+def test_a_lecture_step_links_to_its_practice_problem():
+    """A step with a problem shows a link that opens Practice on it (`?problem=<slug>`)."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    step, slug = _linked_steps()[0]
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params["step"] = str(step)
+    at.switch_page("views/lecture.py")
+    at.run()
+    assert_clean(at)
+    links = [e.proto for e in at.get("page_link")]
+    link = next(x for x in links if "Try it yourself" in x.label)
+    assert link.page.endswith("practice") and f"problem={slug}" in link.query_string, link
