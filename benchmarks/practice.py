@@ -54,6 +54,8 @@ REFUSED = {
     "private attribute": "import jax\nprint(jax._src)",
     "type() to reach object": "print(type(1).mro())",
     "breakpoint": "breakpoint()",
+    "np.rec reads files": "import numpy as np\nprint(np.rec.fromfile('/etc/passwd', formats='u1'))",
+    "jax.ffi": "import jax\njax.ffi.register_ffi_target('x', None)",
     "huge code": "x = [" + "1, " * 8_000 + "]\n",  # 24,000 characters on one line (a browser renders it quickly)
 }
 

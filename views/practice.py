@@ -139,11 +139,16 @@ if result_key in st.session_state:
 
 # ---------------------------------------------------------------- hints one at a time, the solution behind a button
 shown = st.session_state.get(hints_key, 0)
+
+
+def show_hint() -> None:
+    st.session_state[hints_key] = shown + 1
+
+
 for i, hint in enumerate(problem.hints[:shown], 1):
     st.info(f"**Hint {i}.** {hint}", icon=":material/help:")
 if shown < len(problem.hints):
-    st.button(f"Show a hint ({shown + 1} of {len(problem.hints)})", key="practice_hint",
-              on_click=lambda: st.session_state.__setitem__(hints_key, shown + 1))
+    st.button(f"Show a hint ({shown + 1} of {len(problem.hints)})", key="practice_hint", on_click=show_hint)
 if st.toggle("Show the solution", key=f"practice_solution_{slug}"):
     st.code(problem.solution, language="python")
 

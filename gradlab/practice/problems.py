@@ -408,8 +408,8 @@ _LINEAR_LOSS = """
             pred = jnp.dot(x, params)
             return (pred - y) ** 2
 """
-_SEED_001 = _linear_data(np.random.default_rng(1), 256)
-_SEED_001 = (_f32([1.0, 2.0, 3.0]),) + _SEED_001[1:]
+#: Seed 001's exercise at N = 256, with its `params = [1., 2., 3.]` and standard normal X and y.
+_SEED_001 = (_f32([1.0, 2.0, 3.0]), *_linear_data(np.random.default_rng(1), 256)[1:])
 
 
 def _exercise(args):

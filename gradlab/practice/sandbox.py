@@ -57,6 +57,8 @@ DENIED_ATTRIBUTES = frozenset({
     "format", "format_map", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "ag_frame", "ag_code",
     "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next", "mro", "co_code", "co_consts",
     "func_globals", "func_code", "show_config", "get_include", "show_runtime",
+    # more readers of files and foreign code: np.rec.fromfile, np.core.records, np.ma.mrecords.fromtextfile, jax.ffi
+    "core", "rec", "records", "ma", "mrecords", "fromtextfile", "npyio", "open_memmap", "ffi", "lib_loader",
 })
 
 #: Builtins the child's namespace offers (everything else, `open` included, does not exist there).
