@@ -54,6 +54,15 @@ def test_refused_code_is_a_message_and_run_shows_output(page):
     assert any("hello" in c.value for c in at.code)
 
 
+def test_back_to_the_starter_code(page):
+    at = page
+    at.text_area(key="practice_code_per_example_grads").set_value("# my attempt\n")
+    at.button(key="practice_reset").click().run()
+    assert_clean(at)
+    assert at.text_area(key="practice_code_per_example_grads").value == practice.PROBLEMS[0].starter
+    assert not at.warning  # no "default value and Session State" warning from Streamlit
+
+
 def test_hints_one_at_a_time_and_the_solution_behind_a_toggle(page):
     at = page
     assert not [i for i in at.info if "Hint 1" in i.value]

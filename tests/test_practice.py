@@ -139,6 +139,8 @@ def test_wrong_shape_and_errors_are_explained_in_words():
     assert v.cases[0].message.startswith("ZeroDivisionError")
     v = practice.check(p, "def other(w):\n    return w\n", SEED, execute=in_process)
     assert not v.passed
+    v = practice.check(p, p.starter.replace("print(per_example_grads", "(per_example_grads"), SEED, execute=in_process)
+    assert "returned None" in v.cases[0].message  # the starter's body is still `...`
 
 
 def test_the_exercise_reports_the_mean_check_and_draws_the_students_own_histogram():

@@ -19,7 +19,7 @@ from gradlab.memory import rss_mb
 from gradlab.practice import Limits, execute, refusals, sandbox
 
 #: Small limits for the runtime attacks: quick to hit, room for JAX's import (about 580 MB of address space).
-SMALL = Limits(memory_mb=1024, cpu_seconds=8, wall_seconds=8, output_chars=2_000)
+SMALL = Limits(memory_mb=1024, cpu_seconds=5, wall_seconds=8, output_chars=2_000)
 
 @pytest.mark.parametrize("code", list(REFUSED.values()), ids=list(REFUSED))
 def test_attack_is_refused_before_it_runs(code):

@@ -68,7 +68,8 @@ def reset_code() -> None:
 
 st.html("<style>[class*='st-key-practice_code_'] textarea { font-family: 'Source Code Pro', monospace; "
         "font-size: 0.85rem; }</style>")  # an editor: code in a fixed-width font
-code = st.text_area("Your code", value=problem.starter, height=380, key=code_key,
+st.session_state.setdefault(code_key, problem.starter)  # the editor's text lives in the session (reset sets it)
+code = st.text_area("Your code", height=380, key=code_key,
                     help="Press Run or Check when done (Ctrl+Enter applies the edit).")
 b_run, b_check, b_reset = st.columns([1, 1, 2])
 pressed_run = b_run.button("Run", key="practice_run", icon=":material/play_arrow:", width="stretch")

@@ -93,6 +93,8 @@ def _shape_text(shape) -> str:
 
 def _compare(got, expected) -> str:
     """Why `got` is not `expected`, in one sentence."""
+    if not got:
+        return "returned None (no numbers): is the `return` missing, or is the body still `...`?"
     if len(got) != len(expected):
         return f"returned {len(got)} array(s); {len(expected)} expected"
     for i, (g, e) in enumerate(zip(got, expected)):
