@@ -34,6 +34,7 @@ PAGES = [
     ("privacy_audit", "Privacy audit", "privacy audit"),
     ("geometry", "Geometry", "geometry"),
     ("lecture", "Lecture", "lecture"),
+    ("practice", "Practice", "practice"),
 ]
 
 

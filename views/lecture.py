@@ -6,6 +6,7 @@ import runpy
 
 import streamlit as st
 
+from gradlab import practice
 from gradlab.ui import lecture as ui_lecture
 from gradlab.ui import room as ui_room
 from gradlab.ui.presets import LECTURE
@@ -24,6 +25,10 @@ nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), di
 where.progress(step / n, text=f"Step {step} of {n} · ← / → keys")
 ui_lecture.arrow_keys()
 st.markdown(f"#### {s.narration}")
+if s.practice and practice.enabled():  # the students' turn: the problem where they write this step's code
+    number = [p.slug for p in practice.PROBLEMS].index(s.practice) + 1
+    st.page_link("views/practice.py", label=f"Try it yourself: Practice problem {number}, "
+                 f"{practice.BY_SLUG[s.practice].title}", icon=":material/edit_note:", query_params={"problem": s.practice})
 ui_room.follow(step)
 if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there
     with st.expander("Speaker notes, live room and warm-up"):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gradlab.practice import enabled as practice_enabled
+
 
 @dataclasses.dataclass(frozen=True)
 class Page:
@@ -44,6 +46,8 @@ PAGES: tuple[Page, ...] = (
          ("geo_problem", "geo_clip", "geo_noise", "geo_paths", "geo_c", "geo_sigma", "geo_batch", "geo_steps", "geo_lr",
           "geo_t", "geo_remove")),
     Page("views/lecture.py", "Lecture", ":material/school:", "lecture"),
+    # GRADLAB_PRACTICE=off: a deployer who will not run visitors' code leaves the page out of the app
+    *([Page("views/practice.py", "Practice", ":material/edit_note:", "practice", ("problem",))] if practice_enabled() else []),
 )
 
 BY_PATH: dict[str, Page] = {p.path: p for p in PAGES}

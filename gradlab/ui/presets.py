@@ -150,18 +150,20 @@ class Step:
 
     - `narration`: two or three sentences shown above the view.
     - `notes`: speaker notes (shown in an expander).
+    - `practice`: the Practice problem (its slug, `gradlab.practice.BY_SLUG`) where students write this step's code.
     """
 
     title: str
     narration: str
     notes: str
     preset: Preset
+    practice: str = ""
 
 
 def _step(title: str, narration: str, notes: str, page: str = "", experiment=None, widgets=None, *,
-          preset: str | None = None) -> Step:
+          preset: str | None = None, practice: str = "") -> Step:
     p = BY_NAME[preset] if preset else Preset(title, narration, page, experiment or {}, widgets or {})
-    return Step(title, narration, notes, p)
+    return Step(title, narration, notes, p, practice)
 
 
 #: The lecture: an ordered story through per-example gradients, one full view per step (`?step=1` … ).
@@ -171,7 +173,7 @@ LECTURE: tuple[Step, ...] = (
           "example, [2, 8]; their sum, 10, is exactly the gradient of the summed loss.",
           "Write ℓᵢ = (w xᵢ)² on the board, dℓᵢ/dw = 2 w xᵢ² → 2 and 8. Point at way (a) = way (b) = 10 and at "
           "float64 agreeing to ~1e-16. Ask: what would the mean give? (5.)",
-          preset="The seeds' scalar example"),
+          preset="The seeds' scalar example", practice="per_example_grads"),
     _step("Every example is an arrow",
           "Give the model two parameters, w and b, and each example's gradient becomes an arrow in the plane. "
           "The two arrows (2, 2) and (8, 4) add up to (10, 6): the black arrow is their mean, the batch gradient.",
@@ -183,13 +185,13 @@ LECTURE: tuple[Step, ...] = (
           "rounding in every parameter leaf. Mixing a per-example sum with a mean loss is off by exactly N.",
           "Point at the float32 bars near 1e-7 and the float64 bars near 1e-16. Then the scaling trap: ‖Σgᵢ‖/‖∇mean‖ "
           "= N = 1,437. Every clipping norm C is meaningless if you get this wrong.",
-          "views/equivalence.py", NOISY_DIGITS, {"eq_reduction": "mean"}),
+          "views/equivalence.py", NOISY_DIGITS, {"eq_reduction": "mean"}, practice="fix_mean"),
     _step("What do N gradients cost?",
           "A Python loop calls jax.grad once per example; vmap(grad) does all of them in one call. The loop grows "
           "linearly with N, vmap(grad) stays within a small factor of the single batch gradient.",
           "Timings are live on this machine: read the ratios, not the digits. The first call includes compiling; "
           "it is shown apart. Streamed norms never build the N×P matrix.",
-          preset="Per-example gradients cost about one gradient"),
+          preset="Per-example gradients cost about one gradient", practice="loop_vs_vmap"),
     _step("Outliers have the longest arrows",
           "A line fit y = w·x + b from a bad start, on data with a few outliers (red). Far from the fit every "
           "arrow is long; the outliers' arrows are the longest and drag the mean towards them.",
@@ -206,13 +208,13 @@ LECTURE: tuple[Step, ...] = (
           "histogram (log scale), and the top of the ranking is almost all flipped labels.",
           "Point at the red tail, the AUC (~0.9) and the top-16 grid: 14 of 16 are flipped. The per-example loss "
           "finds them too: compare the two ROC curves.",
-          preset="Mislabeled digits stand out"),
+          preset="Mislabeled digits stand out", practice="exercise_256"),
     _step("Clipping is a ball",
           "DP-SGD clips every arrow to length C: the dashed circle. Long arrows are cut, short ones kept, so the "
           "clipped mean (purple) no longer points where the true mean (black) does: clipping is biased.",
           "Near the optimum the outliers' arrows dominate the true mean; after clipping they count like anyone else. "
           "Read the cosine between the two means.",
-          "views/geometry.py", {}, {"geo_clip": True, "geo_c": 2.0, "geo_t": 20}),
+          "views/geometry.py", {}, {"geo_clip": True, "geo_c": 2.0, "geo_t": 20}, practice="dp_sgd_step"),
     _step("Clipping bias hits a rare class",
           "On breast cancer the minority class (malignant) has larger per-example gradients, so clipping at C cuts "
           "more of its gradients than the majority's. The model's pull towards the rare class shrinks most.",
@@ -239,7 +241,7 @@ LECTURE: tuple[Step, ...] = (
           "flipped labels.",
           "Click a misclassified test point: its opponents are often flipped neighbours. Then scroll to the "
           "check against actual leave-one-out retraining.",
-          preset="Who influenced this prediction?"),
+          preset="Who influenced this prediction?", practice="influence_score"),
     _step("Remove one example: influence vs retraining",
           "Logistic regression with two weights: removing one flipped label moves the optimum (star to cross). "
           "The influence function predicts where (diamond) from one gradient and the Hessian, without retraining.",

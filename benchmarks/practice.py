@@ -1,0 +1,151 @@
+"""Practice on a real server: Check's server time cold and warm, and the attack corpus through the page.
+
+    python -m benchmarks.practice              # one server, headless Chromium; prints a summary
+    python -m benchmarks.practice --warm 3     # fewer warm Checks
+
+Starts `streamlit run app.py` with GRADLAB_LOG_RUNS=1 (each script run logs its server time), opens /practice,
+types the reference solution and presses Check: the first Check is cold (no spare child waits: JAX is imported
+for it), the next ones warm (a spare child imported JAX after the previous run). Then every attack of `ATTACKS`
+is typed and Run, while the server's RSS (the streamlit process) and the whole tree's (server plus sandbox
+children, private pages) are sampled; each attack must end in a refusal or a stop message, never a traceback,
+and the server must still answer /_stcore/health.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import urllib.request
+
+from benchmarks.browser import Sampler, launch, page_errors, run_times, streamlit_server, wait_until_idle, ROOT
+
+#: Refused by the AST check before anything runs (tests/test_practice_sandbox.py runs each).
+REFUSED = {
+    "read a file": "print(open('/etc/passwd').read())",
+    "import os": "import os\nprint(os.environ)",
+    "import subprocess": "import subprocess\nsubprocess.run(['ls', '/'])",
+    "from os import": "from os import system\nsystem('id')",
+    "__import__": "__import__('os').system('id')",
+    "subclasses walk": "print(().__class__.__bases__[0].__subclasses__())",
+    "globals walk": "def f():\n    pass\nprint(f.__globals__)",
+    "builtins": "print(__builtins__)",
+    "getattr with a dunder string": "print(getattr((), '__cl' + 'ass__'))",
+    "getattr": "import jax\nprint(getattr(jax, 'numpy'))",
+    "eval": "eval('1 + 1')",
+    "exec": "exec('x = 1')",
+    "compile": "compile('1', 'x', 'eval')",
+    "network socket": "import socket\nsocket.create_connection(('example.com', 80))",
+    "urllib": "import urllib.request\nurllib.request.urlopen('http://example.com')",
+    "np.load reads files": "import numpy as np\nprint(np.loadtxt('/etc/passwd', dtype=str))",
+    "np.fromfile": "import numpy as np\nprint(np.fromfile('/etc/passwd', dtype='uint8'))",
+    "np.lib": "import numpy as np\nnp.lib.npyio.DataSource()",
+    "ctypes through numpy": "import numpy as np\nnp.ctypeslib.ctypes.CDLL(None)",
+    "tofile writes": "import numpy as np\nnp.ones(3).tofile('/tmp/x')",
+    "jax.profiler writes files": "from jax import profiler\nprofiler.start_trace('/tmp/t')",
+    "format walks attributes": "print('{0.__class__}'.format(1))",
+    "format via a variable": "s = '{0.real}'\nprint(s.format(1))",
+    "frame walk": "g = (x for x in [1])\nprint(g.gi_frame.f_back.f_globals)",
+    "traceback frames": "try:\n    1 / 0\nexcept Exception as e:\n    print(e.__traceback__.tb_frame)",
+    "fork bomb": "import os\nwhile True:\n    os.fork()",
+    "multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+    "relative import": "from . import x",
+    "star import": "from numpy import *",
+    "private attribute": "import jax\nprint(jax._src)",
+    "type() to reach object": "print(type(1).mro())",
+    "breakpoint": "breakpoint()",
+    "np.rec reads files": "import numpy as np\nprint(np.rec.fromfile('/etc/passwd', formats='u1'))",
+    "jax.ffi": "import jax\njax.ffi.register_ffi_target('x', None)",
+    "huge code": "x = [" + "1, " * 8_000 + "]\n",  # 24,000 characters on one line (a browser renders it quickly)
+}
+
+#: Allowed by the AST check, stopped by the child's limits.
+STOPPED = {
+    "memory bomb (numpy)": "import numpy as np\nx = np.ones((20000, 20000))\nprint(x.sum())",
+    "memory bomb (growing)": "import jax.numpy as jnp\nblocks = []\nwhile True:\n    blocks.append(jnp.ones(10**7) + len(blocks))",
+    "endless loop": "while True:\n    pass\n",
+    "huge output": "print('x' * 10**7)\nfor i in range(10**5):\n    print(i)\n",
+}
+
+#: What the page shows for a contained attack.
+CONTAINED = ("was not run", "Stopped:", "more characters not shown")
+
+
+def _main_text(page) -> str:
+    return page.locator('[data-testid="stMainBlockContainer"]').inner_text()
+
+
+def _submit(page, code: str, button: str) -> None:
+    editor = page.get_by_role("textbox", name="Your code")
+    editor.fill(code)
+    editor.press("Control+Enter")
+    wait_until_idle(page)
+    page.get_by_role("button", name=button).click()
+    page.wait_for_timeout(300)
+    wait_until_idle(page, timeout=180)
+
+
+def _last_run(log) -> float:
+    times = [s for title, s in run_times(log) if title == "Practice"]
+    return times[-1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--warm", type=int, default=5, help="warm Checks to time")
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    from gradlab.practice import BY_SLUG
+
+    solution = BY_SLUG["per_example_grads"].solution
+    log = ROOT / "screenshots" / "practice_server.log"
+    log.parent.mkdir(exist_ok=True)
+    with sync_playwright() as p, streamlit_server(log_path=log, env={"GRADLAB_LOG_RUNS": "1"}) as (base, proc):
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        server, tree = Sampler(proc.pid), Sampler(proc.pid)
+        server_only = lambda: int(open(f"/proc/{proc.pid}/status").read().split("VmRSS:")[1].split()[0]) / 1024  # noqa: E731
+        server.run = lambda: _sample(server, server_only)
+        server.start(), tree.start()
+        page.goto(f"{base}/practice")
+        wait_until_idle(page)
+        _submit(page, solution, "Check")
+        assert "Correct" in _main_text(page), _main_text(page)[:800]
+        cold = _last_run(log)
+        warm = []
+        for i in range(args.warm):
+            time.sleep(8)  # the spare child imports JAX after each run
+            _submit(page, solution + f"# attempt {i}\n", "Check")
+            assert "Correct" in _main_text(page)
+            warm.append(_last_run(log))
+        print(f"Check, server time: cold {cold:.2f} s; warm median {statistics.median(warm):.2f} s, "
+              f"max {max(warm):.2f} s over {len(warm)}")
+        contained = 0
+        corpus = {**REFUSED, **STOPPED}
+        for name, code in corpus.items():
+            _submit(page, code, "Run")
+            text = _main_text(page)
+            ok = not page_errors(page) and any(c in text for c in CONTAINED)
+            contained += ok
+            print(f"  {'contained' if ok else 'NOT CONTAINED'}: {name} ({_last_run(log):.2f} s)")
+        with urllib.request.urlopen(base + "/_stcore/health", timeout=10) as r:
+            alive = r.status == 200
+        server.stop.set(), tree.stop.set()
+        print(f"attack corpus: {contained}/{len(corpus)} contained; server alive: {alive}; peak RSS: server "
+              f"{server.peak:.0f} MB, server + sandbox children {tree.peak:.0f} MB")
+        browser.close()
+    return 0
+
+
+def _sample(sampler: Sampler, read) -> None:
+    while not sampler.stop.is_set():
+        try:
+            sampler.peak = max(sampler.peak, read())
+        except (OSError, IndexError):
+            pass
+        time.sleep(sampler.interval)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""Practice: the seeds' problems, solved in the browser, checked against an oracle and diagnosed, run safely.
+
+- `problems`: the problems in course order (`PROBLEMS`, `BY_SLUG`), each with its oracle and pitfalls;
+- `checker`: `run(problem, code)` and `check(problem, code)` return a `Verdict` (cases, diagnoses, output);
+- `sandbox`: the AST check (`refusals`) and the limited child process (`execute`) student code runs in.
+
+Nothing here imports Streamlit: `views/practice.py` draws it.
+"""
+
+import os
+
+from gradlab.practice.checker import HIDDEN_SEED, Case, Verdict, check, figure, run
+from gradlab.practice.problems import BY_SLUG, PROBLEMS, Key, Pitfall, Problem
+from gradlab.practice.sandbox import LIMITS, Limits, Outcome, execute, refusals
+
+
+def enabled() -> bool:
+    """Whether this server offers Practice: `GRADLAB_PRACTICE=off` (or 0, false, no) turns it off."""
+    return os.environ.get("GRADLAB_PRACTICE", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+__all__ = ["BY_SLUG", "HIDDEN_SEED", "LIMITS", "PROBLEMS", "Case", "Key", "Limits", "Outcome", "Pitfall", "Problem",
+           "Verdict", "check", "enabled", "execute", "figure", "refusals", "run"]

@@ -1,0 +1,130 @@
+"""The Practice page under AppTest: Run and Check go through the sandbox; a solved problem lands in the URL; hints
+open one at a time; the solution waits behind its toggle; refused code is a message; the page can be turned off."""
+
+import importlib
+
+import pytest
+
+from conftest import assert_clean, open_page
+from gradlab import practice
+
+
+def texts(elements):
+    return " ".join(e.value for e in elements)
+
+
+@pytest.fixture(scope="module")
+def page():
+    at = open_page("practice")
+    assert_clean(at)
+    return at
+
+
+def test_opens_on_the_first_problem_with_its_starter_code(page):
+    at = page
+    assert at.selectbox(key="problem").value == "per_example_grads"
+    assert at.text_area(key="practice_code_per_example_grads").value == practice.PROBLEMS[0].starter
+    assert "per_example_grads(w, b, x_batch, y_batch)" in texts(at.markdown)
+    assert not at.success and not at.error and at.get("progress")[0].proto.text == "Solved 0 of 10"
+
+
+def test_a_pitfall_is_diagnosed_then_the_fix_is_solved_and_recorded_in_the_url(page):
+    at = page
+    at.text_area(key="practice_code_per_example_grads").set_value(practice.BY_SLUG["per_example_grads"].pitfalls[0].example)
+    at.button(key="practice_check").click().run()
+    assert_clean(at)
+    assert "A summed gradient instead of per-example ones" in texts(at.warning)
+    assert "solved" not in at.query_params
+    at.text_area(key="practice_code_per_example_grads").set_value(practice.PROBLEMS[0].solution)
+    at.button(key="practice_check").click().run()
+    assert_clean(at)
+    assert "Correct" in texts(at.success)
+    assert at.query_params["solved"] in ("1", ["1"])
+
+
+def test_refused_code_is_a_message_and_run_shows_output(page):
+    at = page
+    at.text_area(key="practice_code_per_example_grads").set_value("import os\nprint(os.environ)\n")
+    at.button(key="practice_run").click().run()
+    assert_clean(at)
+    assert "was not run" in texts(at.error) and "import os" in texts(at.error)
+    at.text_area(key="practice_code_per_example_grads").set_value(practice.PROBLEMS[0].solution + "print('hello')\n")
+    at.button(key="practice_run").click().run()
+    assert_clean(at)
+    assert any("hello" in c.value for c in at.code)
+
+
+def test_back_to_the_starter_code(page):
+    at = page
+    at.text_area(key="practice_code_per_example_grads").set_value("# my attempt\n")
+    at.button(key="practice_reset").click().run()
+    assert_clean(at)
+    assert at.text_area(key="practice_code_per_example_grads").value == practice.PROBLEMS[0].starter
+    assert not at.warning  # no "default value and Session State" warning from Streamlit
+
+
+def test_hints_one_at_a_time_and_the_solution_behind_a_toggle(page):
+    at = page
+    assert not [i for i in at.info if "Hint 1" in i.value]
+    at.button(key="practice_hint").click().run()
+    assert [i for i in at.info if "Hint 1" in i.value] and not [i for i in at.info if "Hint 2" in i.value]
+    assert not any(c.value == practice.PROBLEMS[0].solution.strip() for c in at.code)
+    at.toggle(key="practice_solution_per_example_grads").set_value(True).run()
+    assert any(c.value.strip() == practice.PROBLEMS[0].solution.strip() for c in at.code)
+
+
+def test_a_link_opens_problem_n_with_progress():
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params["problem"] = "dp_sgd_step"
+    at.query_params["solved"] = "1,3"
+    at.switch_page("views/practice.py")
+    at.run()
+    assert_clean(at)
+    assert at.selectbox(key="problem").value == "dp_sgd_step"
+    assert at.get("progress")[0].proto.text == "Solved 2 of 10: 1, 3"
+    assert at.query_params["solved"] in ("1,3", ["1,3"])
+
+
+def test_practice_off_leaves_the_page_out(monkeypatch):
+    from gradlab.ui import pages
+
+    monkeypatch.setenv("GRADLAB_PRACTICE", "off")
+    try:
+        assert "practice" not in {p.url_path for p in importlib.reload(pages).PAGES}
+    finally:
+        monkeypatch.undo()
+        assert "practice" in {p.url_path for p in importlib.reload(pages).PAGES}
+
+
+def _linked_steps():
+    from gradlab.ui.presets import LECTURE
+
+    return [(i, s.practice) for i, s in enumerate(LECTURE, 1) if s.practice]
+
+
+def test_lecture_steps_name_existing_practice_problems():
+    linked = _linked_steps()
+    assert len(linked) >= 5 and all(slug in practice.BY_SLUG for _, slug in linked)
+    assert linked[0] == (1, "per_example_grads")  # the seeds' example: the first problem
+
+
+@pytest.mark.slow  # a lecture step runs its page (the equivalence of the seeds' example)
+def test_a_lecture_step_links_to_its_practice_problem():
+    """A step with a problem shows a link that opens Practice on it (`?problem=<slug>`)."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    step, slug = _linked_steps()[0]
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params["step"] = str(step)
+    at.switch_page("views/lecture.py")
+    at.run()
+    assert_clean(at)
+    links = [e.proto for e in at.get("page_link")]
+    link = next(x for x in links if "Try it yourself" in x.label)
+    assert link.page.endswith("practice") and f"problem={slug}" in link.query_string, link

@@ -1,0 +1,110 @@
+"""The attack corpus: what a visitor of a shared server might paste into Practice. Each attack is refused before it
+runs (the AST check) or stopped by the child's limits, with a clear message; the server process stays up and its
+memory does not grow.
+
+Two walls are tested: `refusals` (no process starts), and the child itself with the AST check off (`check=False`),
+which must still contain what gets past: restricted builtins, an import hook, rlimits, a wall-clock timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from benchmarks.practice import REFUSED, STOPPED
+
+from gradlab.memory import rss_mb
+from gradlab.practice import Limits, execute, refusals, sandbox
+
+#: Small limits for the runtime attacks: quick to hit, room for JAX's import (about 580 MB of address space).
+SMALL = Limits(memory_mb=1024, cpu_seconds=5, wall_seconds=8, output_chars=2_000)
+
+@pytest.mark.parametrize("code", list(REFUSED.values()), ids=list(REFUSED))
+def test_attack_is_refused_before_it_runs(code):
+    reasons = refusals(code)
+    assert reasons and all(isinstance(r, str) and r for r in reasons)
+    out = execute(code)
+    assert out.refused == reasons and not out.ran and out.results == [] and out.seconds == 0.0
+
+
+def test_refusal_messages_name_the_line_and_what_is_allowed():
+    (reason,) = refusals("x = 1\nimport os\n")
+    assert reason.startswith("line 2:") and "import os" in reason and "jax, jax.numpy" in reason
+    assert refusals("def f(:\n") == ["line 1: syntax error: invalid syntax"] or refusals("def f(:\n")[0].startswith("line 1: syntax error")
+
+
+def test_what_the_problems_need_is_allowed():
+    code = ("import jax, math, functools, time\nimport jax.numpy as jnp\nimport numpy as np\nfrom jax import vmap, grad\n"
+            "f = functools.partial(lambda a, b: a * b, 2)\nprint(f(3), math.pi, np.linalg.norm(np.ones(3)),"
+            " jnp.ones(2).sum(), time.perf_counter() > 0, f'{1:.2f}')\n")
+    assert refusals(code) == []
+
+
+# ---------------------------------------------------------------- the second wall: the child, the AST check off
+
+def test_child_has_no_open_no_dunder_import_and_no_os():
+    out = execute("try:\n    open('/etc/passwd')\nexcept NameError as e:\n    print('open:', e)\n"
+                  "try:\n    import os\nexcept ImportError as e:\n    print('os:', e)\n"
+                  "try:\n    __import__('subprocess')\nexcept ImportError as e:\n    print('subprocess:', e)\n",
+                  limits=SMALL, check=False)
+    assert out.ran, (out.stopped, out.exec_error)
+    assert "open: name 'open' is not defined" in out.output
+    assert "os: import 'os' is not allowed" in out.output and "subprocess: import 'subprocess' is not allowed" in out.output
+
+
+def test_child_environment_and_folder_are_empty():
+    """Read from the waiting child's own /proc entry: its environment is only what JAX needs (none of the server's
+    variables), it runs in a fresh folder holding nothing but its own output files, under the limits."""
+    child = sandbox._take(SMALL)
+    try:
+        environ = dict(v.split("=", 1) for v in
+                       open(f"/proc/{child.proc.pid}/environ", "rb").read().decode().split("\0") if v)
+        assert os.environ.get("GRADLAB_STORE_DIR") and "GRADLAB_STORE_DIR" not in environ
+        assert set(environ) == set(sandbox.child_env("/x")) and environ["JAX_PLATFORMS"] == "cpu"
+        assert os.readlink(f"/proc/{child.proc.pid}/cwd") == child.folder
+        assert set(os.listdir(child.folder)) <= {".out", ".err"}
+        assert os.path.basename(child.folder).startswith("gradlab-practice-")
+        deadline = time.time() + 30  # it sets its limits first thing, before importing JAX
+        while "1073741824" not in open(f"/proc/{child.proc.pid}/limits").read() and time.time() < deadline:
+            time.sleep(0.1)
+        limits = {line[:26].strip(): line[26:].split()[:2] for line in open(f"/proc/{child.proc.pid}/limits")}
+        assert limits["Max address space"] == [str(SMALL.memory_mb * 2**20)] * 2
+        assert limits["Max cpu time"] == [str(SMALL.cpu_seconds), str(SMALL.cpu_seconds + 1)]
+        assert limits["Max open files"] == [str(SMALL.open_files)] * 2
+        assert limits["Max file size"] == [str(SMALL.file_bytes)] * 2
+        assert limits["Max processes"][0] == limits["Max processes"][1] != "unlimited"
+    finally:
+        child.discard()
+    assert not os.path.exists(child.folder)
+
+
+def test_memory_bomb_is_stopped_and_the_server_does_not_grow():
+    before = rss_mb()
+    out = execute(STOPPED["memory bomb (numpy)"], limits=SMALL)
+    assert out.stopped and "memory limit" in out.stopped
+    out = execute(STOPPED["memory bomb (growing)"], limits=SMALL)
+    assert out.stopped and ("memory limit" in out.stopped or "CPU" in out.stopped or "longer" in out.stopped), out.stopped
+    assert out.peak_rss_mb < SMALL.memory_mb
+    assert rss_mb() - before < 50  # the server only reads a small JSON reply
+
+
+def test_endless_loop_is_stopped_by_the_cpu_or_wall_clock_limit():
+    out = execute(STOPPED["endless loop"], limits=SMALL)
+    assert out.stopped and ("CPU time" in out.stopped or "longer than" in out.stopped), out.stopped
+    assert out.seconds < SMALL.wall_seconds + 5
+
+
+def test_huge_output_is_capped():
+    out = execute(STOPPED["huge output"], limits=SMALL)
+    assert out.ran and len(out.output) == SMALL.output_chars and out.truncated > 10**7 - SMALL.output_chars
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="RLIMIT_NPROC does not bind root, and `nobody` cannot run this "
+                    "Python here: the AST check (test above) is the wall that refuses a fork bomb")
+def test_fork_bomb_past_the_ast_check_is_stopped_by_the_process_limit():
+    code = ("import os\nn = 0\ntry:\n    for _ in range(500):\n        if os.fork() == 0:\n            import time\n"
+            "            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('refused after', n)\n")
+    out = execute(code, limits=SMALL, check=False)
+    assert "refused after" in out.output, (out.output, out.stopped)

@@ -1,0 +1,159 @@
+"""Practice: the seeds' problems. Write the code, Run it, Check it against an oracle on hidden inputs, and read
+what went wrong. The code runs in a separate, limited process (gradlab.practice.sandbox), one run at a time
+through the server's gate; progress lives in the session and the URL (`?problem=fix_in_axes&solved=1,3`)."""
+
+import numpy as np
+import streamlit as st
+
+from gradlab import costs, practice, ui
+
+PROBLEMS = practice.PROBLEMS
+SOLVED_KEY, SOLVED_PARAM = "_practice_solved", "solved"
+
+st.title("Practice")
+st.markdown(
+    "The problems the seed tutorials pose, in course order: write per-example gradients with `vmap(grad)`, fix the "
+    "classic mistakes, then the seed's exercise, a DP-SGD step, an influence score and a timing. **Run** shows what "
+    "your code prints and returns; **Check** compares it with an answer computed another way (closed-form "
+    "gradients in float64) on the seed's input and on hidden random ones, and names the mistake when it is a known "
+    "one. Your code runs in a separate, limited process: only `jax`, `numpy`, `math`, `functools` and `time`."
+)
+
+
+# ---------------------------------------------------------------- progress: the session, mirrored in the URL
+
+def solved() -> set[str]:
+    """The problems this session solved (slugs); a link's `?solved=1,3` (problem numbers) is merged in once."""
+    if SOLVED_KEY not in st.session_state:
+        numbers = {s.strip() for s in st.query_params.get(SOLVED_PARAM, "").split(",")}
+        st.session_state[SOLVED_KEY] = {p.slug for i, p in enumerate(PROBLEMS, 1) if str(i) in numbers}
+    return st.session_state[SOLVED_KEY]
+
+
+def mirror_progress() -> None:
+    numbers = [str(i) for i, p in enumerate(PROBLEMS, 1) if p.slug in solved()]
+    if numbers:
+        st.query_params[SOLVED_PARAM] = ",".join(numbers)
+
+
+done = solved()
+slug = ui.choice(st.selectbox, "Problem", {p.slug: f"{i}. {p.title}" for i, p in enumerate(PROBLEMS, 1)}, "problem",
+                 help="A link with `?problem=<name>` opens that problem.")
+number = [p.slug for p in PROBLEMS].index(slug) + 1
+problem = practice.BY_SLUG[slug]
+progress_slot, heading_slot = st.empty(), st.empty()  # filled at the end: a Check below may solve this problem
+st.caption(f"From seed {problem.seed}" + (f" · expected on the seed's input: `{problem.expected}`" if problem.expected else ""))
+st.markdown(problem.statement)
+
+
+# ---------------------------------------------------------------- the shared, gated runs
+
+@ui.shared(label="Running your code", persist=False, cost=lambda *a: costs.PRACTICE_SECONDS)
+def run_code(slug: str, code: str) -> practice.Verdict:
+    return practice.run(practice.BY_SLUG[slug], code)
+
+
+@ui.shared(label="Checking your code", persist=False, cost=lambda *a: costs.PRACTICE_SECONDS)
+def check_code(slug: str, code: str, seed: int) -> practice.Verdict:
+    return practice.check(practice.BY_SLUG[slug], code, seed)
+
+
+code_key, result_key, hints_key = f"practice_code_{slug}", f"_practice_result_{slug}", f"_practice_hints_{slug}"
+
+
+def reset_code() -> None:
+    st.session_state[code_key] = problem.starter
+    st.session_state.pop(result_key, None)
+
+
+st.html("<style>[class*='st-key-practice_code_'] textarea { font-family: 'Source Code Pro', monospace; "
+        "font-size: 0.85rem; }</style>")  # an editor: code in a fixed-width font
+st.session_state.setdefault(code_key, problem.starter)  # the editor's text lives in the session (reset sets it)
+code = st.text_area("Your code", height=380, key=code_key,
+                    help="Press Run or Check when done (Ctrl+Enter applies the edit).")
+b_run, b_check, b_reset = st.columns([1, 1, 2])
+pressed_run = b_run.button("Run", key="practice_run", icon=":material/play_arrow:", width="stretch")
+pressed_check = b_check.button("Check", key="practice_check", type="primary", icon=":material/task_alt:", width="stretch")
+b_reset.button("Back to the starter code", key="practice_reset", on_click=reset_code)
+
+if pressed_run or pressed_check:
+    reasons = practice.refusals(code)
+    if reasons:  # refused before it reaches the gate: nothing runs
+        verdict = practice.Verdict(passed=False, refused=reasons)
+    else:
+        verdict = practice.Verdict(passed=False, stopped="Your code could not be run: see the message above.")
+        with ui.guard("Your code could not be run"):
+            verdict = (check_code(slug, code, practice.HIDDEN_SEED) if pressed_check else run_code(slug, code))
+    st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)
+    if pressed_check and verdict.passed:
+        done.add(slug)
+        mirror_progress()
+
+
+def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
+    """The outcome of a Run or a Check, diagnosis first."""
+    if ran_code != code:
+        st.caption("This is the result for an earlier version of your code.")
+    if v.refused:
+        st.error("**Your code was not run:** it uses what Practice does not allow.\n\n"
+                 + "\n".join(f"- {ui.inert(r)}" for r in v.refused), icon=":material/block:")
+        return
+    if v.stopped:
+        st.error(ui.inert(v.stopped), icon=":material/timer_off:")
+    if kind == "check" and v.passed:
+        st.success(f"**Correct** on the seed's input and {len(v.cases) - 1} hidden ones. Solved!", icon="✅")
+    elif kind == "check" and v.cases:
+        st.error(f"**Not yet:** {sum(not c.passed for c in v.cases)} of {len(v.cases)} inputs give a different answer.",
+                 icon=":material/close:")
+    for d in v.diagnoses:
+        st.warning(f"**{d.title}.** {d.explain}", icon=":material/lightbulb:")
+    if v.exec_error:
+        line = f" (line {v.exec_error['line']})" if v.exec_error.get("line") else ""
+        st.error(f"**{v.exec_error['type']}{line}:** {ui.inert(v.exec_error['message'])}", icon=":material/bug_report:")
+    for note in v.notes:
+        st.info(note, icon=":material/info:")
+    if v.output:
+        st.markdown("**Output**")
+        st.code(v.output + (f"\n… {v.truncated:,} more characters not shown" if v.truncated else ""), language=None)
+    for c in v.cases:
+        mark = "✅" if c.passed else "❌"
+        with st.expander(f"{mark} {c.name}" + ("" if c.passed else f": {c.message}"), expanded=kind == "run"):
+            if c.got is not None:
+                st.markdown("Your answer:")
+                st.code(_text(c.got), language=None)
+            if c.name.startswith("the seed") and c.expected is not None:
+                st.markdown("Expected (computed another way):")
+                st.code(_text(c.expected), language=None)
+    fig = practice.figure(problem, v)
+    if fig is not None:
+        ui.chart(fig)
+    st.caption(f"Ran in {v.seconds:.2f} s in a separate process.")
+
+
+def _text(leaves) -> str:
+    with np.printoptions(precision=5, suppress=True, threshold=40, edgeitems=4):
+        return "\n".join("(not compared)" if x is None else f"shape {np.shape(x)}: {np.asarray(x)}" for x in leaves)
+
+
+if result_key in st.session_state:
+    show(*st.session_state[result_key])
+
+# ---------------------------------------------------------------- hints one at a time, the solution behind a button
+shown = st.session_state.get(hints_key, 0)
+
+
+def show_hint() -> None:
+    st.session_state[hints_key] = shown + 1
+
+
+for i, hint in enumerate(problem.hints[:shown], 1):
+    st.info(f"**Hint {i}.** {hint}", icon=":material/help:")
+if shown < len(problem.hints):
+    st.button(f"Show a hint ({shown + 1} of {len(problem.hints)})", key="practice_hint", on_click=show_hint)
+if st.toggle("Show the solution", key=f"practice_solution_{slug}"):
+    st.code(problem.solution, language="python")
+
+progress_slot.progress(len(done) / len(PROBLEMS), text=f"Solved {len(done)} of {len(PROBLEMS)}" + (
+    ": " + ", ".join(str(i) for i, p in enumerate(PROBLEMS, 1) if p.slug in done) if done else ""))
+heading_slot.subheader(f"{number}. {problem.title}" + (" ✅" if slug in done else ""))
+mirror_progress()
