@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import core as jcore
+
+from gradlab import jaxprs
 
 
 class RulesUnsupported(ValueError):
@@ -79,7 +80,7 @@ class Graph:
 
 def trace(fn: Callable, *args) -> Graph:
     """Trace `fn(*args)` (arrays or `jax.ShapeDtypeStruct`s, flattened in order) into a `Graph`."""
-    closed = jax.make_jaxpr(fn)(*args)
+    closed = jaxprs.make(fn, *args)
     counter = itertools.count()
     eqns, avals = [], {}
 
@@ -91,27 +92,25 @@ def trace(fn: Callable, *args) -> Graph:
     def walk(jaxpr, consts, inputs):
         env = dict(zip(jaxpr.constvars, (Lit(c) for c in consts)))
         env.update(zip(jaxpr.invars, inputs))
-        read = lambda v: Lit(v.val) if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
+        read = lambda v: Lit(jaxprs.literal_value(v)) if jaxprs.is_literal(v) else env[v]  # noqa: E731
         for e in jaxpr.eqns:
             ins = [read(v) for v in e.invars]
             if e.primitive.name in INLINE:
-                sub = e.params.get("jaxpr", e.params.get("call_jaxpr"))
-                body, sub_consts = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, [])
-                outs = walk(body, sub_consts, ins)
+                outs = walk(*jaxprs.body(jaxprs.sub_jaxpr(e)), ins)
             else:
                 outs = [fresh(v.aval) for v in e.outvars]
                 eqns.append(Eqn(e.primitive, dict(e.params), ins, outs, [v.aval for v in e.outvars]))
             env.update(zip(e.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
 
-    inputs = [fresh(v.aval) for v in closed.jaxpr.invars]
-    outputs = walk(closed.jaxpr, closed.consts, inputs)
+    top, consts = jaxprs.body(closed)
+    inputs = [fresh(v.aval) for v in top.invars]
+    outputs = walk(top, consts, inputs)
     return Graph(eqns, inputs, outputs, avals)
 
 
 def _bind(e: Eqn, vals: list) -> list:
-    out = e.prim.bind(*vals, **e.prim.get_bind_params(e.params))
-    return list(out) if e.prim.multiple_results else [out]
+    return jaxprs.bind(e.prim, e.params, vals)
 
 
 def _size(shape) -> int:
@@ -171,13 +170,16 @@ def _patches(e: Eqn, x, rhs_shape):
     return p.reshape(g["b"], g["groups"], g["cg"] * g["k"], g["pos"])
 
 
-def _conv_from_patches(e: Eqn, w, p, lhs_shape):
-    """The convolution `e` as a grouped matmul of its weight with the patches `p`."""
+def _conv_from_patches(e: Eqn, w, p, lhs_shape, dtype=None):
+    """The convolution `e` as a grouped matmul of its weight with the patches `p`: in `e`'s own dtype,
+    or wholly in `dtype` (the accumulation dtype, see `acc_dtype`) when given."""
     g = _conv_geometry(e, lhs_shape, w.shape)
+    if dtype is not None:
+        p = p.astype(dtype)
     wt = jnp.transpose(w, g["rhs_spec"]).reshape(g["groups"], g["og"], g["cg"] * g["k"])
     out = jnp.einsum("bgjp,goj->bgop", p, wt.astype(p.dtype), preferred_element_type=p.dtype)
     out = out.reshape((g["b"], g["groups"] * g["og"]) + g["out_sp"])
-    return jnp.transpose(out, np.argsort(g["out_spec"])).astype(e.out_avals[0].dtype)
+    return jnp.transpose(out, np.argsort(g["out_spec"])).astype(dtype or e.out_avals[0].dtype)
 
 
 def _dense_dims(e: Eqn, pos: int, a_shape):
@@ -335,24 +337,40 @@ def _fold_transposes(graph: Graph, rule: Rule):
     return ((lc, wc), (lb, rb)) if rule.pos == 1 else ((wc, rc), (lb, rb))
 
 
+def acc_dtype(dtype) -> np.dtype:
+    """The dtype per-example gradients, norms and sums accumulate in: float32, or wider if `dtype` is.
+
+    bfloat16 or float16 parameters (or compute) keep their own forward pass, but a norm or sum formed in
+    bfloat16 is off by ~2⁻⁸ per step: a clipped contribution would exceed C, breaking DP-SGD's bound."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
+def _acc(x, dtype):
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
 def apply_rule(graph: Graph, rule: Rule, w, saved):
-    """The ruled op as a function of its (leaf) weight: chain of shape ops, then the layer op."""
+    """The ruled op as a function of its (leaf) weight, computed in `w`'s dtype: the chain of shape ops,
+    then the layer op. Linear in `w`; callers pass `w` in `acc_dtype`, so the VJP (the per-example
+    gradient) is exact in float32 even for bfloat16 layers (the chain's dtype casts are skipped: a
+    cast does not change a linear op's VJP except by rounding it)."""
+    dtype = w.dtype
     w0 = w
     for k in rule.chain:
-        w = _bind(graph.eqns[k], [w])[0]
+        if graph.eqns[k].prim.name != "convert_element_type":
+            w = _bind(graph.eqns[k], [w])[0]
     e = graph.eqns[rule.eqn]
     if rule.kind == "conv":
-        return _conv_from_patches(e, w, saved, rule.other_shape)
-    if rule.kind == "dense":
-        folded = _fold_transposes(graph, rule)
-        if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
-            ins = [saved, w0] if rule.pos == 1 else [w0, saved]
-            return lax.dot_general(*ins, folded, precision=e.params.get("precision"),
-                                   preferred_element_type=e.params.get("preferred_element_type"))
-    ins = [saved, w] if rule.pos == 1 else [w, saved]
+        return _conv_from_patches(e, w, saved, rule.other_shape, dtype)
+    saved = _acc(saved, dtype)
     if rule.kind == "embedding":
-        ins = [w, saved]
-    return _bind(e, ins)[0]
+        return _bind(e, [w, saved])[0]
+    dims = e.params["dimension_numbers"]
+    folded = _fold_transposes(graph, rule)
+    if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
+        w, dims = w0, folded
+    ins = [saved, w] if rule.pos == 1 else [w, saved]
+    return lax.dot_general(*ins, dims, precision=e.params.get("precision"), preferred_element_type=dtype)
 
 
 def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
@@ -390,25 +408,26 @@ def probe_avals(pl: Plan) -> list:
 
 
 def weight_grad(graph: Graph, rule: Rule, leaf_val, saved, delta):
-    """One example's gradient for the ruled leaf: the VJP of its op in the weight, given (a, δ)."""
-    _, vjp = jax.vjp(lambda w: apply_rule(graph, rule, w, saved), leaf_val)
-    return vjp(delta.astype(_apply_dtype(graph, rule)))[0]
-
-
-def _apply_dtype(graph, rule):
-    return graph.eqns[rule.eqn].out_avals[0].dtype
+    """One example's gradient for the ruled leaf, in `acc_dtype` (float32 for a bfloat16 leaf): the VJP
+    of its op in the weight, given (a, δ)."""
+    dtype = acc_dtype(leaf_val.dtype)
+    _, vjp = jax.vjp(lambda w: apply_rule(graph, rule, w, saved), leaf_val.astype(dtype))
+    return vjp(delta.astype(dtype))[0]
 
 
 def weight_dot(graph: Graph, rule: Rule, v, saved, delta):
-    """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight)."""
-    return jnp.vdot(delta, apply_rule(graph, rule, v.astype(jnp.result_type(v)), saved).astype(delta.dtype))
+    """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight), in float32 or wider."""
+    dtype = acc_dtype(v.dtype)
+    return jnp.vdot(delta.astype(dtype), apply_rule(graph, rule, v.astype(dtype), saved))
 
 
 def weight_sq_norm(graph: Graph, rule: Rule, leaf_val, saved, delta):
-    """‖per-example weight gradient‖² from (a, δ) by the rule's cheaper form (see module doc)."""
+    """‖per-example weight gradient‖² from (a, δ) by the rule's cheaper form (see module doc), in `acc_dtype`."""
     if rule.norm == "outer":
         return jnp.sum(jnp.square(weight_grad(graph, rule, leaf_val, saved, delta)))
     e = graph.eqns[rule.eqn]
+    dtype = acc_dtype(leaf_val.dtype)
+    saved, delta = _acc(saved, dtype), delta.astype(dtype)
     if rule.kind == "dense":
         free, ca, _, t, i, o = _dense_dims(e, rule.pos, saved.shape)
         a = jnp.transpose(saved, free + ca).reshape(t, i)
