@@ -7,8 +7,11 @@ carry the example axis first.
 Two paths compute the same numbers (up to float32 rounding):
 - `"ghost"` (what `method="auto"` takes whenever the traced loss has a layer with a rule): the
   loss's jaxpr is read (`gradlab.rules`), every weight used once by a dense layer, convolution or
-  embedding gets its per-layer rule, every other leaf is differentiated per example; one
-  backward pass per chunk of examples. Norms need no per-example weight gradient at all.
+  embedding, and every bias or scale used once on the activations, gets its per-layer rule; every
+  other leaf is differentiated per example; one backward pass per chunk of examples. Norms need no
+  per-example weight gradient of a dense layer, convolution or embedding at all.
+Norms, dot products and clipped sums accumulate in float32 (or wider) whatever the parameters' or the
+loss's dtype: formed in bfloat16 a norm is off by ~2⁻⁸, and a clipped contribution could exceed C.
 - `"vmap"`: the reference `vmap(grad)`.
 Everything that needs only a reduction of the per-example gradients (norms, dot products, clipped
 sums) streams over chunks of examples (`jax.lax.map(..., batch_size=chunk)`), never the N x P
@@ -464,8 +467,9 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     **Arguments** as `per_example_grads` (only the shapes of `xs, ys` matter).
 
     **Returns** one dict per leaf, in tree order: `leaf` (name as in `per_example_layer_norms`),
-    `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"` or
-    `"—"`), `why` (how its per-example gradient or norm is computed, or why it has no rule).
+    `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"`,
+    `"added"` (a bias or position embedding), `"scale"` (an elementwise scale) or `"—"`), `why` (how
+    its per-example gradient or norm is computed, or why it has no rule).
     Every row says `"fallback"` with the reason if the loss cannot be traced.
     """
     params = as_params(params)
@@ -781,8 +785,9 @@ def clipped_grad_sum(
       batch held in a fixed-size buffer.
     - `return_norms`: also return the `(N,)` unclipped norms ‖gᵢ‖.
 
-    **Returns** a pytree like the differentiable part of `params` (no example axis); with
-    `return_norms`, `(sum, norms)`.
+    **Returns** a pytree like the differentiable part of `params` (no example axis), its leaves in
+    float32 when the parameters are bfloat16 or float16 (the sum is accumulated in float32: rounded
+    back, an example's contribution could exceed C); with `return_norms`, `(sum, norms)`, norms float32.
 
     **Raises** `ValueError` if C <= 0, `weights` is not `(N,)`, or as `per_example_grads`.
     """

@@ -11,15 +11,17 @@ gives every such leaf's per-example gradient, and its norm needs no gradient at 
   2022, arXiv:2110.05679), or the T·I·O outer product, whichever costs fewer flops;
 - convolution: the same on its input patches ("im2col": the patches also compute the
   convolution, as a matmul, which XLA runs several times faster than its CPU convolution);
-- embedding: Σₜ,ₛ [idₜ = idₛ] δₜ·δₛ over the looked-up rows.
+- embedding: Σₜ,ₛ [idₜ = idₛ] δₜ·δₛ over the looked-up rows;
+- a parameter added to the activations (a bias, a position embedding) or scaling them (LayerNorm,
+  BatchNorm, GroupNorm affine): δ, or δ ⊙ a, summed over the axes it was broadcast along.
 
 Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`jax.make_jaxpr`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
-shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims) to its uses. A leaf with
-exactly one use as a weight operand gets a rule; every other leaf (biases, LayerNorm scales, tied
-weights, a penalty term inside the loss, Python floats, a leaf entering a custom_jvp or a scan)
-*falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is
-exact and costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held
+shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
+before an elementwise add or multiply) to its uses. A leaf with exactly one use as a weight, bias or
+scale gets a rule; every other leaf (tied weights, a penalty term inside the loss, a leaf entering a
+custom_jvp, a scan or a cond) *falls back*: it is differentiated the ordinary way inside the
+per-example backward pass, which is exact and costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held
 constant, a zero probe added to each ruled output (its gradient is δ) and the other operand `a`
 saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
 """
@@ -46,6 +48,12 @@ class RulesUnsupported(ValueError):
 
 #: Unary ops a weight may pass through on its way to its layer op (reshapes, casts, transposes).
 SHAPE_OPS = frozenset({"transpose", "reshape", "convert_element_type", "squeeze", "expand_dims", "copy", "copy_p"})
+#: More linear unary ops a bias, scale or position embedding may pass through before it meets the activations
+#: (jnp broadcasting, `wpe[:T]`); a layer weight may not (its rule reads the weight's shape at the op).
+SPREAD_OPS = frozenset({"broadcast_in_dim", "slice"})
+#: Elementwise ops with the activations whose per-example weight gradient is δ (added) or δ·a (scaled),
+#: summed over the axes the weight was broadcast along.
+ELEMENTWISE = {"add": "added", "sub": "added", "mul": "scale"}
 #: Call primitives whose body is inlined (they only group equations).
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 
@@ -122,7 +130,7 @@ def _size(shape) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A leaf's per-layer rule: `kind` in dense | conv | embedding, at equation `eqn`.
+    """A leaf's per-layer rule: `kind` in dense | conv | embedding | added | scale, at equation `eqn`.
 
     `pos`: the weight's operand position; `chain`: the shape-only equations from the leaf to it;
     `norm`: how its per-example norm is computed ("gram": the ghost norm, "outer": the weight
@@ -210,11 +218,15 @@ def _gather_rows(e: Eqn, table_shape, ids_shape):
 
 
 def _shape(graph: Graph, atom) -> tuple:
+    if atom is None:  # nothing saved (an added weight): an empty placeholder
+        return (0,)
     return tuple(graph.avals[atom].shape) if isinstance(atom, int) else tuple(np.shape(atom.val))
 
 
 def _other(e: Eqn, rule) -> Any:
-    """The operand that is not the weight: the layer input (or the ids of an embedding)."""
+    """The operand that is not the weight: the layer input (or the ids of an embedding); None for an add."""
+    if rule.kind == "added":
+        return None
     return e.ins[1] if rule.kind in ("embedding",) else e.ins[1 - rule.pos]
 
 
@@ -222,6 +234,15 @@ def _make_rule(graph: Graph, leaf: int, k: int, pos: int, chain: tuple):
     """The rule for a leaf whose only use is operand `pos` of equation `k`, or (None, why)."""
     e = graph.eqns[k]
     name = e.prim.name
+    if name in ELEMENTWISE:
+        kind = ELEMENTWISE[name]
+        t = _size(e.out_avals[0].shape) // max(_size(graph.avals[e.ins[pos]].shape), 1)
+        how = "δ" if kind == "added" else "δ·a"
+        why = (f"{'added to' if kind == 'added' else 'scales'} the activations: {how} summed over "
+               f"{'the broadcast axes' if t > 1 else 'nothing (same shape)'}")
+        return Rule(leaf, k, kind, pos, chain, "outer", t, why), None
+    if any(graph.eqns[c].prim.name in SPREAD_OPS for c in chain):
+        return None, f"broadcast or sliced before `{name}`: no per-layer rule"
     other = e.ins[1 - pos] if name != "gather" else e.ins[1]
     other_shape = graph.avals[other].shape if isinstance(other, int) else np.shape(other.val)
     w_shape = graph.avals[e.ins[pos]].shape
@@ -288,11 +309,11 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
                 fallback[leaf] = "returned by the loss itself"
                 break
             e = graph.eqns[k]
-            if e.prim.name in SHAPE_OPS:
+            if e.prim.name in SHAPE_OPS | SPREAD_OPS:
                 chain.append(k)
                 ref = e.outs[0]
                 continue
-            if e.prim.name in ("dot_general", "conv_general_dilated", "gather"):
+            if e.prim.name in ("dot_general", "conv_general_dilated", "gather", *ELEMENTWISE):
                 rule, why = _make_rule(graph, leaf, k, p, tuple(chain))
             else:
                 rule, why = None, f"enters `{e.prim.name}`: no per-layer rule (a bias, scale or elementwise use)"
@@ -362,7 +383,12 @@ def apply_rule(graph: Graph, rule: Rule, w, saved):
     e = graph.eqns[rule.eqn]
     if rule.kind == "conv":
         return _conv_from_patches(e, w, saved, rule.other_shape, dtype)
+    shape = e.out_avals[0].shape
+    if rule.kind == "added":
+        return jnp.broadcast_to(-w if e.prim.name == "sub" and rule.pos == 1 else w, shape)
     saved = _acc(saved, dtype)
+    if rule.kind == "scale":
+        return jnp.broadcast_to(w * saved, shape)
     if rule.kind == "embedding":
         return _bind(e, [w, saved])[0]
     dims = e.params["dimension_numbers"]
@@ -394,10 +420,12 @@ def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
             if rule.kind == "conv":
                 a = _patches(e, ins[0], ins[1].shape)
                 out = _conv_from_patches(e, ins[1], a, ins[0].shape)
+            elif rule.kind == "added":  # δ alone gives the gradient: nothing to keep
+                a, out = jnp.zeros((0,), jnp.float32), _bind(e, ins)[0]
             else:
                 a = ins[1] if rule.kind == "embedding" else ins[1 - rule.pos]
                 out = _bind(e, ins)[0]
-            saved[j] = a
+            saved[j] = jnp.asarray(a)
             outs = [out + probes[j].astype(out.dtype)]
         env.update(zip(e.outs, outs))
     return read(graph.outputs[0]), saved

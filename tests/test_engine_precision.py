@@ -38,7 +38,7 @@ def _mlp_loss(p, x, y):
 def bf16_params():
     """The whole model in bfloat16: params, inputs, compute."""
     p, xs, ys = _mlp()
-    return _mlp_loss, _cast(p, bf16), xs.astype(bf16), ys.astype(bf16), {"['w1']", "['w2']"}
+    return _mlp_loss, _cast(p, bf16), xs.astype(bf16), ys.astype(bf16), {"['w1']", "['b1']", "['w2']"}
 
 
 def _mixed_loss(p, x, y):
@@ -49,7 +49,7 @@ def _mixed_loss(p, x, y):
 def mixed_precision():
     """float32 params (the optimizer's master copy), cast to bfloat16 for the forward pass."""
     p, xs, ys = _mlp()
-    return _mixed_loss, p, xs, ys, {"['w1']", "['w2']"}
+    return _mixed_loss, p, xs, ys, {"['w1']", "['b1']", "['w2']"}
 
 
 def _tokens_loss(p, ids, y):

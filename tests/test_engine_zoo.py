@@ -61,7 +61,7 @@ def conv_zoo():
 
     xs = _normal(5, (N, 2, 8, 8), 1.0)
     ys = jnp.arange(N) % 3
-    return loss, p, xs, ys, {"['c1']", "['c2']", "['c3']", "['w']"}
+    return loss, p, xs, ys, {"['c1']", "['b1']", "['c2']", "['c3']", "['w']"}
 
 
 def token_zoo():
@@ -79,7 +79,7 @@ def token_zoo():
 
     ids = jax.random.randint(KEYS[4], (N, 5), 0, 50).at[:, 3].set(7)  # repeated ids within and across examples
     ids = ids.at[:, 4].set(ids[:, 0])
-    return loss, p, ids, jnp.arange(N) % 4, {"['emb']", "['w1']", "['head']"}
+    return loss, p, ids, jnp.arange(N) % 4, {"['emb']", "['ln_g']", "['ln_b']", "['w1']", "['b1']", "['head']"}
 
 
 def tied_zoo():
@@ -105,7 +105,7 @@ def floats_zoo():
         z = jnp.einsum("ti,io->to", x, m)
         return (w * z.sum() + b - y) ** 2
 
-    return loss, p, _normal(1, (N, 5, 3), 1.0), _normal(2, (N,), 1.0), {"[2]"}
+    return loss, p, _normal(1, (N, 5, 3), 1.0), _normal(2, (N,), 1.0), {"[0]", "[1]", "[2]"}
 
 
 def transposed_conv_zoo():
@@ -127,7 +127,7 @@ def equinox_cnn_zoo():
     def loss(model, x, y):
         return -jax.nn.log_softmax(model(x))[y]
 
-    names = {".conv1.weight", ".conv2.weight", ".head.weight"}
+    names = {".conv1.weight", ".conv1.bias", ".conv2.weight", ".conv2.bias", ".head.weight", ".head.bias"}
     return loss, m, _normal(1, (N, 64), 1.0), jnp.arange(N) % 5, names
 
 
@@ -150,7 +150,8 @@ def equinox_tokens_zoo():
     net = Net(eqx.nn.Embedding(30, 8, key=k[0]), eqx.nn.LayerNorm(8), eqx.nn.Linear(8, 8, key=k[1]),
               eqx.nn.Linear(8, "scalar", key=k[2]))
     ids = jax.random.randint(KEYS[6], (N, 6), 0, 30).at[:, 1].set(3)
-    return losses.mse, net, ids, _normal(7, (N,), 1.0), {".emb.weight", ".lin.weight", ".out.weight"}
+    return losses.mse, net, ids, _normal(7, (N,), 1.0), {".emb.weight", ".norm.weight", ".norm.bias", ".lin.weight", ".lin.bias",
+                                                          ".out.weight", ".out.bias"}
 
 
 def _lstm_cell(p, carry, x_proj):
@@ -209,7 +210,7 @@ def batchnorm_inference_zoo():
         z = jax.nn.relu(z * p["gamma"][:, None, None] + p["beta"][:, None, None])
         return -jax.nn.log_softmax(z.reshape(-1) @ p["w"])[y]
 
-    return loss, p, _normal(4, (N, 4, 4), 1.0), jnp.arange(N) % 2, {"['k']", "['w']"}
+    return loss, p, _normal(4, (N, 4, 4), 1.0), jnp.arange(N) % 2, {"['k']", "['gamma']", "['beta']", "['w']"}
 
 
 def dropout_zoo():
@@ -223,7 +224,7 @@ def dropout_zoo():
         return -jax.nn.log_softmax(h @ p["w2"])[y]
 
     xs = (jax.random.split(KEYS[13], N), _normal(14, (N, 4), 1.0))
-    return loss, p, xs, jnp.arange(N) % 3, {"['w1']", "['w2']"}
+    return loss, p, xs, jnp.arange(N) % 3, {"['w1']", "['b1']", "['w2']"}
 
 
 def control_flow_zoo():
@@ -273,7 +274,7 @@ def custom_vjp_checkpoint_zoo():
         h = _clip_relu(x @ p["w1"])
         return jnp.sum((block(p, h) @ p["w3"] - y) ** 2)
 
-    return loss, p, _normal(4, (N, 5), 1.0), _normal(5, (N, 2), 1.0), {"['w1']", "['w2']", "['w3']"}
+    return loss, p, _normal(4, (N, 5), 1.0), _normal(5, (N, 2), 1.0), {"['w1']", "['w2']", "['b2']", "['w3']"}
 
 
 ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
