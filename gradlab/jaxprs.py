@@ -2,19 +2,51 @@
 
 `gradlab.rules` reads a traced loss (equations, their operands, nested calls) to find per-layer rules, and
 the engine asks which dtypes a loss computes in. Both go through this module, which imports only
-`jax.make_jaxpr` and `jax.extend.core` (the names JAX keeps for tools that read jaxprs). JAX 0.11 drops
+`jax.make_jaxpr` and `jax.extend.core` (the names JAX keeps for tools that read jaxprs), plus `jax.core.Tracer` (one of the few
+names `jax.core` keeps public). JAX 0.11 drops
 the internals re-exported by `jax.core` and merges `ClosedJaxpr` into `Jaxpr` (a jaxpr then carries its
 own constants): `body` and `is_closed` below accept either form, so only this file changes with JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from typing import Any, Callable, Iterator
 
 import jax
 from jax.extend import core as jcore
 
-__all__ = ["make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind", "walk_jaxprs", "dtypes"]
+__all__ = ["Const", "Eqn", "Graph", "flatten", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
+           "walk_jaxprs", "dtypes", "is_tracer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    """A constant operand of an equation (a literal or a closed-over array)."""
+
+    val: Any
+
+
+@dataclasses.dataclass
+class Eqn:
+    """One equation of a flattened jaxpr: `outs = prim.bind(*ins, **params)`; ins are int refs or `Const`s."""
+
+    prim: Any
+    params: dict
+    ins: list
+    outs: list
+    out_avals: list
+
+
+@dataclasses.dataclass
+class Graph:
+    """A traced function as a flat list of equations over integer refs (`avals`: ref -> abstract value)."""
+
+    eqns: list
+    inputs: list
+    outputs: list
+    avals: dict
 
 
 def make(fn: Callable, *args) -> Any:
@@ -53,6 +85,36 @@ def bind(prim: Any, params: dict, vals: list) -> list:
     return list(out) if prim.multiple_results else [out]
 
 
+def flatten(fn: Callable, *args, inline: frozenset = frozenset()) -> Graph:
+    """Trace `fn(*args)` (arrays or ShapeDtypeStructs, flattened in order) into a `Graph`: one flat list of
+    equations, the bodies of call primitives named in `inline` (`jit`, `checkpoint`, ...) inlined."""
+    counter = itertools.count()
+    eqns, avals = [], {}
+
+    def fresh(aval):
+        r = next(counter)
+        avals[r] = aval
+        return r
+
+    def walk(jaxpr, consts, inputs):
+        env = dict(zip(jaxpr.constvars, (Const(c) for c in consts)))
+        env.update(zip(jaxpr.invars, inputs))
+        read = lambda v: Const(literal_value(v)) if is_literal(v) else env[v]  # noqa: E731
+        for e in jaxpr.eqns:
+            ins = [read(v) for v in e.invars]
+            if e.primitive.name in inline:
+                outs = walk(*body(sub_jaxpr(e)), ins)
+            else:
+                outs = [fresh(v.aval) for v in e.outvars]
+                eqns.append(Eqn(e.primitive, dict(e.params), ins, outs, [v.aval for v in e.outvars]))
+            env.update(zip(e.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    top, consts = body(make(fn, *args))
+    inputs = [fresh(v.aval) for v in top.invars]
+    return Graph(eqns, inputs, walk(top, consts, inputs), avals)
+
+
 def walk_jaxprs(j: Any) -> Iterator[Any]:
     """Every open jaxpr inside `j` (closed or open), `j`'s own first, nested bodies (scan, cond, while, jit) after."""
     jaxpr, _ = body(j)
@@ -70,3 +132,8 @@ def dtypes(fn: Callable, *args) -> set:
             if dtype is not None:
                 out.add(dtype)
     return out
+
+
+def is_tracer(a: Any) -> bool:
+    """Whether `a` is being traced (the engine called inside the caller's own `jit`), not a concrete array."""
+    return isinstance(a, jax.core.Tracer)

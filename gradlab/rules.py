@@ -15,7 +15,7 @@ gives every such leaf's per-example gradient, and its norm needs no gradient at 
 - a parameter added to the activations (a bias, a position embedding) or scaling them (LayerNorm,
   BatchNorm, GroupNorm affine): δ, or δ ⊙ a, summed over the axes it was broadcast along.
 
-Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`jax.make_jaxpr`, nested
+Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
 shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
 before an elementwise add or multiply) to its uses. A leaf with exactly one use as a weight, bias or
@@ -40,6 +40,7 @@ import numpy as np
 from jax import lax
 
 from gradlab import jaxprs
+from gradlab.jaxprs import Const, Eqn, Graph
 
 
 class RulesUnsupported(ValueError):
@@ -58,63 +59,10 @@ ELEMENTWISE = {"add": "added", "sub": "added", "mul": "scale"}
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 
 
-@dataclasses.dataclass(frozen=True)
-class Lit:
-    """A constant operand of an equation (a literal or a closed-over array)."""
-
-    val: Any
-
-
-@dataclasses.dataclass
-class Eqn:
-    """One equation of the inlined jaxpr: `outs = prim.bind(*ins, **params)`; refs are ints."""
-
-    prim: Any
-    params: dict
-    ins: list
-    outs: list
-    out_avals: list
-
-
-@dataclasses.dataclass
-class Graph:
-    """The single-example loss as a flat list of equations over integer refs."""
-
-    eqns: list
-    inputs: list
-    outputs: list
-    avals: dict
-
-
 def trace(fn: Callable, *args) -> Graph:
-    """Trace `fn(*args)` (arrays or `jax.ShapeDtypeStruct`s, flattened in order) into a `Graph`."""
-    closed = jaxprs.make(fn, *args)
-    counter = itertools.count()
-    eqns, avals = [], {}
-
-    def fresh(aval):
-        r = next(counter)
-        avals[r] = aval
-        return r
-
-    def walk(jaxpr, consts, inputs):
-        env = dict(zip(jaxpr.constvars, (Lit(c) for c in consts)))
-        env.update(zip(jaxpr.invars, inputs))
-        read = lambda v: Lit(jaxprs.literal_value(v)) if jaxprs.is_literal(v) else env[v]  # noqa: E731
-        for e in jaxpr.eqns:
-            ins = [read(v) for v in e.invars]
-            if e.primitive.name in INLINE:
-                outs = walk(*jaxprs.body(jaxprs.sub_jaxpr(e)), ins)
-            else:
-                outs = [fresh(v.aval) for v in e.outvars]
-                eqns.append(Eqn(e.primitive, dict(e.params), ins, outs, [v.aval for v in e.outvars]))
-            env.update(zip(e.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
-
-    top, consts = jaxprs.body(closed)
-    inputs = [fresh(v.aval) for v in top.invars]
-    outputs = walk(top, consts, inputs)
-    return Graph(eqns, inputs, outputs, avals)
+    """Trace `fn(*args)` (arrays or `jax.ShapeDtypeStruct`s, flattened in order) into a flat `Graph`, the
+    bodies of `jit`, `closed_call` and `checkpoint` inlined (`gradlab.jaxprs.flatten`)."""
+    return jaxprs.flatten(fn, *args, inline=INLINE)
 
 
 def _bind(e: Eqn, vals: list) -> list:
@@ -409,7 +357,7 @@ def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
     order = sorted(pl.rules)
     slot = {pl.rules[leaf].eqn: j for j, leaf in enumerate(order)}
     saved = [None] * len(order)
-    read = lambda a: a.val if isinstance(a, Lit) else env[a]  # noqa: E731
+    read = lambda a: a.val if isinstance(a, Const) else env[a]  # noqa: E731
     for k, e in enumerate(graph.eqns):
         ins = [read(a) for a in e.ins]
         j = slot.get(k)
