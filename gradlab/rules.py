@@ -55,6 +55,8 @@ SPREAD_OPS = frozenset({"broadcast_in_dim", "slice"})
 #: Elementwise ops with the activations whose per-example weight gradient is δ (added) or δ·a (scaled),
 #: summed over the axes the weight was broadcast along.
 ELEMENTWISE = {"add": "added", "sub": "added", "mul": "scale"}
+#: The rules that save work (no per-example weight gradient for a norm); a loss with none of them takes vmap(grad).
+LAYER_KINDS = frozenset({"dense", "conv", "embedding"})
 #: Call primitives whose body is inlined (they only group equations).
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 
@@ -280,6 +282,11 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
             for leaf in leaves:
                 del rules[leaf]
                 fallback[leaf] = "both operands of one product are parameters"
+    # biases and scales alone gain nothing over vmap(grad) (their gradients are as small as their rules)
+    if not any(r.kind in LAYER_KINDS for r in rules.values()):
+        for leaf, r in rules.items():
+            fallback[leaf] = f"{r.kind}, but no dense, conv or embedding layer in the loss has a rule"
+        rules = {}
     return Plan(graph, len(diff_refs), rules, fallback)
 
 
