@@ -294,7 +294,8 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     leaves = t.leaves
     # a ruled leaf whose (a, δ) are smaller than its gradient keeps them and expands after the
     # pass: the N x shape gradient is then written once, straight into the result
-    later = {i for i in t.ruled if rules.factor_bytes(t.plan, i) < t.leaves[t.diff_index[i]].size}
+    later = {i for i in t.ruled if t.rule(i).kind in rules.LAYER_KINDS
+             and rules.factor_bytes(t.plan, i) < t.leaves[t.diff_index[i]].size}
 
     def per_example(loss, g_fb, saved, deltas):
         out = {}

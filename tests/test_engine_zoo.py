@@ -2,7 +2,8 @@
 
 Each model is written the way people write JAX (dict params, `lax` calls, Equinox, Python floats): convolutions,
 embeddings, tied weights, an LSTM and a GRU by `lax.scan`, BatchNorm in inference mode, dropout with a PRNG key per
-example, `lax.cond` / `switch` / `while_loop` / `fori_loop`, a `custom_vjp` activation and `jax.checkpoint`.
+example, `lax.cond` / `switch` / `while_loop` / `fori_loop`, a `custom_vjp` activation, `jax.checkpoint`, and a
+one-block GPT (position embeddings, packed QKV, a tied head).
 (Flax models are not here: flax is not a dependency of gradlab.) N = 6 with chunks of 4: the last chunk is padded.
 The oracle is a per-example loop of `jax.grad`, reduced with NumPy (float64); the engine's default
 path (per-layer rules read from the traced loss, exact fallback for every other leaf) must agree
@@ -277,8 +278,32 @@ def custom_vjp_checkpoint_zoo():
     return loss, p, _normal(4, (N, 5), 1.0), _normal(5, (N, 2), 1.0), {"['w1']", "['w2']", "['b2']", "['w3']"}
 
 
+def gpt_zoo():
+    """A one-block GPT in plain JAX: token and position embeddings (`wpe[:T]` added), pre-LayerNorm, causal
+    attention from a packed QKV weight, an MLP, and a head tied to the token embedding (used twice)."""
+    v, t, d = 12, 4, 8
+    p = {"wte": _normal(0, (v, d)), "wpe": _normal(1, (6, d), 0.1), "ln1_g": 1.0 + _normal(2, (d,), 0.1),
+         "ln1_b": _normal(3, (d,), 0.1), "w_qkv": _normal(4, (d, 3 * d)), "w_o": _normal(5, (d, d)),
+         "ln2_g": 1.0 + _normal(6, (d,), 0.1), "ln2_b": _normal(7, (d,), 0.1), "w_fc": _normal(8, (d, 2 * d)),
+         "b_fc": _normal(9, (2 * d,), 0.1), "w_proj": _normal(10, (2 * d, d))}
+
+    def loss(p, ids, target):
+        h = p["wte"][ids] + p["wpe"][:t]
+        q, k, val = jnp.split(layer_norm(h, p["ln1_g"], p["ln1_b"]) @ p["w_qkv"], 3, axis=-1)
+        att = jnp.where(jnp.tril(jnp.ones((t, t), bool)), q @ k.T / jnp.sqrt(d), -1e9)
+        h = h + jax.nn.softmax(att, -1) @ val @ p["w_o"]
+        h = h + jax.nn.gelu(layer_norm(h, p["ln2_g"], p["ln2_b"]) @ p["w_fc"] + p["b_fc"]) @ p["w_proj"]
+        logits = h @ p["wte"].T  # the tied head
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, target[:, None], 1)[:, 0])
+
+    ids = jax.random.randint(KEYS[11], (N, t + 1), 0, v)
+    ruled = set(engine.leaf_names(p)) - {"['wte']"}
+    return loss, p, ids[:, :-1], ids[:, 1:], ruled
+
+
 ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
-       lstm_zoo, gru_zoo, batchnorm_inference_zoo, dropout_zoo, control_flow_zoo, custom_vjp_checkpoint_zoo]
+       lstm_zoo, gru_zoo, batchnorm_inference_zoo, dropout_zoo, control_flow_zoo, custom_vjp_checkpoint_zoo,
+       gpt_zoo]
 
 
 # ------------------------------------------------------------------ the oracle and the check
@@ -302,7 +327,7 @@ def assert_rel(got, want, what):
 # The slower twin of each rule family runs in the whole suite only: embeddings stay pinned by equinox_tokens_zoo,
 # convolutions by conv_zoo and transposed_conv_zoo, scans by gru_zoo, typed keys in xs by test_engine_exact.py,
 # elementwise scales (BatchNorm's γ, β) by the LayerNorm of equinox_tokens_zoo.
-SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo)
+SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo, gpt_zoo)
 
 
 @pytest.mark.parametrize("make", [pytest.param(f, marks=[pytest.mark.slow] if f in SLOW_ZOO else [], id=f.__name__)
