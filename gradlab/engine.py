@@ -10,9 +10,9 @@ Two paths compute the same numbers (up to float32 rounding):
   embedding, and every bias or scale used once on the activations, gets its per-layer rule; every
   other leaf is differentiated per example; one backward pass per chunk of examples. Norms need no
   per-example weight gradient of a dense layer, convolution or embedding at all.
+- `"vmap"`: the reference `vmap(grad)`.
 Norms, dot products and clipped sums accumulate in float32 (or wider) whatever the parameters' or the
 loss's dtype: formed in bfloat16 a norm is off by ~2⁻⁸, and a clipped contribution could exceed C.
-- `"vmap"`: the reference `vmap(grad)`.
 Everything that needs only a reduction of the per-example gradients (norms, dot products, clipped
 sums) streams over chunks of examples (`jax.lax.map(..., batch_size=chunk)`), never the N x P
 matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take about

@@ -2,8 +2,8 @@
 
 `gradlab.rules` reads a traced loss (equations, their operands, nested calls) to find per-layer rules, and
 the engine asks which dtypes a loss computes in. Both go through this module, which imports only
-`jax.make_jaxpr` and `jax.extend.core` (the names JAX keeps for tools that read jaxprs), plus `jax.core.Tracer` (one of the few
-names `jax.core` keeps public). JAX 0.11 drops
+`jax.make_jaxpr` and `jax.extend.core` (the names JAX keeps for tools that read jaxprs), plus
+`jax.core.Tracer` (one of the few names `jax.core` keeps public). JAX 0.11 drops
 the internals re-exported by `jax.core` and merges `ClosedJaxpr` into `Jaxpr` (a jaxpr then carries its
 own constants): `body` and `is_closed` below accept either form, so only this file changes with JAX.
 """

@@ -21,9 +21,9 @@ shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broad
 before an elementwise add or multiply) to its uses. A leaf with exactly one use as a weight, bias or
 scale gets a rule; every other leaf (tied weights, a penalty term inside the loss, a leaf entering a
 custom_jvp, a scan or a cond) *falls back*: it is differentiated the ordinary way inside the
-per-example backward pass, which is exact and costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held
-constant, a zero probe added to each ruled output (its gradient is δ) and the other operand `a`
-saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
+per-example backward pass, which is exact and costs chunk × that leaf's size. `run` evaluates the
+jaxpr with the ruled weights held constant, a zero probe added to each ruled output (its gradient
+is δ) and the other operand `a` saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ def _conv_loss(p, x, y):
 def mixed_conv():
     """A convolution (patches rule) with float32 params and bfloat16 compute."""
     p = {"k": 0.5 * jax.random.normal(KEYS[1], (3, 2, 3, 3)), "w": 0.2 * jax.random.normal(KEYS[2], (3 * 25, 2))}
-    return _conv_loss, p, jax.random.normal(KEYS[3], (N, 2, 5, 5)), jax.random.normal(KEYS[4], (N, 2)), {"['k']", "['w']"}
+    xs, ys = jax.random.normal(KEYS[3], (N, 2, 5, 5)), jax.random.normal(KEYS[4], (N, 2))
+    return _conv_loss, p, xs, ys, {"['k']", "['w']"}
 
 
 MODELS = [bf16_params, mixed_precision, bf16_tokens, mixed_conv]

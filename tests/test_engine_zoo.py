@@ -151,8 +151,8 @@ def equinox_tokens_zoo():
     net = Net(eqx.nn.Embedding(30, 8, key=k[0]), eqx.nn.LayerNorm(8), eqx.nn.Linear(8, 8, key=k[1]),
               eqx.nn.Linear(8, "scalar", key=k[2]))
     ids = jax.random.randint(KEYS[6], (N, 6), 0, 30).at[:, 1].set(3)
-    return losses.mse, net, ids, _normal(7, (N,), 1.0), {".emb.weight", ".norm.weight", ".norm.bias", ".lin.weight", ".lin.bias",
-                                                          ".out.weight", ".out.bias"}
+    ruled = {".emb.weight", ".norm.weight", ".norm.bias", ".lin.weight", ".lin.bias", ".out.weight", ".out.bias"}
+    return losses.mse, net, ids, _normal(7, (N,), 1.0), ruled
 
 
 def _lstm_cell(p, carry, x_proj):

@@ -10,7 +10,8 @@ from gradlab import jaxprs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # JAX's modules and the fields of its jaxprs and equations (gradlab's own Graph has `.eqns`, not these)
-INTERNALS = re.compile(r"jax\._src|jax\.core\b|jax\.extend|make_jaxpr|ClosedJaxpr|\.(invars|outvars|constvars|primitive)\b")
+INTERNALS = re.compile(r"jax\._src|jax\.core\b|jax\.extend|make_jaxpr|ClosedJaxpr"
+                       r"|\.(invars|outvars|constvars|primitive)\b")
 
 
 def test_only_jaxprs_py_touches_jaxpr_internals():
