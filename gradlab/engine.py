@@ -7,9 +7,12 @@ carry the example axis first.
 Two paths compute the same numbers (up to float32 rounding):
 - `"ghost"` (what `method="auto"` takes whenever the traced loss has a layer with a rule): the
   loss's jaxpr is read (`gradlab.rules`), every weight used once by a dense layer, convolution or
-  embedding gets its per-layer rule, every other leaf is differentiated per example; one
-  backward pass per chunk of examples. Norms need no per-example weight gradient at all.
+  embedding, and every bias or scale used once on the activations, gets its per-layer rule; every
+  other leaf is differentiated per example; one backward pass per chunk of examples. Norms need no
+  per-example weight gradient of a dense layer, convolution or embedding at all.
 - `"vmap"`: the reference `vmap(grad)`.
+Norms, dot products and clipped sums accumulate in float32 (or wider) whatever the parameters' or the
+loss's dtype: formed in bfloat16 a norm is off by ~2⁻⁸, and a clipped contribution could exceed C.
 Everything that needs only a reduction of the per-example gradients (norms, dot products, clipped
 sums) streams over chunks of examples (`jax.lax.map(..., batch_size=chunk)`), never the N x P
 matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take about
@@ -32,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from gradlab import rules, sharding
+from gradlab import jaxprs, rules, sharding
 from gradlab.params import as_params, leaf_names, num_params, split_params
 
 __all__ = [
@@ -240,6 +243,11 @@ def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
 # ---------------------------------------------------------------- one pass over the examples
 
 
+def _sq(g):
+    """‖g‖² accumulated in float32 (or wider): a bfloat16 sum of squares is off by ~2⁻⁸."""
+    return jnp.sum(jnp.square(g.astype(rules.acc_dtype(g.dtype))))
+
+
 def _rules_pass(t: _Traced, leaves, xs, ys, chunk, per_example: Callable):
     """Map `per_example(loss, fallback grads, saved, deltas)` over examples in chunks."""
     def one(xy):
@@ -254,7 +262,7 @@ def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
     def per_example(loss, g_fb, saved, deltas):
         sq = [None] * len(t.diff_index)
         for i, g in g_fb.items():
-            sq[i] = jnp.sum(jnp.square(g))
+            sq[i] = _sq(g)
         for j, i in enumerate(t.ruled):
             sq[i] = rules.weight_sq_norm(t.graph, t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
         return loss, sq
@@ -265,6 +273,12 @@ def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
 def _diff_tree(params, values: list) -> PyTree:
     diff, _ = split_params(params)
     return jax.tree.unflatten(jax.tree.structure(diff), values)
+
+
+def _leaf_grad(t: _Traced, leaves, i, a, d):
+    """A ruled leaf's per-example gradient (formed in float32) in the leaf's own dtype, as `jax.grad` gives it."""
+    w = t.diff_leaf(leaves, i)
+    return rules.weight_grad(t.graph, t.rule(i), w, a, d).astype(w.dtype)
 
 
 @eqx.filter_jit
@@ -280,7 +294,8 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     leaves = t.leaves
     # a ruled leaf whose (a, δ) are smaller than its gradient keeps them and expands after the
     # pass: the N x shape gradient is then written once, straight into the result
-    later = {i for i in t.ruled if rules.factor_bytes(t.plan, i) < t.leaves[t.diff_index[i]].size}
+    later = {i for i in t.ruled if t.rule(i).kind in rules.LAYER_KINDS
+             and rules.factor_bytes(t.plan, i) < t.leaves[t.diff_index[i]].size}
 
     def per_example(loss, g_fb, saved, deltas):
         out = {}
@@ -288,7 +303,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
             if i in later:
                 out[i] = (saved[j], deltas[j])
             else:
-                out[i] = rules.weight_grad(t.graph, t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
+                out[i] = _leaf_grad(t, leaves, i, saved[j], deltas[j])
         return g_fb, out
 
     chunk = _bytes_chunk(n, chunk, t.example_bytes() + 4 * sum(t.leaves[t.diff_index[i]].size
@@ -299,8 +314,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
         values[i] = g
     for i, g in out.items():
         if i in later:
-            w = t.diff_leaf(leaves, i)
-            values[i] = jax.vmap(lambda a, d: rules.weight_grad(t.graph, t.rule(i), w, a, d))(*g)
+            values[i] = jax.vmap(lambda a, d: _leaf_grad(t, leaves, i, a, d))(*g)
         else:
             values[i] = g
     return _diff_tree(params, values)
@@ -364,8 +378,7 @@ def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
 
         vg = jax.value_and_grad(one)
         chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
-        losses, sq = _map(lambda xy: (lambda lg: (lg[0], jax.tree.map(lambda g: jnp.sum(jnp.square(g)), lg[1])))(vg(diff, *xy)),
-                          (xs, ys), chunk)
+        losses, sq = _map(lambda xy: (lambda lg: (lg[0], jax.tree.map(_sq, lg[1])))(vg(diff, *xy)), (xs, ys), chunk)
         return losses, sq
     chunk = _bytes_chunk(n, chunk, t.example_bytes())
     losses, sq = _rules_sq_norms(t, t.leaves, xs, ys, chunk)
@@ -455,8 +468,9 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     **Arguments** as `per_example_grads` (only the shapes of `xs, ys` matter).
 
     **Returns** one dict per leaf, in tree order: `leaf` (name as in `per_example_layer_norms`),
-    `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"` or
-    `"—"`), `why` (how its per-example gradient or norm is computed, or why it has no rule).
+    `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"`,
+    `"added"` (a bias or position embedding), `"scale"` (an elementwise scale) or `"—"`), `why` (how
+    its per-example gradient or norm is computed, or why it has no rule).
     Every row says `"fallback"` with the reason if the loss cannot be traced.
     """
     params = as_params(params)
@@ -478,6 +492,11 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     return rows
 
 
+def _vdot(a, b):
+    dtype = rules.acc_dtype(jnp.result_type(a, b))
+    return jnp.vdot(a.astype(dtype), b.astype(dtype))
+
+
 @eqx.filter_jit
 def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
     TRACES["per_example_dots"] += 1
@@ -490,12 +509,12 @@ def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
 
         def dot(xy):
             gi = g(diff, *xy)
-            return sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(gi), vs))
+            return sum(_vdot(a, b) for a, b in zip(jax.tree.leaves(gi), vs))
 
         return _map(dot, (xs, ys), _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)))
 
     def per_example(loss, g_fb, saved, deltas):
-        total = sum((jnp.vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
+        total = sum((_vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
         for j, i in enumerate(t.ruled):
             total = total + rules.weight_dot(t.graph, t.rule(i), vs[i], saved[j], deltas[j])
         return total
@@ -633,11 +652,26 @@ def clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=None, chunk=Non
         return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)
     n = jax.tree.leaves(xs)[0].shape[0]
     t = _traced(loss_fn, params, xs, ys, method)
+    if t is None and _low_precision(loss_fn, params, xs, ys):
+        # a weighted backward pass would round cᵢ (and the sum) to bfloat16: clip per-example gradients
+        return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)
     if t is None:  # no rule anywhere: the per-example norms, then one weighted backward pass
         losses, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, "vmap")
         norms = jnp.sqrt(sum(jax.tree.leaves(sq)))
         return weighted_grad(loss_fn, params, xs, ys, clip_factors(norms, clip_norm, weights)), losses, norms
     return _rules_clipped_sum(t, params, xs, ys, clip_norm, weights, _bytes_chunk(n, chunk, t.example_bytes()))
+
+
+def _low_precision(loss_fn, params, xs, ys) -> bool:
+    """Whether the loss computes anything in a float narrower than float32 (bfloat16 params or compute)."""
+    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
+    diff, static = split_params(params)
+    try:
+        dtypes = jaxprs.dtypes(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y),
+                               diff, jax.tree.map(one, xs), jax.tree.map(one, ys))
+    except Exception:  # noqa: BLE001 - untraceable here: take the exact path
+        return True
+    return any(jnp.issubdtype(d, jnp.floating) and np.dtype(d).itemsize < 4 for d in dtypes)
 
 
 def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
@@ -652,20 +686,20 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
 
     def block(x, y, w):
         loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
-        sq = sum((jnp.sum(jnp.square(g).reshape(g.shape[0], -1), 1) for g in g_fb.values()),
-                 jnp.zeros(loss.shape, jnp.float32))
+        sq = sum((jax.vmap(_sq)(g) for g in g_fb.values()), jnp.zeros(loss.shape, jnp.float32))
         for j, i in enumerate(t.ruled):
             sq_j = jax.vmap(lambda a, d: rules.weight_sq_norm(t.graph, t.rule(i), t.diff_leaf(leaves, i), a, d))
             sq = sq + sq_j(saved[j], deltas[j])
         norms = jnp.sqrt(sq)
         c = clip_factors(norms, clip_norm, w)
         out = [None] * len(t.diff_index)
-        for i, g in g_fb.items():
-            out[i] = jnp.tensordot(c.astype(g.dtype), g, axes=1)
+        for i, g in g_fb.items():  # c is never rounded to a bfloat16 gradient's dtype: sums in float32
+            out[i] = jnp.tensordot(c.astype(_acc(g)), g.astype(_acc(g)), axes=1)
         for j, i in enumerate(t.ruled):
             leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
-            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.graph, t.rule(i), wt, ai))(a), leaf)
-            out[i] = vjp((c.reshape((-1,) + (1,) * (d.ndim - 1)) * d).astype(d.dtype))[0]
+            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.graph, t.rule(i), wt, ai))(a),
+                             leaf.astype(_acc(leaf)))
+            out[i] = vjp((c.reshape((-1,) + (1,) * (d.ndim - 1)) * d).astype(_acc(leaf)))[0]
         return out, loss, norms
 
     if chunk is None:
@@ -679,9 +713,17 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         out, loss, norms = block(*batch)
         return [a + o for a, o in zip(acc, out)], (loss, norms)
 
-    zeros = [jnp.zeros_like(t.diff_leaf(leaves, i)) for i in range(len(t.diff_index))]
+    zeros = [_acc_zeros(t.diff_leaf(leaves, i)) for i in range(len(t.diff_index))]
     total, (losses, norms) = jax.lax.scan(step, zeros, split)
     return _diff_tree(params, total), losses.reshape(-1)[:n], norms.reshape(-1)[:n]
+
+
+def _acc(a):
+    return rules.acc_dtype(a.dtype)
+
+
+def _acc_zeros(a):
+    return jnp.zeros(a.shape, _acc(a))
 
 
 def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
@@ -692,9 +734,9 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
 
     def clipped(x, y, wi):
         loss, gi = vg(diff, x, y)
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(gi)))
+        norm = jnp.sqrt(sum(_sq(a) for a in jax.tree.leaves(gi)))
         scale = clip_factors(norm, clip_norm, wi)
-        return jax.tree.map(lambda a: a * scale, gi), loss, norm
+        return jax.tree.map(lambda a: a.astype(_acc(a)) * scale.astype(_acc(a)), gi), loss, norm
 
     chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)) or n
     pad = (-n) % chunk
@@ -707,7 +749,7 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
         g, losses, norms = jax.vmap(clipped)(x, y, wi * m)
         return jax.tree.map(lambda t, a: t + a.sum(0), total, g), (losses, norms)
 
-    total, (losses, norms) = jax.lax.scan(step, jax.tree.map(jnp.zeros_like, diff), (split, mask))
+    total, (losses, norms) = jax.lax.scan(step, jax.tree.map(_acc_zeros, diff), (split, mask))
     return total, losses.reshape(-1)[:n], norms.reshape(-1)[:n]
 
 
@@ -744,8 +786,9 @@ def clipped_grad_sum(
       batch held in a fixed-size buffer.
     - `return_norms`: also return the `(N,)` unclipped norms ‖gᵢ‖.
 
-    **Returns** a pytree like the differentiable part of `params` (no example axis); with
-    `return_norms`, `(sum, norms)`.
+    **Returns** a pytree like the differentiable part of `params` (no example axis), its leaves in
+    float32 when the parameters are bfloat16 or float16 (the sum is accumulated in float32: rounded
+    back, an example's contribution could exceed C); with `return_norms`, `(sum, norms)`, norms float32.
 
     **Raises** `ValueError` if C <= 0, `weights` is not `(N,)`, or as `per_example_grads`.
     """

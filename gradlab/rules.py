@@ -11,17 +11,19 @@ gives every such leaf's per-example gradient, and its norm needs no gradient at 
   2022, arXiv:2110.05679), or the T·I·O outer product, whichever costs fewer flops;
 - convolution: the same on its input patches ("im2col": the patches also compute the
   convolution, as a matmul, which XLA runs several times faster than its CPU convolution);
-- embedding: Σₜ,ₛ [idₜ = idₛ] δₜ·δₛ over the looked-up rows.
+- embedding: Σₜ,ₛ [idₜ = idₛ] δₜ·δₛ over the looked-up rows;
+- a parameter added to the activations (a bias, a position embedding) or scaling them (LayerNorm,
+  BatchNorm, GroupNorm affine): δ, or δ ⊙ a, summed over the axes it was broadcast along.
 
-Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`jax.make_jaxpr`, nested
+Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
-shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims) to its uses. A leaf with
-exactly one use as a weight operand gets a rule; every other leaf (biases, LayerNorm scales, tied
-weights, a penalty term inside the loss, Python floats, a leaf entering a custom_jvp or a scan)
-*falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is
-exact and costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held
-constant, a zero probe added to each ruled output (its gradient is δ) and the other operand `a`
-saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
+shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
+before an elementwise add or multiply) to its uses. A leaf with exactly one use as a weight, bias or
+scale gets a rule; every other leaf (tied weights, a penalty term inside the loss, a leaf entering a
+custom_jvp, a scan or a cond) *falls back*: it is differentiated the ordinary way inside the
+per-example backward pass, which is exact and costs chunk × that leaf's size. `run` evaluates the
+jaxpr with the ruled weights held constant, a zero probe added to each ruled output (its gradient
+is δ) and the other operand `a` saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import core as jcore
+
+from gradlab import jaxprs
+from gradlab.jaxprs import Const, Eqn, Graph
 
 
 class RulesUnsupported(ValueError):
@@ -45,73 +49,26 @@ class RulesUnsupported(ValueError):
 
 #: Unary ops a weight may pass through on its way to its layer op (reshapes, casts, transposes).
 SHAPE_OPS = frozenset({"transpose", "reshape", "convert_element_type", "squeeze", "expand_dims", "copy", "copy_p"})
+#: More linear unary ops a bias, scale or position embedding may pass through before it meets the activations
+#: (jnp broadcasting, `wpe[:T]`); a layer weight may not (its rule reads the weight's shape at the op).
+SPREAD_OPS = frozenset({"broadcast_in_dim", "slice"})
+#: Elementwise ops with the activations whose per-example weight gradient is δ (added) or δ·a (scaled),
+#: summed over the axes the weight was broadcast along.
+ELEMENTWISE = {"add": "added", "sub": "added", "mul": "scale"}
+#: The rules that save work (no per-example weight gradient for a norm); a loss with none of them takes vmap(grad).
+LAYER_KINDS = frozenset({"dense", "conv", "embedding"})
 #: Call primitives whose body is inlined (they only group equations).
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 
 
-@dataclasses.dataclass(frozen=True)
-class Lit:
-    """A constant operand of an equation (a literal or a closed-over array)."""
-
-    val: Any
-
-
-@dataclasses.dataclass
-class Eqn:
-    """One equation of the inlined jaxpr: `outs = prim.bind(*ins, **params)`; refs are ints."""
-
-    prim: Any
-    params: dict
-    ins: list
-    outs: list
-    out_avals: list
-
-
-@dataclasses.dataclass
-class Graph:
-    """The single-example loss as a flat list of equations over integer refs."""
-
-    eqns: list
-    inputs: list
-    outputs: list
-    avals: dict
-
-
 def trace(fn: Callable, *args) -> Graph:
-    """Trace `fn(*args)` (arrays or `jax.ShapeDtypeStruct`s, flattened in order) into a `Graph`."""
-    closed = jax.make_jaxpr(fn)(*args)
-    counter = itertools.count()
-    eqns, avals = [], {}
-
-    def fresh(aval):
-        r = next(counter)
-        avals[r] = aval
-        return r
-
-    def walk(jaxpr, consts, inputs):
-        env = dict(zip(jaxpr.constvars, (Lit(c) for c in consts)))
-        env.update(zip(jaxpr.invars, inputs))
-        read = lambda v: Lit(v.val) if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
-        for e in jaxpr.eqns:
-            ins = [read(v) for v in e.invars]
-            if e.primitive.name in INLINE:
-                sub = e.params.get("jaxpr", e.params.get("call_jaxpr"))
-                body, sub_consts = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, [])
-                outs = walk(body, sub_consts, ins)
-            else:
-                outs = [fresh(v.aval) for v in e.outvars]
-                eqns.append(Eqn(e.primitive, dict(e.params), ins, outs, [v.aval for v in e.outvars]))
-            env.update(zip(e.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
-
-    inputs = [fresh(v.aval) for v in closed.jaxpr.invars]
-    outputs = walk(closed.jaxpr, closed.consts, inputs)
-    return Graph(eqns, inputs, outputs, avals)
+    """Trace `fn(*args)` (arrays or `jax.ShapeDtypeStruct`s, flattened in order) into a flat `Graph`, the
+    bodies of `jit`, `closed_call` and `checkpoint` inlined (`gradlab.jaxprs.flatten`)."""
+    return jaxprs.flatten(fn, *args, inline=INLINE)
 
 
 def _bind(e: Eqn, vals: list) -> list:
-    out = e.prim.bind(*vals, **e.prim.get_bind_params(e.params))
-    return list(out) if e.prim.multiple_results else [out]
+    return jaxprs.bind(e.prim, e.params, vals)
 
 
 def _size(shape) -> int:
@@ -123,7 +80,7 @@ def _size(shape) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A leaf's per-layer rule: `kind` in dense | conv | embedding, at equation `eqn`.
+    """A leaf's per-layer rule: `kind` in dense | conv | embedding | added | scale, at equation `eqn`.
 
     `pos`: the weight's operand position; `chain`: the shape-only equations from the leaf to it;
     `norm`: how its per-example norm is computed ("gram": the ghost norm, "outer": the weight
@@ -171,13 +128,16 @@ def _patches(e: Eqn, x, rhs_shape):
     return p.reshape(g["b"], g["groups"], g["cg"] * g["k"], g["pos"])
 
 
-def _conv_from_patches(e: Eqn, w, p, lhs_shape):
-    """The convolution `e` as a grouped matmul of its weight with the patches `p`."""
+def _conv_from_patches(e: Eqn, w, p, lhs_shape, dtype=None):
+    """The convolution `e` as a grouped matmul of its weight with the patches `p`: in `e`'s own dtype,
+    or wholly in `dtype` (the accumulation dtype, see `acc_dtype`) when given."""
     g = _conv_geometry(e, lhs_shape, w.shape)
+    if dtype is not None:
+        p = p.astype(dtype)
     wt = jnp.transpose(w, g["rhs_spec"]).reshape(g["groups"], g["og"], g["cg"] * g["k"])
     out = jnp.einsum("bgjp,goj->bgop", p, wt.astype(p.dtype), preferred_element_type=p.dtype)
     out = out.reshape((g["b"], g["groups"] * g["og"]) + g["out_sp"])
-    return jnp.transpose(out, np.argsort(g["out_spec"])).astype(e.out_avals[0].dtype)
+    return jnp.transpose(out, np.argsort(g["out_spec"])).astype(dtype or e.out_avals[0].dtype)
 
 
 def _dense_dims(e: Eqn, pos: int, a_shape):
@@ -208,11 +168,15 @@ def _gather_rows(e: Eqn, table_shape, ids_shape):
 
 
 def _shape(graph: Graph, atom) -> tuple:
+    if atom is None:  # nothing saved (an added weight): an empty placeholder
+        return (0,)
     return tuple(graph.avals[atom].shape) if isinstance(atom, int) else tuple(np.shape(atom.val))
 
 
 def _other(e: Eqn, rule) -> Any:
-    """The operand that is not the weight: the layer input (or the ids of an embedding)."""
+    """The operand that is not the weight: the layer input (or the ids of an embedding); None for an add."""
+    if rule.kind == "added":
+        return None
     return e.ins[1] if rule.kind in ("embedding",) else e.ins[1 - rule.pos]
 
 
@@ -220,6 +184,15 @@ def _make_rule(graph: Graph, leaf: int, k: int, pos: int, chain: tuple):
     """The rule for a leaf whose only use is operand `pos` of equation `k`, or (None, why)."""
     e = graph.eqns[k]
     name = e.prim.name
+    if name in ELEMENTWISE:
+        kind = ELEMENTWISE[name]
+        t = _size(e.out_avals[0].shape) // max(_size(graph.avals[e.ins[pos]].shape), 1)
+        how = "δ" if kind == "added" else "δ·a"
+        why = (f"{'added to' if kind == 'added' else 'scales'} the activations: {how} summed over "
+               f"{'the broadcast axes' if t > 1 else 'nothing (same shape)'}")
+        return Rule(leaf, k, kind, pos, chain, "outer", t, why), None
+    if any(graph.eqns[c].prim.name in SPREAD_OPS for c in chain):
+        return None, f"broadcast or sliced before `{name}`: no per-layer rule"
     other = e.ins[1 - pos] if name != "gather" else e.ins[1]
     other_shape = graph.avals[other].shape if isinstance(other, int) else np.shape(other.val)
     w_shape = graph.avals[e.ins[pos]].shape
@@ -286,11 +259,11 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
                 fallback[leaf] = "returned by the loss itself"
                 break
             e = graph.eqns[k]
-            if e.prim.name in SHAPE_OPS:
+            if e.prim.name in SHAPE_OPS | SPREAD_OPS:
                 chain.append(k)
                 ref = e.outs[0]
                 continue
-            if e.prim.name in ("dot_general", "conv_general_dilated", "gather"):
+            if e.prim.name in ("dot_general", "conv_general_dilated", "gather", *ELEMENTWISE):
                 rule, why = _make_rule(graph, leaf, k, p, tuple(chain))
             else:
                 rule, why = None, f"enters `{e.prim.name}`: no per-layer rule (a bias, scale or elementwise use)"
@@ -309,6 +282,11 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
             for leaf in leaves:
                 del rules[leaf]
                 fallback[leaf] = "both operands of one product are parameters"
+    # biases and scales alone gain nothing over vmap(grad) (their gradients are as small as their rules)
+    if not any(r.kind in LAYER_KINDS for r in rules.values()):
+        for leaf, r in rules.items():
+            fallback[leaf] = f"{r.kind}, but no dense, conv or embedding layer in the loss has a rule"
+        rules = {}
     return Plan(graph, len(diff_refs), rules, fallback)
 
 
@@ -335,24 +313,45 @@ def _fold_transposes(graph: Graph, rule: Rule):
     return ((lc, wc), (lb, rb)) if rule.pos == 1 else ((wc, rc), (lb, rb))
 
 
+def acc_dtype(dtype) -> np.dtype:
+    """The dtype per-example gradients, norms and sums accumulate in: float32, or wider if `dtype` is.
+
+    bfloat16 or float16 parameters (or compute) keep their own forward pass, but a norm or sum formed in
+    bfloat16 is off by ~2⁻⁸ per step: a clipped contribution would exceed C, breaking DP-SGD's bound."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
+def _acc(x, dtype):
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
 def apply_rule(graph: Graph, rule: Rule, w, saved):
-    """The ruled op as a function of its (leaf) weight: chain of shape ops, then the layer op."""
+    """The ruled op as a function of its (leaf) weight, computed in `w`'s dtype: the chain of shape ops,
+    then the layer op. Linear in `w`; callers pass `w` in `acc_dtype`, so the VJP (the per-example
+    gradient) is exact in float32 even for bfloat16 layers (the chain's dtype casts are skipped: a
+    cast does not change a linear op's VJP except by rounding it)."""
+    dtype = w.dtype
     w0 = w
     for k in rule.chain:
-        w = _bind(graph.eqns[k], [w])[0]
+        if graph.eqns[k].prim.name != "convert_element_type":
+            w = _bind(graph.eqns[k], [w])[0]
     e = graph.eqns[rule.eqn]
     if rule.kind == "conv":
-        return _conv_from_patches(e, w, saved, rule.other_shape)
-    if rule.kind == "dense":
-        folded = _fold_transposes(graph, rule)
-        if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
-            ins = [saved, w0] if rule.pos == 1 else [w0, saved]
-            return lax.dot_general(*ins, folded, precision=e.params.get("precision"),
-                                   preferred_element_type=e.params.get("preferred_element_type"))
-    ins = [saved, w] if rule.pos == 1 else [w, saved]
+        return _conv_from_patches(e, w, saved, rule.other_shape, dtype)
+    shape = e.out_avals[0].shape
+    if rule.kind == "added":
+        return jnp.broadcast_to(-w if e.prim.name == "sub" and rule.pos == 1 else w, shape)
+    saved = _acc(saved, dtype)
+    if rule.kind == "scale":
+        return jnp.broadcast_to(w * saved, shape)
     if rule.kind == "embedding":
-        ins = [w, saved]
-    return _bind(e, ins)[0]
+        return _bind(e, [w, saved])[0]
+    dims = e.params["dimension_numbers"]
+    folded = _fold_transposes(graph, rule)
+    if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
+        w, dims = w0, folded
+    ins = [saved, w] if rule.pos == 1 else [w, saved]
+    return lax.dot_general(*ins, dims, precision=e.params.get("precision"), preferred_element_type=dtype)
 
 
 def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
@@ -365,7 +364,7 @@ def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
     order = sorted(pl.rules)
     slot = {pl.rules[leaf].eqn: j for j, leaf in enumerate(order)}
     saved = [None] * len(order)
-    read = lambda a: a.val if isinstance(a, Lit) else env[a]  # noqa: E731
+    read = lambda a: a.val if isinstance(a, Const) else env[a]  # noqa: E731
     for k, e in enumerate(graph.eqns):
         ins = [read(a) for a in e.ins]
         j = slot.get(k)
@@ -376,10 +375,12 @@ def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
             if rule.kind == "conv":
                 a = _patches(e, ins[0], ins[1].shape)
                 out = _conv_from_patches(e, ins[1], a, ins[0].shape)
+            elif rule.kind == "added":  # δ alone gives the gradient: nothing to keep
+                a, out = jnp.zeros((0,), jnp.float32), _bind(e, ins)[0]
             else:
                 a = ins[1] if rule.kind == "embedding" else ins[1 - rule.pos]
                 out = _bind(e, ins)[0]
-            saved[j] = a
+            saved[j] = jnp.asarray(a)
             outs = [out + probes[j].astype(out.dtype)]
         env.update(zip(e.outs, outs))
     return read(graph.outputs[0]), saved
@@ -390,25 +391,26 @@ def probe_avals(pl: Plan) -> list:
 
 
 def weight_grad(graph: Graph, rule: Rule, leaf_val, saved, delta):
-    """One example's gradient for the ruled leaf: the VJP of its op in the weight, given (a, δ)."""
-    _, vjp = jax.vjp(lambda w: apply_rule(graph, rule, w, saved), leaf_val)
-    return vjp(delta.astype(_apply_dtype(graph, rule)))[0]
-
-
-def _apply_dtype(graph, rule):
-    return graph.eqns[rule.eqn].out_avals[0].dtype
+    """One example's gradient for the ruled leaf, in `acc_dtype` (float32 for a bfloat16 leaf): the VJP
+    of its op in the weight, given (a, δ)."""
+    dtype = acc_dtype(leaf_val.dtype)
+    _, vjp = jax.vjp(lambda w: apply_rule(graph, rule, w, saved), leaf_val.astype(dtype))
+    return vjp(delta.astype(dtype))[0]
 
 
 def weight_dot(graph: Graph, rule: Rule, v, saved, delta):
-    """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight)."""
-    return jnp.vdot(delta, apply_rule(graph, rule, v.astype(jnp.result_type(v)), saved).astype(delta.dtype))
+    """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight), in float32 or wider."""
+    dtype = acc_dtype(v.dtype)
+    return jnp.vdot(delta.astype(dtype), apply_rule(graph, rule, v.astype(dtype), saved))
 
 
 def weight_sq_norm(graph: Graph, rule: Rule, leaf_val, saved, delta):
-    """‖per-example weight gradient‖² from (a, δ) by the rule's cheaper form (see module doc)."""
+    """‖per-example weight gradient‖² from (a, δ) by the rule's cheaper form (see module doc), in `acc_dtype`."""
     if rule.norm == "outer":
         return jnp.sum(jnp.square(weight_grad(graph, rule, leaf_val, saved, delta)))
     e = graph.eqns[rule.eqn]
+    dtype = acc_dtype(leaf_val.dtype)
+    saved, delta = _acc(saved, dtype), delta.astype(dtype)
     if rule.kind == "dense":
         free, ca, _, t, i, o = _dense_dims(e, rule.pos, saved.shape)
         a = jnp.transpose(saved, free + ca).reshape(t, i)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gradlab import jaxprs
 from gradlab.params import as_params
 
 PyTree = Any
@@ -126,17 +127,13 @@ def weighted_loss(loss_fn: Callable) -> Callable:
     return loss_w
 
 
-def _is_tracer(a) -> bool:
-    return isinstance(a, jax.core.Tracer)
-
-
 def _place(tree: PyTree, sharding: NamedSharding) -> PyTree:
     """Put the array leaves on `sharding` before the call (each device receives only its rows).
 
     Leaves being traced (the engine called inside the caller's own `jit`) are left to `shard_map`.
     """
     def put(a):
-        if _is_tracer(a) or not isinstance(a, (np.ndarray, jax.Array)):
+        if jaxprs.is_tracer(a) or not isinstance(a, (np.ndarray, jax.Array)):
             return a
         if sharding.is_fully_addressable:
             return jax.device_put(a, sharding)

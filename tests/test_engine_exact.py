@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradlab import engine
+from gradlab import engine, influence
 
 
 def _direction_loss(w, x, y):
@@ -50,3 +50,11 @@ def test_weighted_clipped_sum_with_an_incomplete_last_chunk_matches_the_loop(cas
     norms = np.asarray(engine.per_example_norms(loss, w, xs, ys, chunk_size=4))
     loop = [np.linalg.norm(jax.grad(loss)(w, jax.tree.map(lambda a: a[i], xs), ys[i])) for i in range(10)]
     np.testing.assert_allclose(norms, loop, rtol=1e-4)
+
+
+def test_hessian_with_an_incomplete_last_chunk_stays_finite_on_a_loss_undefined_at_zero():
+    """influence.hessian pads its last chunk like the engine (copies of real examples, weight 0)."""
+    xs, ys, w = CASES["undefined at zero"][1](), jnp.linspace(-1, 1, 10), jnp.array([0.5, -1.0, 2.0])
+    got = np.asarray(influence.hessian(_direction_loss, w, xs, ys, chunk_size=4))
+    want = sum(np.asarray(jax.hessian(_direction_loss)(w, xs[i], ys[i]), np.float64) for i in range(10)) / 10
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)

@@ -1,6 +1,10 @@
 """A zoo of user-written losses: every engine function against a Python loop of `jax.grad`.
 
-Each model is written the way people write JAX (dict params, `lax` calls, Equinox, Python floats).
+Each model is written the way people write JAX (dict params, `lax` calls, Equinox, Python floats): convolutions,
+embeddings, tied weights, an LSTM and a GRU by `lax.scan`, BatchNorm in inference mode, dropout with a PRNG key per
+example, `lax.cond` / `switch` / `while_loop` / `fori_loop`, a `custom_vjp` activation, `jax.checkpoint`, and a
+one-block GPT (position embeddings, packed QKV, a tied head).
+(Flax models are not here: flax is not a dependency of gradlab.) N = 6 with chunks of 4: the last chunk is padded.
 The oracle is a per-example loop of `jax.grad`, reduced with NumPy (float64); the engine's default
 path (per-layer rules read from the traced loss, exact fallback for every other leaf) must agree
 within a max relative error of 1e-4 in float32. Each model also names which leaves must take a
@@ -58,7 +62,7 @@ def conv_zoo():
 
     xs = _normal(5, (N, 2, 8, 8), 1.0)
     ys = jnp.arange(N) % 3
-    return loss, p, xs, ys, {"['c1']", "['c2']", "['c3']", "['w']"}
+    return loss, p, xs, ys, {"['c1']", "['b1']", "['c2']", "['c3']", "['w']"}
 
 
 def token_zoo():
@@ -76,7 +80,7 @@ def token_zoo():
 
     ids = jax.random.randint(KEYS[4], (N, 5), 0, 50).at[:, 3].set(7)  # repeated ids within and across examples
     ids = ids.at[:, 4].set(ids[:, 0])
-    return loss, p, ids, jnp.arange(N) % 4, {"['emb']", "['w1']", "['head']"}
+    return loss, p, ids, jnp.arange(N) % 4, {"['emb']", "['ln_g']", "['ln_b']", "['w1']", "['b1']", "['head']"}
 
 
 def tied_zoo():
@@ -102,7 +106,7 @@ def floats_zoo():
         z = jnp.einsum("ti,io->to", x, m)
         return (w * z.sum() + b - y) ** 2
 
-    return loss, p, _normal(1, (N, 5, 3), 1.0), _normal(2, (N,), 1.0), {"[2]"}
+    return loss, p, _normal(1, (N, 5, 3), 1.0), _normal(2, (N,), 1.0), {"[0]", "[1]", "[2]"}
 
 
 def transposed_conv_zoo():
@@ -124,7 +128,7 @@ def equinox_cnn_zoo():
     def loss(model, x, y):
         return -jax.nn.log_softmax(model(x))[y]
 
-    names = {".conv1.weight", ".conv2.weight", ".head.weight"}
+    names = {".conv1.weight", ".conv1.bias", ".conv2.weight", ".conv2.bias", ".head.weight", ".head.bias"}
     return loss, m, _normal(1, (N, 64), 1.0), jnp.arange(N) % 5, names
 
 
@@ -147,10 +151,159 @@ def equinox_tokens_zoo():
     net = Net(eqx.nn.Embedding(30, 8, key=k[0]), eqx.nn.LayerNorm(8), eqx.nn.Linear(8, 8, key=k[1]),
               eqx.nn.Linear(8, "scalar", key=k[2]))
     ids = jax.random.randint(KEYS[6], (N, 6), 0, 30).at[:, 1].set(3)
-    return losses.mse, net, ids, _normal(7, (N,), 1.0), {".emb.weight", ".lin.weight", ".out.weight"}
+    ruled = {".emb.weight", ".norm.weight", ".norm.bias", ".lin.weight", ".lin.bias", ".out.weight", ".out.bias"}
+    return losses.mse, net, ids, _normal(7, (N,), 1.0), ruled
 
 
-ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo]
+def _lstm_cell(p, carry, x_proj):
+    """One LSTM step (gates i, f, g, o) given the input's projection."""
+    h, c = carry
+    i, f, g, o = jnp.split(x_proj + h @ p["w_hh"] + p["b"], 4)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    return (h, c), h
+
+
+def lstm_zoo():
+    """An LSTM over 5 steps by `lax.scan`, the input weight inside the step (as most users write it)."""
+    d, hd = 3, 4
+    p = {"w_ih": _normal(0, (d, 4 * hd)), "w_hh": _normal(1, (hd, 4 * hd)), "b": _normal(2, (4 * hd,)),
+         "head": _normal(3, (hd, 2))}
+
+    def loss(p, x, y):
+        step = lambda carry, xt: _lstm_cell(p, carry, xt @ p["w_ih"])  # noqa: E731
+        (h, _), _ = lax.scan(step, (jnp.zeros(hd), jnp.zeros(hd)), x)
+        return -jax.nn.log_softmax(h @ p["head"])[y]
+
+    return loss, p, _normal(4, (N, 5, d), 1.0), jnp.arange(N) % 2, {"['head']"}
+
+
+def gru_zoo():
+    """A GRU over 5 steps by `lax.scan`, the input projection hoisted out of the loop (a dense layer on every
+    step), then a regression head on the mean hidden state."""
+    d, hd = 3, 4
+    p = {"w_ih": _normal(5, (d, 3 * hd)), "w_hh": _normal(6, (hd, 3 * hd)), "b": _normal(7, (3 * hd,)),
+         "head": _normal(8, (hd,))}
+
+    def loss(p, x, y):
+        def step(h, xp):
+            r, z, n = jnp.split(xp + p["b"], 3)
+            hr, hz, hn = jnp.split(h @ p["w_hh"], 3)
+            r, z = jax.nn.sigmoid(r + hr), jax.nn.sigmoid(z + hz)
+            h = (1 - z) * jnp.tanh(n + r * hn) + z * h
+            return h, h
+
+        _, hs = lax.scan(step, jnp.zeros(hd), x @ p["w_ih"])
+        return (hs.mean(0) @ p["head"] - y) ** 2
+
+    return loss, p, _normal(9, (N, 5, d), 1.0), _normal(10, (N,), 1.0), {"['w_ih']", "['head']"}
+
+
+def batchnorm_inference_zoo():
+    """Conv -> BatchNorm in inference mode (running statistics are constants, γ and β are learned) -> head."""
+    mean, var = _normal(11, (3,)), 1.0 + jnp.abs(_normal(12, (3,)))  # a trained model's running statistics
+    p = {"k": _normal(0, (3, 1, 3, 3)), "gamma": 1.0 + _normal(1, (3,), 0.1), "beta": _normal(2, (3,), 0.1),
+         "w": _normal(3, (3 * 16, 2))}
+
+    def loss(p, x, y):
+        z = lax.conv_general_dilated(x[None, None], p["k"], (1, 1), "SAME")[0]
+        z = (z - mean[:, None, None]) / jnp.sqrt(var[:, None, None] + 1e-5)
+        z = jax.nn.relu(z * p["gamma"][:, None, None] + p["beta"][:, None, None])
+        return -jax.nn.log_softmax(z.reshape(-1) @ p["w"])[y]
+
+    return loss, p, _normal(4, (N, 4, 4), 1.0), jnp.arange(N) % 2, {"['k']", "['gamma']", "['beta']", "['w']"}
+
+
+def dropout_zoo():
+    """Dropout with a typed PRNG key per example, carried in xs next to the input (a pytree of inputs)."""
+    p = {"w1": _normal(0, (4, 8)), "b1": _normal(1, (8,)), "w2": _normal(2, (8, 3))}
+
+    def loss(p, x, y):
+        key, v = x
+        h = jax.nn.relu(v @ p["w1"] + p["b1"])
+        h = h * jax.random.bernoulli(key, 0.75, h.shape) / 0.75
+        return -jax.nn.log_softmax(h @ p["w2"])[y]
+
+    xs = (jax.random.split(KEYS[13], N), _normal(14, (N, 4), 1.0))
+    return loss, p, xs, jnp.arange(N) % 3, {"['w1']", "['b1']", "['w2']"}
+
+
+def control_flow_zoo():
+    """`lax.cond` on the input, `lax.switch` on the label, a `while_loop` on the input only (not
+    differentiable in the params), and a `fori_loop` with static bounds (a scan) that applies a weight 3 times."""
+    p = {"w": _normal(0, (4, 4)), "a": _normal(1, (4, 2)), "b": _normal(2, (4, 2)),
+         "heads": _normal(3, (3, 2)), "r": _normal(4, (4, 4), 0.3)}
+
+    def loss(p, x, y):
+        def halve(v):  # rescale the input until it is short: data-dependent trip count, no parameters inside
+            return lax.while_loop(lambda v: jnp.sum(v * v) > 1.0, lambda v: v / 2, v)
+
+        h = jnp.tanh(halve(x) @ p["w"])
+        h = lax.fori_loop(0, 3, lambda _, h: jnp.tanh(h @ p["r"]), h)
+        z = lax.cond(x[0] > 0, lambda h: h @ p["a"], lambda h: jnp.sin(h @ p["b"]), h)
+        branches = [lambda z, k=k: z * p["heads"][k] for k in range(3)]
+        return jnp.sum(lax.switch(y, branches, z) ** 2)
+
+    return loss, p, _normal(5, (N, 4), 2.0), jnp.arange(N) % 3, {"['w']"}
+
+
+@jax.custom_vjp
+def _clip_relu(z):
+    return jnp.maximum(z, 0.0)
+
+
+def _clip_relu_fwd(z):
+    return _clip_relu(z), z
+
+
+def _clip_relu_bwd(z, g):  # a straight-through gradient, clipped: not the derivative of the forward
+    return (jnp.clip(g, -0.5, 0.5) * (z > -1.0),)
+
+
+_clip_relu.defvjp(_clip_relu_fwd, _clip_relu_bwd)
+
+
+def custom_vjp_checkpoint_zoo():
+    """A `custom_vjp` activation with its own backward rule, and a `jax.checkpoint`ed (rematerialized) block."""
+    p = {"w1": _normal(0, (5, 6)), "w2": _normal(1, (6, 6)), "b2": _normal(2, (6,)), "w3": _normal(3, (6, 2))}
+
+    @jax.checkpoint
+    def block(p, h):
+        return jnp.tanh(h @ p["w2"] + p["b2"])
+
+    def loss(p, x, y):
+        h = _clip_relu(x @ p["w1"])
+        return jnp.sum((block(p, h) @ p["w3"] - y) ** 2)
+
+    return loss, p, _normal(4, (N, 5), 1.0), _normal(5, (N, 2), 1.0), {"['w1']", "['w2']", "['b2']", "['w3']"}
+
+
+def gpt_zoo():
+    """A one-block GPT in plain JAX: token and position embeddings (`wpe[:T]` added), pre-LayerNorm, causal
+    attention from a packed QKV weight, an MLP, and a head tied to the token embedding (used twice)."""
+    v, t, d = 12, 4, 8
+    p = {"wte": _normal(0, (v, d)), "wpe": _normal(1, (6, d), 0.1), "ln1_g": 1.0 + _normal(2, (d,), 0.1),
+         "ln1_b": _normal(3, (d,), 0.1), "w_qkv": _normal(4, (d, 3 * d)), "w_o": _normal(5, (d, d)),
+         "ln2_g": 1.0 + _normal(6, (d,), 0.1), "ln2_b": _normal(7, (d,), 0.1), "w_fc": _normal(8, (d, 2 * d)),
+         "b_fc": _normal(9, (2 * d,), 0.1), "w_proj": _normal(10, (2 * d, d))}
+
+    def loss(p, ids, target):
+        h = p["wte"][ids] + p["wpe"][:t]
+        q, k, val = jnp.split(layer_norm(h, p["ln1_g"], p["ln1_b"]) @ p["w_qkv"], 3, axis=-1)
+        att = jnp.where(jnp.tril(jnp.ones((t, t), bool)), q @ k.T / jnp.sqrt(d), -1e9)
+        h = h + jax.nn.softmax(att, -1) @ val @ p["w_o"]
+        h = h + jax.nn.gelu(layer_norm(h, p["ln2_g"], p["ln2_b"]) @ p["w_fc"] + p["b_fc"]) @ p["w_proj"]
+        logits = h @ p["wte"].T  # the tied head
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, target[:, None], 1)[:, 0])
+
+    ids = jax.random.randint(KEYS[11], (N, t + 1), 0, v)
+    ruled = set(engine.leaf_names(p)) - {"['wte']"}
+    return loss, p, ids[:, :-1], ids[:, 1:], ruled
+
+
+ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
+       lstm_zoo, gru_zoo, batchnorm_inference_zoo, dropout_zoo, control_flow_zoo, custom_vjp_checkpoint_zoo,
+       gpt_zoo]
 
 
 # ------------------------------------------------------------------ the oracle and the check
@@ -161,7 +314,7 @@ def loop_grads(loss, params, xs, ys):
     params = engine.as_params(params)
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     g = jax.jit(jax.grad(lambda d, x, y: loss(eqx.combine(d, static), x, y)))
-    rows = [g(diff, xs[i], ys[i]) for i in range(xs.shape[0])]
+    rows = [g(diff, *jax.tree.map(lambda a: a[i], (xs, ys))) for i in range(N)]
     return [np.stack([np.asarray(r, np.float64) for r in leaf]) for leaf in zip(*map(jax.tree.leaves, rows))]
 
 
@@ -172,8 +325,9 @@ def assert_rel(got, want, what):
 
 
 # The slower twin of each rule family runs in the whole suite only: embeddings stay pinned by equinox_tokens_zoo,
-# convolutions by conv_zoo and transposed_conv_zoo.
-SLOW_ZOO = (token_zoo, equinox_cnn_zoo)
+# convolutions by conv_zoo and transposed_conv_zoo, scans by gru_zoo, typed keys in xs by test_engine_exact.py,
+# elementwise scales (BatchNorm's γ, β) by the LayerNorm of equinox_tokens_zoo.
+SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo, gpt_zoo)
 
 
 @pytest.mark.parametrize("make", [pytest.param(f, marks=[pytest.mark.slow] if f in SLOW_ZOO else [], id=f.__name__)
@@ -207,7 +361,10 @@ def test_every_engine_function_matches_a_loop_of_grad(make):
     c = float(np.median(norms))
     mask = (np.arange(N) % 3 != 1).astype(np.float32)  # a Poisson batch's padding mask as weights
     scale = np.minimum(1.0, c / norms) * mask
-    total, got_norms = engine.clipped_grad_sum(loss, params, xs, ys, c, weights=mask, return_norms=True)
+    total, got_norms = engine.clipped_grad_sum(loss, params, xs, ys, c, weights=mask, return_norms=True,
+                                               chunk_size=4)
     assert_rel(got_norms, norms, "clipped_grad_sum norms")
     for name, g, w in zip(names, jax.tree.leaves(total), want):
         assert_rel(g, np.tensordot(scale, w, axes=1), f"clipped sum {name}")
+    for name, g, w in zip(names, jax.tree.leaves(engine.batch_grad(loss, params, xs, ys)), want):
+        assert_rel(g, w.sum(0), f"batch grad {name}")

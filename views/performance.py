@@ -203,8 +203,9 @@ st.subheader("Which path each parameter takes")
 st.markdown(
     "The engine reads the traced loss (its jaxpr) and gives every weight used once by a dense layer, a "
     "convolution or an embedding its **per-layer rule** (norms from the layer's input and output gradient, "
-    "no per-example weight gradient). Every other leaf (biases, scales, tied weights, a penalty term) "
-    "**falls back**: it is differentiated per example, exactly, at the cost of its own size."
+    "no per-example weight gradient); a bias or a scale used once on the activations gets one too (its output "
+    "gradient summed over the broadcast axes). Every other leaf (tied weights, a penalty term, a weight inside "
+    "a scan or a cond) **falls back**: it is differentiated per example, exactly, at the cost of its own size."
 )
 with ui.guard("The loss could not be traced to explain its paths"):
     st.dataframe(pd.DataFrame(engine.explain(loss_fn, params, xs, ys)).astype({"shape": str}),

@@ -151,8 +151,10 @@ def _hessian(loss_fn, params, xs, ys, shift, chunk):
     flat, unravel = ravel_pytree(diff)
     n = xs.shape[0]
     pad = (-n) % chunk
-    w = jnp.ones(n, flat.dtype)
-    split_ = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape((-1, chunk) + a.shape[1:])
+    # the last chunk is filled with copies of real examples of weight 0 (a zero input can make a loss NaN)
+    xs, ys = engine.pad_examples((xs, ys), pad)
+    w = jnp.pad(jnp.ones(n, flat.dtype), (0, pad))
+    split_ = lambda a: a.reshape((-1, chunk) + a.shape[1:])  # noqa: E731
 
     def part(z, x, y, wc):
         return jnp.sum(wc * jax.vmap(loss_fn, in_axes=(None, 0, 0))(eqx.combine(unravel(z), static), x, y)) / n

@@ -1,0 +1,124 @@
+"""Rule coverage: which leaves of user-written models take a per-layer rule, and why the others fall back.
+
+    python -m benchmarks.rule_coverage            # one row per model, then the total and the fallback reasons
+    python -m benchmarks.rule_coverage --timing   # also: a GPT block's norms and clipped sum / one batch gradient,
+                                                  # with and without the bias and scale rules (one run, CPU)
+
+The models are the engine's test zoo (tests/test_engine_zoo.py: dict params, lax calls, Equinox, an LSTM and a
+GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint) and its low-precision models
+(tests/test_engine_precision.py). A *weight-like* leaf is a differentiable leaf with at least one axis (Python
+floats and 0-d scalars excluded). Only tracing runs (`engine.explain`), nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from gradlab import engine, rules
+
+TESTS = pathlib.Path(__file__).resolve().parent.parent / "tests"
+
+
+def _module(name: str):
+    """A test module by path (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, TESTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def zoo() -> list:
+    """`(name, make)` for every model of the two test files; `make()` returns (loss, params, xs, ys, …)."""
+    return [(f.__name__, f) for f in _module("test_engine_zoo").ZOO + _module("test_engine_precision").MODELS]
+
+
+def coverage(models) -> tuple[list, collections.Counter]:
+    """Per model `(name, ruled, weight-like)`, and a count of the fallback reasons over all models."""
+    rows, reasons = [], collections.Counter()
+    for name, make in models:
+        loss, params, xs, ys = make()[:4]
+        weight_like = [r for r in engine.explain(loss, params, xs, ys) if len(r["shape"]) >= 1]
+        ruled = [r for r in weight_like if r["path"] == "rule"]
+        for r in weight_like:
+            if r["path"] != "rule":
+                reasons[r["why"].split(":")[0].split(" (")[0]] += 1
+        rows.append((name, len(ruled), len(weight_like)))
+    return rows, reasons
+
+
+def gpt_block(n=256, v=64, t=16, d=32):
+    """A one-block GPT (position embedding added, LayerNorms, packed QKV, MLP with a bias), N sequences."""
+    layer_norm = _module("test_engine_zoo").layer_norm
+    k = jax.random.split(jax.random.key(0), 12)
+    w = lambda i, s, sc=0.3: sc * jax.random.normal(k[i], s)  # noqa: E731
+    p = {"wte": w(0, (v, d)), "wpe": w(1, (t, d), 0.1), "ln1_g": 1 + w(2, (d,), .1), "ln1_b": w(3, (d,), .1),
+         "w_qkv": w(4, (d, 3 * d)), "w_o": w(5, (d, d)), "ln2_g": 1 + w(6, (d,), .1), "ln2_b": w(7, (d,), .1),
+         "w_fc": w(8, (d, 4 * d)), "b_fc": w(9, (4 * d,), .1), "w_proj": w(10, (4 * d, d)), "head": w(11, (d, v))}
+
+    def loss(p, ids, target):
+        h = p["wte"][ids] + p["wpe"][:t]
+        q, kk, val = jnp.split(layer_norm(h, p["ln1_g"], p["ln1_b"]) @ p["w_qkv"], 3, axis=-1)
+        att = jnp.where(jnp.tril(jnp.ones((t, t), bool)), q @ kk.T / jnp.sqrt(d), -1e9)
+        h = h + jax.nn.softmax(att, -1) @ val @ p["w_o"]
+        h = h + jax.nn.gelu(layer_norm(h, p["ln2_g"], p["ln2_b"]) @ p["w_fc"] + p["b_fc"]) @ p["w_proj"]
+        logits = h @ p["head"]
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, target[:, None], 1)[:, 0])
+
+    ids = jax.random.randint(k[0], (n, t + 1), 0, v)
+    return loss, p, ids[:, :-1], ids[:, 1:]
+
+
+def _best(f, reps=15) -> float:
+    jax.block_until_ready(f())
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(f())
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def timing() -> None:
+    loss, p, xs, ys = gpt_block()
+    on = dict(rules.ELEMENTWISE)
+    for label, elementwise in [("dense/embedding rules only", {}), ("+ bias and scale rules", on)]:
+        rules.ELEMENTWISE = elementwise  # switches the family off for this comparison only
+        f = lambda p, x, y: loss(p, x, y)  # noqa: E731 - a fresh object: compiled afresh
+        ruled = sum(r["path"] == "rule" for r in engine.explain(f, p, xs, ys))
+        tb = _best(lambda: engine.batch_grad(f, p, xs, ys))
+        tn = _best(lambda: engine.per_example_norms(f, p, xs, ys))
+        tc = _best(lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0))
+        print(f"{label:28s} ruled {ruled:2d}/{len(p)}  batch grad {tb * 1e3:6.1f} ms  "
+              f"norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x")
+    rules.ELEMENTWISE = on
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timing", action="store_true", help="also time a GPT block with and without bias rules")
+    args = parser.parse_args()
+    rows, reasons = coverage(zoo())
+    print(f"{'model':28s} {'ruled':>5s} / {'weight-like':<11s}")
+    for name, ruled, total in rows:
+        print(f"{name:28s} {ruled:5d} / {total:<11d}")
+    ruled, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    print(f"\ncoverage: {ruled} of {total} weight-like leaves take a rule ({100 * ruled / total:.0f}%)")
+    print("\nfallback reasons:")
+    for why, count in reasons.most_common():
+        print(f"  {count:3d}  {why}")
+    if args.timing:
+        print(f"\na GPT block, N = 256 sequences of 16 tokens, on {jax.devices()[0].device_kind}:")
+        timing()
+
+
+if __name__ == "__main__":
+    main()

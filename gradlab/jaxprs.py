@@ -1,0 +1,139 @@
+"""Every use of JAX's jaxpr data structures in gradlab, in one place, through public names only.
+
+`gradlab.rules` reads a traced loss (equations, their operands, nested calls) to find per-layer rules, and
+the engine asks which dtypes a loss computes in. Both go through this module, which imports only
+`jax.make_jaxpr` and `jax.extend.core` (the names JAX keeps for tools that read jaxprs), plus
+`jax.core.Tracer` (one of the few names `jax.core` keeps public). JAX 0.11 drops
+the internals re-exported by `jax.core` and merges `ClosedJaxpr` into `Jaxpr` (a jaxpr then carries its
+own constants): `body` and `is_closed` below accept either form, so only this file changes with JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Iterator
+
+import jax
+from jax.extend import core as jcore
+
+__all__ = ["Const", "Eqn", "Graph", "flatten", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
+           "walk_jaxprs", "dtypes", "is_tracer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    """A constant operand of an equation (a literal or a closed-over array)."""
+
+    val: Any
+
+
+@dataclasses.dataclass
+class Eqn:
+    """One equation of a flattened jaxpr: `outs = prim.bind(*ins, **params)`; ins are int refs or `Const`s."""
+
+    prim: Any
+    params: dict
+    ins: list
+    outs: list
+    out_avals: list
+
+
+@dataclasses.dataclass
+class Graph:
+    """A traced function as a flat list of equations over integer refs (`avals`: ref -> abstract value)."""
+
+    eqns: list
+    inputs: list
+    outputs: list
+    avals: dict
+
+
+def make(fn: Callable, *args) -> Any:
+    """`jax.make_jaxpr(fn)(*args)`: the closed jaxpr of `fn` at these arguments (arrays or ShapeDtypeStructs)."""
+    return jax.make_jaxpr(fn)(*args)
+
+
+def body(j: Any) -> tuple[Any, list]:
+    """`(open jaxpr, its constants)` of a closed jaxpr, or of an open one (no constants).
+
+    Today `ClosedJaxpr` wraps `.jaxpr` and `.consts`; after the merge a `Jaxpr` may hold `.consts` itself.
+    """
+    if isinstance(j, jcore.ClosedJaxpr):
+        return j.jaxpr, list(j.consts)
+    return j, list(getattr(j, "consts", ()) or ())
+
+
+def is_literal(atom: Any) -> bool:
+    """Whether an equation operand is a literal constant (`jax.extend.core.Literal`) rather than a variable."""
+    return isinstance(atom, jcore.Literal)
+
+
+def literal_value(atom: Any) -> Any:
+    """The value of a literal operand."""
+    return atom.val
+
+
+def sub_jaxpr(eqn: Any) -> Any:
+    """The body of a call-like equation (`jit`, `closed_call`, `checkpoint`): its `jaxpr` or `call_jaxpr`."""
+    return eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+
+
+def bind(prim: Any, params: dict, vals: list) -> list:
+    """Evaluate one equation again: `prim.bind(*vals, **params)` as a list of outputs."""
+    out = prim.bind(*vals, **prim.get_bind_params(params))
+    return list(out) if prim.multiple_results else [out]
+
+
+def flatten(fn: Callable, *args, inline: frozenset = frozenset()) -> Graph:
+    """Trace `fn(*args)` (arrays or ShapeDtypeStructs, flattened in order) into a `Graph`: one flat list of
+    equations, the bodies of call primitives named in `inline` (`jit`, `checkpoint`, ...) inlined."""
+    counter = itertools.count()
+    eqns, avals = [], {}
+
+    def fresh(aval):
+        r = next(counter)
+        avals[r] = aval
+        return r
+
+    def walk(jaxpr, consts, inputs):
+        env = dict(zip(jaxpr.constvars, (Const(c) for c in consts)))
+        env.update(zip(jaxpr.invars, inputs))
+        read = lambda v: Const(literal_value(v)) if is_literal(v) else env[v]  # noqa: E731
+        for e in jaxpr.eqns:
+            ins = [read(v) for v in e.invars]
+            if e.primitive.name in inline:
+                outs = walk(*body(sub_jaxpr(e)), ins)
+            else:
+                outs = [fresh(v.aval) for v in e.outvars]
+                eqns.append(Eqn(e.primitive, dict(e.params), ins, outs, [v.aval for v in e.outvars]))
+            env.update(zip(e.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    top, consts = body(make(fn, *args))
+    inputs = [fresh(v.aval) for v in top.invars]
+    return Graph(eqns, inputs, walk(top, consts, inputs), avals)
+
+
+def walk_jaxprs(j: Any) -> Iterator[Any]:
+    """Every open jaxpr inside `j` (closed or open), `j`'s own first, nested bodies (scan, cond, while, jit) after."""
+    jaxpr, _ = body(j)
+    yield jaxpr
+    for sub in jcore.subjaxprs(jaxpr):
+        yield from walk_jaxprs(sub)
+
+
+def dtypes(fn: Callable, *args) -> set:
+    """The dtypes of every value `fn(*args)` computes, nested bodies included (traced, not run)."""
+    out = set()
+    for jaxpr in walk_jaxprs(make(fn, *args)):
+        for v in list(jaxpr.invars) + [o for e in jaxpr.eqns for o in e.outvars]:
+            dtype = getattr(v.aval, "dtype", None)
+            if dtype is not None:
+                out.add(dtype)
+    return out
+
+
+def is_tracer(a: Any) -> bool:
+    """Whether `a` is being traced (the engine called inside the caller's own `jit`), not a concrete array."""
+    return isinstance(a, jax.core.Tracer)
