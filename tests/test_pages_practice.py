@@ -128,3 +128,17 @@ def test_a_lecture_step_links_to_its_practice_problem():
     links = [e.proto for e in at.get("page_link")]
     link = next(x for x in links if "Try it yourself" in x.label)
     assert link.page.endswith("practice") and f"problem={slug}" in link.query_string, link
+
+
+def test_a_link_to_an_unknown_problem_says_so():
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params["problem"] = "nonsense"
+    at.switch_page("views/practice.py")
+    at.run()
+    assert_clean(at)
+    assert at.selectbox(key="problem").value == "per_example_grads"
+    assert "problem=nonsense" in texts(at.warning), texts(at.warning)

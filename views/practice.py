@@ -101,7 +101,8 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
     if v.stopped:
         st.error(ui.inert(v.stopped), icon=":material/timer_off:")
     if kind == "check" and v.passed:
-        st.success(f"**Correct** on the seed's input and {len(v.cases) - 1} hidden ones. Solved!", icon="✅")
+        st.success(f"**Correct** on the seed's input and {len(v.cases) - 1} hidden ones. Solved!",
+                   icon=":material/check_circle:")
     elif kind == "check" and v.cases:
         st.error(f"**Not yet:** {sum(not c.passed for c in v.cases)} of {len(v.cases)} inputs give a different answer.",
                  icon=":material/close:")
@@ -116,7 +117,7 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
         st.markdown("**Output**")
         st.code(v.output + (f"\n… {v.truncated:,} more characters not shown" if v.truncated else ""), language=None)
     for c in v.cases:
-        mark = "✅" if c.passed else "❌"
+        mark = ":green[:material/check:]" if c.passed else ":red[:material/close:]"
         with st.expander(f"{mark} {c.name}" + ("" if c.passed else f": {c.message}"), expanded=kind == "run"):
             if c.got is not None:
                 st.markdown("Your answer:")
@@ -155,5 +156,5 @@ if st.toggle("Show the solution", key=f"practice_solution_{slug}"):
 
 progress_slot.progress(len(done) / len(PROBLEMS), text=f"Solved {len(done)} of {len(PROBLEMS)}" + (
     ": " + ", ".join(str(i) for i, p in enumerate(PROBLEMS, 1) if p.slug in done) if done else ""))
-heading_slot.subheader(f"{number}. {problem.title}" + (" ✅" if slug in done else ""))
+heading_slot.subheader(f"{number}. {problem.title}" + (" :green[:material/check_circle:]" if slug in done else ""))
 mirror_progress()
