@@ -89,7 +89,7 @@ class Limits:
     `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC; JAX starts about 17).
     """
 
-    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "1024"))
+    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "800"))
     cpu_seconds: int = int(os.environ.get("GRADLAB_PRACTICE_CPU_SECONDS", "20"))
     wall_seconds: float = float(os.environ.get("GRADLAB_PRACTICE_WALL_SECONDS", "30"))
     output_chars: int = 20_000
@@ -237,7 +237,7 @@ class _Child:
 
 #: One spare child kept warm (JAX imported) for the next run: Check answers without JAX's 1.5 s import.
 #: `GRADLAB_PRACTICE_WARM=0` turns it off (it holds about 220 MB while it waits).
-WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "1") != "0"
+WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "0") != "0"
 _SPARE: list[_Child] = []
 _SPARE_LOCK = threading.Lock()
 
