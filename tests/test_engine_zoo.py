@@ -128,6 +128,17 @@ def equinox_cnn_zoo():
     return loss, m, _normal(1, (N, 64), 1.0), jnp.arange(N) % 5, names
 
 
+def simple_cnn_zoo():
+    """Seed 003's SimpleCNN (its convolutions as matrix products over patches) on 12×12 images, the seed's NLL."""
+    m = models.SimpleCNN((12, 12), 4, key=KEYS[2])
+
+    def loss(model, x, y):
+        return -model(x)[y]
+
+    names = {".conv1.weight", ".conv2.weight", ".fc1.weight", ".fc2.weight"}
+    return loss, m, _normal(3, (N, 144), 1.0), jnp.arange(N) % 4, names
+
+
 def equinox_tokens_zoo():
     """eqx.nn.Embedding and eqx.nn.Linear applied per token with vmap, eqx.nn.LayerNorm, the library's MSE."""
     k = jax.random.split(KEYS[5], 3)
@@ -150,7 +161,8 @@ def equinox_tokens_zoo():
     return losses.mse, net, ids, _normal(7, (N,), 1.0), {".emb.weight", ".lin.weight", ".out.weight"}
 
 
-ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo]
+ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
+       simple_cnn_zoo]
 
 
 # ------------------------------------------------------------------ the oracle and the check
