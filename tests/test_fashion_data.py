@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gradlab import data, models
+from gradlab.experiment import Experiment, check_training_work, count_params, forward_macs
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "gradlab" / "data" / data.FASHION_FILE
@@ -110,3 +111,16 @@ def test_simple_cnn_is_seed_003s_network():
         models.build_model(models.ModelSpec("simple_cnn"), 30, 2, key=jax.random.key(0))
     with pytest.raises(data.DataError, match="classifier"):
         models.build_model(models.ModelSpec("simple_cnn"), 64, 1, key=jax.random.key(0), image_shape=(8, 8))
+
+
+def test_training_work_counts_the_convolutions_multiply_adds():
+    fashion, digits = data.load_dataset("fashion"), data.load_dataset("digits")
+    exp = Experiment(dataset="fashion", model="simple_cnn")
+    by_hand = 26 * 26 * 32 * 9 + 24 * 24 * 64 * 32 * 9 + 9216 * 128 + 128 * 10  # conv1, conv2, fc1, fc2
+    assert abs(forward_macs(exp, fashion) / by_hand - 1) < 0.02
+    mlp = Experiment(dataset="digits", model="mlp")
+    assert abs(forward_macs(mlp, digits) / count_params(mlp, digits) - 1) < 0.01  # a dense layer: one MAC per weight
+    p, macs = count_params(exp, fashion), forward_macs(exp, fashion)
+    with pytest.raises(ValueError, match=r"Training steps\*\* to 50 or fewer"):  # 300 × 128: ~110 CPU-s
+        check_training_work(exp, p, macs)
+    check_training_work(exp.replace(steps=100, batch_size=64), p, macs)  # ~20 CPU-s: within the 30 s budget
