@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from gradlab import data, engine, export, influence, losses, sharding, train
+from gradlab import data, engine, export, influence, losses, models, sharding, train
 from gradlab.experiment import Experiment, fit, init_model
 
 #: The result formats, by file extension: `gradlab.export`'s encodings.
@@ -340,7 +340,7 @@ def parser() -> argparse.ArgumentParser:
                        help="for a CSV or NPZ file (bundled datasets know their task)")
         p.add_argument("--label-noise", type=float, default=0.0, help="fraction of training labels flipped")
         p.add_argument("--test-fraction", type=float, default=0.2)
-        p.add_argument("--model", choices=["linear", "mlp", "cnn"], default="mlp")
+        p.add_argument("--model", choices=list(models.MODELS), default="mlp")
         p.add_argument("--width", type=int, default=64)
         p.add_argument("--depth", type=int, default=1)
         p.add_argument("--activation", default="relu")

@@ -19,6 +19,10 @@ WORK_BUDGET_SECONDS = float(os.environ.get("GRADLAB_WORK_BUDGET_S", "30"))
 #: Training throughput, (steps × batch × parameters) per CPU-second, one batch gradient per step
 #: (MLP 512×4 on digits, batch 2048: 5.1e10 per wall second on both cores).
 TRAIN_RATE = 2.5e10
+#: Convolutions reuse each weight at every position, so their work is the multiply-adds of a forward pass,
+#: not P: CPU-seconds per (steps × batch × multiply-adds beyond P) at this rate (seed 003's SimpleCNN on
+#: Fashion-MNIST, 1.2 M parameters and 12.0 M multiply-adds: 2.8 CPU-ms per example and step).
+CONV_TRAIN_RATE = 3.9e9
 #: DP-SGD throughput with per-example gradients, (steps × expected batch × parameters) per CPU-second
 #: (membership attack on the digits MLP: 18 models, 600 steps of 359 examples, 10.7 CPU-s).
 DP_SGD_RATE = 2.6e9
@@ -34,10 +38,13 @@ LBFGS_RATE = 1.4e9
 RETRAIN_ITERS = 100
 
 
-def training_seconds(num_params: int, steps: int, batch_size: float) -> float:
+def training_seconds(num_params: int, steps: int, batch_size: float, macs: int = 0) -> float:
     """Estimated CPU-seconds to train `num_params` parameters for `steps` minibatches of `batch_size`:
-    2 s of compiling and set-up plus `steps · batch_size · num_params / TRAIN_RATE`."""
-    return 2.0 + steps * batch_size * num_params / TRAIN_RATE
+    2 s of compiling and set-up plus `steps · batch_size · num_params / TRAIN_RATE`, plus for a model whose
+    forward pass takes `macs` multiply-adds (more than P: convolutions) `steps · batch_size · (macs − P) /
+    CONV_TRAIN_RATE`."""
+    per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return 2.0 + steps * batch_size * per_example
 
 
 def dp_sgd_seconds(num_params: int, steps: int, batch_size: float) -> float:

@@ -1,12 +1,16 @@
-"""Datasets: scikit-learn's bundled real sets, generated toys, label noise, CSV import.
+"""Datasets: scikit-learn's bundled real sets, a Fashion-MNIST subset, generated toys, label noise, CSV import.
 
-Nothing is downloaded: digits, breast cancer and diabetes ship inside scikit-learn; the toys are
-generated from a seed. Features are standardized with the training split's mean and std.
+Nothing is downloaded: digits, breast cancer and diabetes ship inside scikit-learn; the Fashion-MNIST
+subset ships inside gradlab (`gradlab/data/`, made by `scripts/make_fashion_subset.py`); the toys are
+generated from a seed. Features are standardized with the training split's mean and std (per feature;
+for Fashion-MNIST one mean and std over all pixels, as image pipelines do, so a pixel that is almost
+always blank is not blown up).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import io
 
 import numpy as np
@@ -27,9 +31,11 @@ class Dataset:
     - `task`: `"classification"` or `"regression"`.
     - `flipped (N,) bool`: training labels replaced by label-noise injection (all False without).
     - `y_train_clean (N,)`: the training labels before noise.
-    - `image_shape`: `(8, 8)` for digits (x rows are flattened images), else None.
+    - `image_shape`: `(8, 8)` for digits, `(28, 28)` for Fashion-MNIST (x rows are flattened images), else None.
     - `rows_train (N,)`, `rows_test`: where each example came from, named by `row_label`: the line of an
-      uploaded CSV (the header is line 1), or the position in the bundled or generated array (`"index"`).
+      uploaded CSV (the header is line 1), the image's index in Fashion-MNIST (`"Fashion-MNIST index"`:
+      0–59,999 its training file, 60,000–69,999 its test file), or the position in the bundled or
+      generated array (`"index"`).
     """
 
     name: str
@@ -68,6 +74,7 @@ class Dataset:
 #: name -> human label; the order is the sidebar's.
 DATASETS = {
     "digits": "Digits (8×8 images, 10 classes, scikit-learn)",
+    "fashion": "Fashion-MNIST (28×28 images, 10 classes; 6,000 + 1,000 of Zalando's, MIT)",
     "breast_cancer": "Breast cancer (30 features, 2 classes, scikit-learn)",
     "diabetes": "Diabetes (10 features, regression, scikit-learn)",
     "blobs": "Blobs (2-D toy, 3 classes)",
@@ -78,6 +85,13 @@ DATASETS = {
 }
 
 TOY_SIZE = 600
+
+#: The bundled Fashion-MNIST subset (see gradlab/data/README.md) and its class names, in label order.
+FASHION_FILE = "fashion_mnist_subset.npz"
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot")
+#: Fashion-MNIST's training file has 60,000 images: a test image's index is 60,000 + its place in the test file.
+FASHION_TEST_OFFSET = 60_000
 
 
 def _spirals(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -179,6 +193,8 @@ def make_dataset(
     image_shape: tuple[int, int] | None = None,
     rows: np.ndarray | None = None,
     row_label: str = "index",
+    test_mask: np.ndarray | None = None,
+    standardize: str = "feature",
 ) -> Dataset:
     """Split (stratified for classification), standardize, and inject label noise into the train split.
 
@@ -189,6 +205,10 @@ def make_dataset(
     - `label_noise`: fraction of training labels flipped to another class, in [0, 1).
     - `test_fraction`: in (0, 1).
     - `rows (N,)`: each row's name in its source (default: its position), called `row_label`.
+    - `test_mask (N,) bool`: a fixed split (a dataset's official test set) instead of a random one;
+      `test_fraction` is then unused.
+    - `standardize`: `"feature"` (each column its own mean and std) or `"global"` (one mean and std over
+      every value: images).
 
     **Returns** a `Dataset`; regression targets are standardized too.
 
@@ -222,9 +242,20 @@ def make_dataset(
         if n < 4:
             raise DataError(f"only {n} rows: need at least 4 to split into train and test")
     rows = np.arange(n) if rows is None else np.asarray(rows)
-    xtr, xte, ytr, yte, rtr, rte = train_test_split(x, y, rows, test_size=test_fraction, random_state=seed,
-                                                    stratify=stratify)
-    mu, sd = xtr.mean(0), xtr.std(0)
+    if test_mask is None:
+        xtr, xte, ytr, yte, rtr, rte = train_test_split(x, y, rows, test_size=test_fraction, random_state=seed,
+                                                        stratify=stratify)
+    else:
+        test = np.asarray(test_mask, bool)
+        if test.shape != (n,) or test.all() or not test.any():
+            raise DataError(f"the test mask must be (N,) = ({n},) booleans with both splits non-empty")
+        xtr, xte, ytr, yte, rtr, rte = x[~test], x[test], y[~test], y[test], rows[~test], rows[test]
+    if standardize not in ("feature", "global"):
+        raise DataError(f"standardize must be 'feature' or 'global', got {standardize!r}")
+    if standardize == "global":
+        mu, sd = np.full(x.shape[1], xtr.mean()), np.full(x.shape[1], xtr.std())
+    else:
+        mu, sd = xtr.mean(0), xtr.std(0)
     sd = np.where(sd > 0, sd, 1.0)
     xtr, xte = (xtr - mu) / sd, (xte - mu) / sd
     rng = np.random.default_rng(seed + 1)
@@ -255,11 +286,45 @@ def make_dataset(
     )
 
 
+def fashion_arrays() -> dict[str, np.ndarray]:
+    """The bundled Fashion-MNIST subset as stored: `x_train (6000, 28, 28) uint8`, `y_train (6000,)`,
+    `index_train (6000,)` (index in Fashion-MNIST's training file), and the same for the 1,000 test images.
+
+    **Raises** `DataError` when the file is missing from the installation (package data not installed)."""
+    try:
+        with (importlib.resources.files("gradlab") / "data" / FASHION_FILE).open("rb") as f, np.load(f) as d:
+            return {k: d[k] for k in d.files}
+    except FileNotFoundError:
+        raise DataError(f"gradlab/data/{FASHION_FILE} is missing from this installation: reinstall gradlab, or "
+                        "run scripts/make_fashion_subset.py (needs Debian's dataset-fashion-mnist)") from None
+
+
+def load_fashion(*, seed: int = 0, label_noise: float = 0.0) -> Dataset:
+    """The Fashion-MNIST subset with its official split (6,000 training, 1,000 test images), flattened to
+    `(N, 784)` and standardized by one mean and std over the training pixels (Xiao et al., 2017, arXiv:1708.07747).
+
+    Rows are named by their index in Fashion-MNIST (test images: 60,000 + index in the test file).
+    **Raises** `DataError` for an impossible noise rate or a missing data file."""
+    d = fashion_arrays()
+    x = np.concatenate([d["x_train"], d["x_test"]]).reshape(-1, 28 * 28)
+    y = np.concatenate([d["y_train"], d["y_test"]])
+    rows = np.concatenate([d["index_train"], d["index_test"] + FASHION_TEST_OFFSET])
+    test = np.arange(len(y)) >= len(d["y_train"])
+    return make_dataset("fashion", x, y, "classification", seed=seed, label_noise=label_noise,
+                        feature_names=tuple(f"pixel {i}" for i in range(784)), class_names=FASHION_CLASSES,
+                        image_shape=(28, 28), rows=rows, row_label="Fashion-MNIST index", test_mask=test,
+                        standardize="global")
+
+
 def load_dataset(name: str, *, seed: int = 0, label_noise: float = 0.0, test_fraction: float = 0.2) -> Dataset:
     """Load a bundled or generated dataset by name (see `DATASETS`), split and standardized.
 
+    Fashion-MNIST keeps its own split (`test_fraction` is unused there, see `load_fashion`).
+
     **Raises** `DataError` for an unknown name or an impossible setting (see `make_dataset`).
     """
+    if name == "fashion":
+        return load_fashion(seed=seed, label_noise=label_noise)
     x, y, task, feats, classes, image_shape = _raw(name, seed)
     return make_dataset(
         name, x, y, task, seed=seed, label_noise=label_noise, test_fraction=test_fraction,

@@ -174,6 +174,17 @@ def count_params(exp: Experiment, data: data_mod.Dataset) -> int:
                    if isinstance(leaf, jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.inexact)))
 
 
+def forward_macs(exp: Experiment, data: data_mod.Dataset) -> int:
+    """Multiply-adds of one example's forward pass through `exp`'s model on `data` (half the FLOPs of XLA's cost
+    analysis of the lowered, never compiled or run, forward): P for dense models, about 10 P for seed 003's
+    SimpleCNN, whose convolutions reuse each weight at every position."""
+    shapes = eqx.filter_eval_shape(init_model, exp, data)
+    arrays, static = eqx.partition(shapes, lambda leaf: isinstance(leaf, jax.ShapeDtypeStruct))
+    x = jax.ShapeDtypeStruct(data.x_train.shape[1:], jnp.float32)
+    cost = jax.jit(lambda a, x: eqx.combine(a, static)(x)).lower(arrays, x).cost_analysis() or {}
+    return int(cost.get("flops", 0) // 2)
+
+
 def check_training_memory(exp: Experiment, num_params: int) -> None:
     """Refuse to train `num_params` parameters and keep more checkpoints than fit the memory budget.
 
@@ -188,14 +199,15 @@ def check_training_memory(exp: Experiment, num_params: int) -> None:
                  f"{memory.n_checkpoints(exp.steps, exp.checkpoint_every)} checkpoints", need, fix)
 
 
-def check_training_work(exp: Experiment, num_params: int) -> None:
+def check_training_work(exp: Experiment, num_params: int, macs: int = 0) -> None:
     """Refuse a training over `costs.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
-    training steps that fit. **Raises** ValueError with the estimate and the fix."""
-    need = costs.training_seconds(num_params, exp.steps, exp.batch_size)
+    training steps that fit. `macs`: the forward pass's multiply-adds (`forward_macs`; convolutions cost more
+    than their P). **Raises** ValueError with the estimate and the fix."""
+    need = costs.training_seconds(num_params, exp.steps, exp.batch_size, macs)
     if need <= costs.WORK_BUDGET_SECONDS:
         return
     fits = [s for s in (25, 50, 100, 200, 300, 500, 1000, 2000)
-            if costs.training_seconds(num_params, s, exp.batch_size) <= costs.WORK_BUDGET_SECONDS]
+            if costs.training_seconds(num_params, s, exp.batch_size, macs) <= costs.WORK_BUDGET_SECONDS]
     fix = f"Set **Training steps** to {fits[-1]} or fewer, or a smaller batch or model." if fits else "Use a smaller model."
     raise ValueError(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
                      f"about {need:.0f} CPU-seconds on this shared server (the limit is {costs.WORK_BUDGET_SECONDS:.0f}). "

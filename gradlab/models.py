@@ -3,7 +3,9 @@
 - `linear`: one affine map. With MSE it is linear regression, with cross-entropy softmax
   (multinomial logistic) regression.
 - `mlp`: `eqx.nn.MLP` with a chosen width, depth and activation.
-- `cnn`: a small CNN for 8×8 single-channel images (digits).
+- `cnn`: a small CNN for single-channel images (digits, Fashion-MNIST).
+- `simple_cnn`: seed 003's SimpleCNN (conv 32, conv 64, max-pool, fc 128, fc 10, log-softmax) for
+  1×28×28 images (Fashion-MNIST).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def softplus(x):
 # Plain module-level functions (not jax.nn's wrapped ones) so that a trained model pickles by reference
 # and the results store can keep it on disk.
 ACTIVATIONS = {"relu": relu, "tanh": tanh, "gelu": gelu, "softplus": softplus}
-MODELS = {"linear": "Linear / softmax regression", "mlp": "MLP", "cnn": "Small CNN (8×8 images)"}
+MODELS = {"linear": "Linear / softmax regression", "mlp": "MLP", "cnn": "Small CNN (images)",
+          "simple_cnn": "SimpleCNN of seed 003 (conv 32, conv 64, max-pool, fc 128, fc 10; 28×28 images)"}
 
 
 class Linear(eqx.Module):
@@ -95,6 +98,51 @@ class CNN(eqx.Module):
         return self.head(z.reshape(-1))
 
 
+def _conv3x3(conv: eqx.nn.Conv2d, z):
+    """`conv(z)` for a 3×3, stride-1, unpadded `conv` on `z (C, H, W)`, as weight (O, C·9) @ patches (C·9, H'·W')."""
+    h, w = z.shape[1] - 2, z.shape[2] - 2
+    patches = jnp.stack([z[:, i: i + h, j: j + w] for i in range(3) for j in range(3)], axis=1).reshape(-1, h * w)
+    return (conv.weight.reshape(conv.weight.shape[0], -1) @ patches).reshape(-1, h, w) + conv.bias
+
+
+class SimpleCNN(eqx.Module):
+    """Seed 003's `SimpleCNN`, the PyTorch per-sample-gradients tutorial's network, in Equinox:
+    conv 3×3 (1→32) → ReLU → conv 3×3 (32→64) → ReLU → 2×2 max-pool → fc (9,216→128) → ReLU → fc (128→K)
+    → log-softmax. Unpadded convolutions as in the seed (`nn.Conv2d(1, 32, 3, 1)`), so a 28×28 image
+    reaches fc1 as 64 × 12 × 12 = 9,216 features (1,199,882 parameters for K = 10).
+
+    It returns log-probabilities; gradlab's `losses.cross_entropy` of them is the seed's NLL loss
+    (`logsumexp` of log-probabilities is 0). Input: a flattened image `(H·W,)`, H, W ≥ 6.
+
+    The convolutions keep `eqx.nn.Conv2d`'s parameters and initialization but run as a matrix product over
+    3×3 patches (im2col, the same sums): XLA:CPU runs a convolution's backward pass inside a loop (the
+    training scan, DP-SGD, the engine's chunks) about 13× slower than outside (jax-ml/jax#12868); the
+    matrix product runs at full speed there.
+    """
+
+    conv1: eqx.nn.Conv2d
+    conv2: eqx.nn.Conv2d
+    fc1: eqx.nn.Linear
+    fc2: eqx.nn.Linear
+    image_shape: tuple[int, int] = eqx.field(static=True)
+
+    def __init__(self, image_shape: tuple[int, int], out_size: int, *, key):
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        h, w = image_shape
+        self.image_shape = tuple(image_shape)
+        self.conv1 = eqx.nn.Conv2d(1, 32, 3, key=k1)
+        self.conv2 = eqx.nn.Conv2d(32, 64, 3, key=k2)
+        self.fc1 = eqx.nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128, key=k3)
+        self.fc2 = eqx.nn.Linear(128, out_size, key=k4)
+
+    def __call__(self, x):
+        z = jax.nn.relu(_conv3x3(self.conv1, x.reshape((1,) + self.image_shape)))
+        z = jax.nn.relu(_conv3x3(self.conv2, z))
+        c, h, w = z.shape
+        z = z[:, : h // 2 * 2, : w // 2 * 2].reshape(c, h // 2, 2, w // 2, 2).max(axis=(2, 4))
+        return jax.nn.log_softmax(self.fc2(jax.nn.relu(self.fc1(z.reshape(-1)))))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """What to build: `kind` in MODELS, MLP width/depth, activation name."""
@@ -122,8 +170,14 @@ def build_model(spec: ModelSpec, in_size: int, out_size: int, *, key, image_shap
         return MLP(in_size, out, spec.width, spec.depth, spec.activation, key=key)
     if spec.kind == "cnn":
         if image_shape is None:
-            raise DataError("the CNN needs image data: choose the digits dataset, or an MLP")
+            raise DataError("the CNN needs image data: choose digits or Fashion-MNIST, or an MLP")
         if out_size == 1:
             raise DataError("the CNN is built for classification: choose a classification dataset")
         return CNN(image_shape, out_size, spec.activation, key=key)
+    if spec.kind == "simple_cnn":
+        if image_shape is None or min(image_shape) < 6:
+            raise DataError("SimpleCNN needs images (it was written for 28×28): choose Fashion-MNIST or digits")
+        if out_size == 1:
+            raise DataError("SimpleCNN is a classifier: choose a classification dataset")
+        return SimpleCNN(image_shape, out_size, key=key)
     raise DataError(f"unknown model {spec.kind!r}; choose one of {', '.join(MODELS)}")

@@ -45,7 +45,10 @@ def norm_summary(f: Fitted, checkpoint: int = -1, *, chunk_size: int | None = No
     xs, ys = jnp.asarray(d.x_train), jnp.asarray(d.y_train)
     layer = engine.per_example_layer_norms(f.loss_fn, model, xs, ys, chunk_size=chunk_size)
     sq = sum(np.square(np.asarray(v, np.float64)) for v in layer.values())
-    g_mean = engine.batch_grad(f.loss_fn, model, xs, ys, reduction="mean")
+    # the mean gradient streamed over the engine's chunks (one vmap over every example would hold all
+    # their activations: gigabytes for a CNN on a few thousand 28×28 images)
+    g_mean = engine.weighted_grads(f.loss_fn, model, xs, ys, jnp.full((len(d.y_train), 1), 1.0 / len(d.y_train)),
+                                   chunk_size=chunk_size)
     g_sq = float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(g_mean)))
     return NormSummary(
         norms=np.sqrt(sq).astype(np.float32),

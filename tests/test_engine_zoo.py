@@ -132,6 +132,17 @@ def equinox_cnn_zoo():
     return loss, m, _normal(1, (N, 64), 1.0), jnp.arange(N) % 5, names
 
 
+def simple_cnn_zoo():
+    """Seed 003's SimpleCNN (its convolutions as matrix products over patches) on 12×12 images, the seed's NLL."""
+    m = models.SimpleCNN((12, 12), 4, key=KEYS[2])
+
+    def loss(model, x, y):
+        return -model(x)[y]
+
+    names = {".conv1.weight", ".conv2.weight", ".fc1.weight", ".fc2.weight"}
+    return loss, m, _normal(3, (N, 144), 1.0), jnp.arange(N) % 4, names
+
+
 def equinox_tokens_zoo():
     """eqx.nn.Embedding and eqx.nn.Linear applied per token with vmap, eqx.nn.LayerNorm, the library's MSE."""
     k = jax.random.split(KEYS[5], 3)
@@ -303,7 +314,7 @@ def gpt_zoo():
 
 ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
        lstm_zoo, gru_zoo, batchnorm_inference_zoo, dropout_zoo, control_flow_zoo, custom_vjp_checkpoint_zoo,
-       gpt_zoo]
+       gpt_zoo, simple_cnn_zoo]
 
 
 # ------------------------------------------------------------------ the oracle and the check

@@ -37,7 +37,7 @@ from gradlab.store import MB, Gate, Store, default_directory, key_of
 from gradlab.ui.upload import require_upload
 from gradlab.ui.widgets import guard
 from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
-                                load_data)
+                                forward_macs, load_data)
 
 log = logging.getLogger("gradlab")
 _MISSING = object()
@@ -220,6 +220,11 @@ def _num_params(exp: Experiment, _upload: dict | None) -> int:
     return count_params(exp, load_data(exp, _upload))
 
 
+@shared(gated=False)
+def _forward_macs(exp: Experiment, _upload: dict | None) -> int:
+    return forward_macs(exp, load_data(exp, _upload))
+
+
 def num_params(exp: Experiment) -> int:
     """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
     refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
@@ -235,7 +240,7 @@ def fitted(exp: Experiment) -> Fitted:
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
         if not _fit.stored(exp):
-            check_training_work(exp, _num_params(exp, upload))
+            check_training_work(exp, _num_params(exp, upload), _forward_macs(exp, upload))
         return _fit(exp, upload)
     raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
 
