@@ -139,7 +139,7 @@ def simple_cnn_zoo():
     def loss(model, x, y):
         return -model(x)[y]
 
-    names = {".conv1.weight", ".conv2.weight", ".fc1.weight", ".fc2.weight"}
+    names = {f".{layer}.{leaf}" for layer in ("conv1", "conv2", "fc1", "fc2") for leaf in ("weight", "bias")}
     return loss, m, _normal(3, (N, 144), 1.0), jnp.arange(N) % 4, names
 
 
