@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import sys
 import time
 from typing import Callable
@@ -50,6 +51,8 @@ import optax
 from gradlab import influence as inf
 from gradlab.influence import InfluenceError
 from gradlab.influence import scores as sc
+
+os.environ.setdefault("TQDM_DISABLE", "1")     # dattri's progress bars
 
 # ------------------------------------------------------------------ data sources
 
@@ -285,7 +288,6 @@ def dattri_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int 
     from dattri.algorithm.influence_function import IFAttributorCG, IFAttributorExplicit
     from dattri.algorithm.tracin import TracInAttributor
     from dattri.algorithm.trak import TRAKAttributor
-    from dattri.params.projection import TRAKProjectionParams
     from dattri.task import AttributionTask
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -344,13 +346,21 @@ def dattri_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int 
             score = att.attribute(loader(train_set, 500), loader(test_set, 500))
         elif method == "trak":
             task = AttributionTask(model=model, loss_func=margin, checkpoints=[state(m) for m in s.trak_models])
-            att = TRAKAttributor(task=task, correct_probability_func=probability,
-                                 proj_params=TRAKProjectionParams(proj_dim=proj_dim))
+            att = TRAKAttributor(task=task, correct_probability_func=probability, **_projection(proj_dim))
             att.cache(loader(train_set, 500))
             score = att.attribute(loader(test_set, 500))
         else:
             raise ValueError(method)
     return score.detach().numpy().T.astype(np.float64)
+
+
+def _projection(k: int) -> dict:
+    """TRAK's projection dimension in either dattri API (0.3: `projector_kwargs`; later: `proj_params`)."""
+    try:
+        from dattri.params.projection import TRAKProjectionParams
+    except ImportError:
+        return {"projector_kwargs": {"proj_dim": k}}
+    return {"proj_params": TRAKProjectionParams(proj_dim=k)}
 
 
 # ------------------------------------------------------------------ report
