@@ -252,8 +252,10 @@ def build(name: str, data: Split, *, retrains: int, trak_models: int, n_checkpoi
 # ------------------------------------------------------------------ gradlab's side
 
 
-def gradlab_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int = 512) -> np.ndarray:
-    """gradlab's `(T, N)` scores of one method on the setup's models (high = proponent)."""
+def gradlab_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int = 512, cg_maxiter: int = 200) -> np.ndarray:
+    """gradlab's `(T, N)` scores of one method on the setup's models (high = proponent). The MLP's influence
+    function runs conjugate gradient to relative residual 1e-5 within `cg_maxiter` steps, else it is refused
+    (`InfluenceError`: an unconverged solve is not reported as a score)."""
     xs, ys = jnp.asarray(s.data.x), jnp.asarray(s.data.y)
     txs, tys = jnp.asarray(s.data.x_test), jnp.asarray(s.data.y_test)
     dots = lambda p: sc.project(loss, p, xs, ys, sc.flat_gradients(loss, p, txs, tys).T).T
@@ -263,7 +265,8 @@ def gradlab_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int
         return np.asarray(sum(s.recipe.lr * dots(c) for c in s.checkpoints))
     if method == "influence":
         solver = "exact" if not s.recipe.hidden else "cg"
-        return np.asarray(inf.influence_scores(loss, s.full, xs, ys, txs, tys, damping=damping, method=solver)[0])
+        return np.asarray(inf.influence_scores(loss, s.full, xs, ys, txs, tys, damping=damping, method=solver,
+                                               cg_maxiter=cg_maxiter)[0])
     if method == "trak":   # Park et al.'s Algorithm 1, as dattri's TRAKAttributor
         return np.asarray(inf.trak(loss, s.trak_models, xs, ys, txs, tys, proj_dim=proj_dim, kernel="algorithm1"))
     if method == "trak_gn":   # gradlab's own TRAK: the softmax Gauss–Newton kernel, all C classes
@@ -398,14 +401,20 @@ def best_damping(score_fn: Callable[[float], np.ndarray], grid, subsets, truth):
 METHODS = {"grad_dot": "Grad-Dot", "tracin": "TracIn", "influence": "IF", "trak": "TRAK"}
 
 
-def compare(s: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: bool, gn: bool,
+def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: bool, gn: bool, if_test: int | None = None,
             say=lambda *_: None) -> list[str]:
-    """Markdown rows: per method gradlab's LDS, dattri's, and their paired difference (± SE over test points)."""
+    """Markdown rows: per method gradlab's LDS, dattri's, and their paired difference (± SE over test points).
+    `if_test`: the influence function on the first K test points only (its solves cost T × the rest)."""
     rows = []
     for m, label in METHODS.items():
         t0 = time.time()
+        s = full
         note = ""
         if m == "influence":
+            s = dataclasses.replace(full, data=dataclasses.replace(
+                full.data, x_test=full.data.x_test[:if_test], y_test=full.data.y_test[:if_test]),
+                truth=full.truth[:, :if_test]) if if_test else full
+            label = f"IF ({len(s.data.y_test)} test points)" if if_test else label
             g, dg, notes = best_damping(lambda d: gradlab_scores(s, m, damping=d), grid, s.subsets, s.truth)
             say(f"gradlab IF: {'; '.join(notes)}")
             note = f"gradlab δ = {dg:g}" if dg is not None else "gradlab failed"
@@ -424,7 +433,7 @@ def compare(s: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: bool, 
         rows.append(f"| {s.name} | {label} | {cell(g)} | {cell(d)} | {diff} | {note} | {time.time() - t0:.0f} |")
         say(rows[-1])
     if gn:
-        t0 = time.time()
+        s, t0 = full, time.time()
         g, dg, _ = best_damping(lambda d: gradlab_scores(s, "trak_gn", damping=d, proj_dim=proj_dim), grid,
                                 s.subsets, s.truth)
         rows.append(f"| {s.name} | TRAK, gradlab's Gauss–Newton kernel | {cell(g)} | — | — | δ = {dg} | "
@@ -444,6 +453,7 @@ def main(argv=None) -> None:
     ap.add_argument("--damping", type=float, nargs="+", default=[1e0, 1e-1, 1e-2, 5e-3, 1e-3, 1e-4, 1e-5],
                     help="the influence function's damping grid (dattri's)")
     ap.add_argument("--cg-iters", type=int, default=10, help="dattri's CG iterations (MLP influence function)")
+    ap.add_argument("--if-test", type=int, default=None, help="the influence function on the first K test points only")
     ap.add_argument("--only", choices=list(RECIPES), default=None)
     ap.add_argument("--no-dattri", action="store_true", help="gradlab's side only")
     ap.add_argument("--gauss-newton", action="store_true", help="also gradlab's Gauss–Newton TRAK (slow on the MLP)")
@@ -465,7 +475,7 @@ def main(argv=None) -> None:
         s = build(name, data, retrains=args.retrains, trak_models=args.trak_models)
         say(f"{name}: trained {args.retrains} + 1 + {args.trak_models} models in {s.seconds:.0f}s")
         for row in compare(s, grid=args.damping, proj_dim=args.proj_dim, cg_iters=args.cg_iters,
-                           with_dattri=with_dattri, gn=args.gauss_newton, say=say):
+                           with_dattri=with_dattri, gn=args.gauss_newton, if_test=args.if_test, say=say):
             print(row, flush=True)
     print(f"total {time.time() - t_start:.0f}s")
 
