@@ -402,11 +402,13 @@ METHODS = {"grad_dot": "Grad-Dot", "tracin": "TracIn", "influence": "IF", "trak"
 
 
 def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: bool, gn: bool, if_test: int | None = None,
-            say=lambda *_: None) -> list[str]:
+            methods=None, say=lambda *_: None) -> list[str]:
     """Markdown rows: per method gradlab's LDS, dattri's, and their paired difference (± SE over test points).
     `if_test`: the influence function on the first K test points only (its solves cost T × the rest)."""
     rows = []
     for m, label in METHODS.items():
+        if methods and m not in methods:
+            continue
         t0 = time.time()
         s = full
         note = ""
@@ -455,6 +457,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cg-iters", type=int, default=10, help="dattri's CG iterations (MLP influence function)")
     ap.add_argument("--if-test", type=int, default=None, help="the influence function on the first K test points only")
     ap.add_argument("--only", choices=list(RECIPES), default=None)
+    ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=None, help="a subset of the methods")
     ap.add_argument("--no-dattri", action="store_true", help="gradlab's side only")
     ap.add_argument("--gauss-newton", action="store_true", help="also gradlab's Gauss–Newton TRAK (slow on the MLP)")
     args = ap.parse_args(argv)
@@ -475,7 +478,8 @@ def main(argv=None) -> None:
         s = build(name, data, retrains=args.retrains, trak_models=args.trak_models)
         say(f"{name}: trained {args.retrains} + 1 + {args.trak_models} models in {s.seconds:.0f}s")
         for row in compare(s, grid=args.damping, proj_dim=args.proj_dim, cg_iters=args.cg_iters,
-                           with_dattri=with_dattri, gn=args.gauss_newton, if_test=args.if_test, say=say):
+                           with_dattri=with_dattri, gn=args.gauss_newton, if_test=args.if_test,
+                           methods=args.methods, say=say):
             print(row, flush=True)
     print(f"total {time.time() - t_start:.0f}s")
 
