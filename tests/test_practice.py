@@ -169,10 +169,9 @@ def test_a_pitfall_is_diagnosed_in_the_real_sandbox():
 
 
 @pytest.mark.slow
-def test_every_reference_and_pitfall_in_the_real_sandbox():
+def test_every_reference_passes_in_the_real_sandbox():
+    """Every reference solution through the child process (each pitfall's diagnosis is pinned in-process above,
+    and one pitfall goes through the sandbox in the quick tests: the diagnosis does not depend on where it ran)."""
     for p in practice.PROBLEMS:
         v = practice.check(p, p.solution, SEED)
         assert v.passed, (p.slug, v.stopped, v.exec_error, [(c.name, c.message) for c in v.cases])
-        for pitfall in p.pitfalls:
-            v = practice.check(p, pitfall.example, SEED)
-            assert [d.name for d in v.diagnoses] == [pitfall.name], (p.slug, pitfall.name, v.stopped, v.exec_error)
