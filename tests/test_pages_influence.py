@@ -78,6 +78,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     assert lds["LDS · influence function"] > 0.3  # a convex model: far better than chance
 
 
+@pytest.mark.slow  # over 5 s of the quick subset; the full suite keeps the diverging-LiSSA message
 def test_influence_page_lissa_divergence_shows_a_message():
     at = open_page("influence", **dict(LINEAR_NOISY, dataset="moons"))  # 480 examples: the quick subset's Influence page
     at.selectbox(key="infl_solver").set_value("lissa")

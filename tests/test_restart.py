@@ -1,5 +1,7 @@
 """A restarted server answers from the results store on disk: no training, no recomputation."""
 
+import pytest
+
 from conftest import assert_clean, open_page
 
 from gradlab import summary
@@ -23,6 +25,7 @@ def test_a_restarted_server_answers_its_first_visitor_from_disk(monkeypatch):
     assert [m.value for m in again.metric] == [m.value for m in first.metric]
 
 
+@pytest.mark.slow  # the warm-up runs two pages in full; the restart test below covers reading them back
 def test_the_warm_up_presses_heavy_sections_so_every_visitor_sees_them():
     """`gradlab.warm` fills the store with a page's default view and its button-started sections: the next
     visitor sees the membership attack's and the audit's numbers without pressing anything."""
