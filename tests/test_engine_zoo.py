@@ -13,6 +13,8 @@ rule, so a silent fallback to `vmap(grad)` everywhere would fail the test.
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -289,6 +291,18 @@ def custom_vjp_checkpoint_zoo():
     return loss, p, _normal(4, (N, 5), 1.0), _normal(5, (N, 2), 1.0), {"['w1']", "['w2']", "['b2']", "['w3']"}
 
 
+def gpt_block_loss(p, ids, target, *, t, d):
+    """One GPT block's next-token loss for ONE sequence `ids (t,)`; the head is `p["head"]`, or tied to `p["wte"]`
+    (used twice) when `p` has none. Shared with benchmarks/rule_coverage.py."""
+    h = p["wte"][ids] + p["wpe"][:t]
+    q, k, val = jnp.split(layer_norm(h, p["ln1_g"], p["ln1_b"]) @ p["w_qkv"], 3, axis=-1)
+    att = jnp.where(jnp.tril(jnp.ones((t, t), bool)), q @ k.T / jnp.sqrt(d), -1e9)
+    h = h + jax.nn.softmax(att, -1) @ val @ p["w_o"]
+    h = h + jax.nn.gelu(layer_norm(h, p["ln2_g"], p["ln2_b"]) @ p["w_fc"] + p["b_fc"]) @ p["w_proj"]
+    logits = h @ (p["head"] if "head" in p else p["wte"].T)
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, target[:, None], 1)[:, 0])
+
+
 def gpt_zoo():
     """A one-block GPT in plain JAX: token and position embeddings (`wpe[:T]` added), pre-LayerNorm, causal
     attention from a packed QKV weight, an MLP, and a head tied to the token embedding (used twice)."""
@@ -298,18 +312,9 @@ def gpt_zoo():
          "ln2_g": 1.0 + _normal(6, (d,), 0.1), "ln2_b": _normal(7, (d,), 0.1), "w_fc": _normal(8, (d, 2 * d)),
          "b_fc": _normal(9, (2 * d,), 0.1), "w_proj": _normal(10, (2 * d, d))}
 
-    def loss(p, ids, target):
-        h = p["wte"][ids] + p["wpe"][:t]
-        q, k, val = jnp.split(layer_norm(h, p["ln1_g"], p["ln1_b"]) @ p["w_qkv"], 3, axis=-1)
-        att = jnp.where(jnp.tril(jnp.ones((t, t), bool)), q @ k.T / jnp.sqrt(d), -1e9)
-        h = h + jax.nn.softmax(att, -1) @ val @ p["w_o"]
-        h = h + jax.nn.gelu(layer_norm(h, p["ln2_g"], p["ln2_b"]) @ p["w_fc"] + p["b_fc"]) @ p["w_proj"]
-        logits = h @ p["wte"].T  # the tied head
-        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, target[:, None], 1)[:, 0])
-
     ids = jax.random.randint(KEYS[11], (N, t + 1), 0, v)
     ruled = set(engine.leaf_names(p)) - {"['wte']"}
-    return loss, p, ids[:, :-1], ids[:, 1:], ruled
+    return functools.partial(gpt_block_loss, t=t, d=d), p, ids[:, :-1], ids[:, 1:], ruled
 
 
 ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
