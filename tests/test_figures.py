@@ -2,6 +2,7 @@
 
 import threading
 
+import jax
 import numpy as np
 
 from gradlab import plots as library
@@ -44,3 +45,5 @@ def test_an_argument_without_a_value_key_builds_unshared():
     assert plots.timing_vs_n(rows, labels) is plots.timing_vs_n(rows, labels)
     odd = [{"n": 4, "approach": "loop", "run_s": 1.0, "note": object()}]
     assert plots.timing_vs_n(odd, labels) is not plots.timing_vs_n(odd, labels)
+    with_key = [{"n": 4, "approach": "loop", "run_s": 1.0, "key": jax.random.key(0)}]  # no NumPy view: unkeyed
+    assert plots.timing_vs_n(with_key, labels) is not plots.timing_vs_n(with_key, labels)

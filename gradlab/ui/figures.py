@@ -35,7 +35,10 @@ def _feed(h, value) -> None:
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         h.update(f"{type(value).__name__}:{value!r};".encode())
     elif isinstance(value, (np.ndarray, np.generic)) or type(value).__module__.startswith("jax"):
-        a = np.ascontiguousarray(np.asarray(value))
+        try:
+            a = np.ascontiguousarray(np.asarray(value))
+        except TypeError:  # a typed PRNG key array has no NumPy view
+            raise _Unkeyable from None
         if a.dtype == object:
             raise _Unkeyable
         h.update(f"array:{a.dtype.str}:{a.shape};".encode())
