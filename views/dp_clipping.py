@@ -8,9 +8,9 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import clipping, costs, engine, memory, privacy, ui
-from gradlab.ui.figures import plots
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
+from gradlab.ui.figures import plots
 
 st.title("DP clipping")
 st.markdown(

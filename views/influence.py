@@ -9,8 +9,8 @@ import streamlit as st
 from gradlab import influence as inf
 from gradlab import costs, engine, export, losses, memory, ui
 from gradlab.influence import fitted as ifit
-from gradlab.ui.figures import plots
 from gradlab.metrics import detection_roc, fraction_in_top
+from gradlab.ui.figures import plots
 
 st.title("Influence")
 st.markdown(

@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import export, ui
-from gradlab.ui.figures import plots
 from gradlab.metrics import detection_roc
 from gradlab.summary import norm_summary
+from gradlab.ui.figures import plots
 
 st.title("Gradient norms")
 st.markdown(

@@ -4,10 +4,10 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import bench, costs, engine, memory, ui
-from gradlab.ui.figures import plots
 from gradlab.experiment import init_model, load_data
 from gradlab.losses import loss_for
 from gradlab.sharding import describe_devices
+from gradlab.ui.figures import plots
 
 st.title("Performance")
 st.markdown(

@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import audit, costs, engine, export, membership, privacy, ui
-from gradlab.ui.figures import audit_plots, plots
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS
+from gradlab.ui.figures import audit_plots, plots
 
 st.title("Privacy audit: what ε means")
 st.markdown(
