@@ -13,7 +13,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.expandus
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))  # bytes; least recently used go first
 
-from gradlab import ui  # noqa: E402
+from gradlab import memory, ui  # noqa: E402
 from gradlab.ui import lecture as ui_lecture  # noqa: E402
 from gradlab.ui import pages as ui_pages  # noqa: E402
 
@@ -35,5 +35,6 @@ try:
     ui.url_warnings(warnings, page.url_path)
     ui.share_link()
 finally:
+    memory.freeze_imported_heap()  # Streamlit's collection after each run then skips the imported modules' objects
     if os.environ.get("GRADLAB_LOG_RUNS"):  # server time per script run, for benchmarks/latency.py
         print(f"gradlab-run {page.title!r} {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
