@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import platform
 import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -147,6 +149,22 @@ def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int]
     if progress:
         progress(1.0, "done")
     return out
+
+
+def machine() -> str:
+    """This machine's hardware in one line (CPU model, core count, JAX devices), e.g.
+    `"AMD EPYC 7B13 · 2 cores · 1 × cpu (backend cpu, 1 process)"`.
+
+    Timings are facts about a machine: the Performance page keys its stored sweeps on this line, so a
+    restarted server on the same hardware shows the sweep it measured before, and other hardware never does.
+    """
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu} · {os.cpu_count()} cores · {sharding.describe_devices()}"
 
 
 def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int | None = None,

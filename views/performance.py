@@ -1,12 +1,13 @@
 """Performance: Python loop of jax.grad vs vmap(grad) vs one batch gradient vs streamed norms, timed live."""
 
+import time
+
 import pandas as pd
 import streamlit as st
 
 from gradlab import bench, costs, engine, memory, ui
 from gradlab.experiment import init_model, load_data
 from gradlab.losses import loss_for
-from gradlab.sharding import describe_devices
 from gradlab.ui.figures import plots
 
 st.title("Performance")
@@ -18,7 +19,8 @@ st.markdown(
     "shape) is reported apart from the steady-state run time. Timings are wall-clock on a shared CPU: "
     "read the ratios, not the last digit."
 )
-st.caption(f"Runs on {describe_devices()}; with several devices the engine splits the examples over all of them.")
+MACHINE = bench.machine()
+st.caption(f"Runs on {MACHINE}; with several devices the engine splits the examples over all of them.")
 
 WORKLOADS = {"experiment": "Current experiment's model (sidebar, untrained weights)",
              "digits_mlp": "Benchmark: digits, MLP 64-256-256-10"}
@@ -76,19 +78,20 @@ if skipped:
                f"parameters), these cells are skipped: {'; '.join(skipped)}. Pick a smaller model or N.", icon="⚠️")
 
 
-@ui.shared(label="Timing", persist=False)
-def timings(workload, exp, approach, ns, repeats, loop_max, attempt, _problem, progress):
+@ui.shared(label="Timing")
+def timings(workload, exp, approach, ns, repeats, loop_max, attempt, machine, _problem, progress):
     """One approach's rows of the sweep, shared by sessions (one entry per approach, so adding or removing
-    another approach reuses these); `attempt` > 0 measures again ("Run the sweep again"). Timings are of
-    this server now, so they are not kept on disk."""
-    return [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s)
+    another approach reuses these); `attempt` > 0 measures again ("Run the sweep again"). Kept on disk under
+    this machine's hardware (`bench.machine()`), so a restarted server shows what it measured before, with when."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s, measured=when)
             for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
                                  progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"))]
 
 
 with ui.guard("The sweep does not fit this server's work budget", stop=True):
     if not all(timings.stored(workload, exp if workload == "experiment" else None, a, ns, repeats, loop_max,
-                              st.session_state.get("_perf_attempt", 0), None) for a, ns in cells if ns):
+                              st.session_state.get("_perf_attempt", 0), MACHINE, None) for a, ns in cells if ns):
         timed = [(a, tuple(n for n in ns if a != "loop" or n <= loop_max)) for a, ns in cells]
         costs.check_work(costs.timing_seconds(P, timed, repeats=repeats), "This sweep",
                          "Pick fewer batch sizes, fewer timed runs, or run the Python loop only up to a smaller N.")
@@ -100,9 +103,12 @@ with ui.guard("The sweep failed"):
     for a, ns in cells:
         if ns:
             rows += timings(workload, exp if workload == "experiment" else None, a, ns, repeats, loop_max,
-                            st.session_state.get("_perf_attempt", 0), (loss_fn, params, xs, ys))
+                            st.session_state.get("_perf_attempt", 0), MACHINE, (loss_fn, params, xs, ys))
 if not rows:
     st.stop()
+when = sorted({r["measured"] for r in rows})
+st.caption(f"Timed on this machine at {when[0]}" + (f" to {when[-1]}" if len(when) > 1 else "") +
+           " (kept for this hardware, also across restarts). **Run the sweep again** to time it now.")
 
 labels = {a: bench.APPROACHES[a] for a in approaches}
 n_top = max(r["n"] for r in rows)
@@ -132,7 +138,7 @@ with figure:
         m[3].metric("vmap compile time", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
                     help=f"At N = {n_top}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
 
-table = pd.DataFrame(rows).assign(approach=lambda d: d["approach"].map(bench.APPROACHES))
+table = pd.DataFrame(rows).drop(columns="measured").assign(approach=lambda d: d["approach"].map(bench.APPROACHES))
 table["run ms"] = table.pop("run_s") * 1e3
 table["compile ms (first − run)"] = table.pop("compile_s") * 1e3
 table["first call ms"] = table.pop("first_s") * 1e3
