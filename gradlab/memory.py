@@ -210,6 +210,23 @@ def freeze_imported_heap() -> None:
         gc.freeze()
 
 
+def peak_rss_mb(reset: bool = False) -> float:
+    """This process's peak resident set size in MB since start or the last `reset=True` (Linux `VmHWM`;
+    resetting writes 5 to /proc/self/clear_refs). 0 where /proc is missing. For per-computation peaks in logs."""
+    try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return 0.0
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def _trim() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):

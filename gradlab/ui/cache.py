@@ -26,6 +26,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -40,6 +41,7 @@ from gradlab.experiment import (Experiment, Fitted, check_training_memory, check
                                 forward_macs, load_data)
 
 log = logging.getLogger("gradlab")
+LOG_RUNS = bool(os.environ.get("GRADLAB_LOG_RUNS"))  # benchmarks/latency.py reads the server times
 _MISSING = object()
 
 
@@ -138,8 +140,16 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
         keep = persist and not upload
 
         def compute(report):  # another server sharing the store may have computed it meanwhile: `once`
-            return STORE.once(k, lambda: fn(*args, **({"progress": report} if takes_progress else {}), **kwargs),
-                              persist=keep)
+            started, before = time.perf_counter(), rss_mb()
+            if LOG_RUNS:
+                memory.peak_rss_mb(reset=True)
+            try:
+                return STORE.once(k, lambda: fn(*args, **({"progress": report} if takes_progress else {}), **kwargs),
+                                  persist=keep)
+            finally:
+                if LOG_RUNS:  # each computation's server time, beside app.py's per-run line
+                    print(f"gradlab-compute {fn.__qualname__} {time.perf_counter() - started:.3f} s, RSS {before:.0f} MB "
+                          f"-> peak {memory.peak_rss_mb():.0f} MB", file=sys.stderr, flush=True)
 
         if not gated:
             return compute(lambda *a, **kw: None)
