@@ -233,12 +233,12 @@ def _trim() -> None:
         libc.malloc_trim(0)
 
 
-def release_memory() -> None:
+def release_memory(force: bool = False) -> None:
     """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
-    leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB`, drop JAX's compiled
-    functions (`jax.clear_caches()`), which other sessions simply recompile when they need them."""
+    leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB` (or with `force`), drop
+    JAX's compiled functions (`jax.clear_caches()`), which other sessions simply recompile when they need them."""
     _trim()
-    if MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB:
+    if force or (MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB):
         before = rss_mb()
         jax.clear_caches()
         gc.collect()

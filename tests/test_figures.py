@@ -47,3 +47,15 @@ def test_an_argument_without_a_value_key_builds_unshared():
     assert plots.timing_vs_n(odd, labels) is not plots.timing_vs_n(odd, labels)
     with_key = [{"n": 4, "approach": "loop", "run_s": 1.0, "key": jax.random.key(0)}]  # no NumPy view: unkeyed
     assert plots.timing_vs_n(with_key, labels) is not plots.timing_vs_n(with_key, labels)
+
+
+def test_the_gates_relief_drops_shared_figures_and_stored_results():
+    """When a heavy job would take the server over its budget, the gate's relief empties what is rebuilt on demand."""
+    from gradlab.ui import cache
+
+    norms = np.linspace(0.5, 2.0, 30)
+    first = plots.norm_histogram(norms)
+    cache.STORE.put("relief-test", np.zeros(10), persist=False)
+    cache._relieve()
+    assert "relief-test" not in cache.STORE._memory
+    assert plots.norm_histogram(norms) is not first  # rebuilt after the relief

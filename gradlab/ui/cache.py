@@ -35,6 +35,7 @@ import streamlit as st
 from gradlab import costs, memory
 from gradlab.memory import release_memory, rss_mb
 from gradlab.store import MB, Gate, Store, default_directory, key_of
+from gradlab.ui.figures import FIGURES
 from gradlab.ui.upload import require_upload
 from gradlab.ui.widgets import guard
 from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
@@ -90,8 +91,18 @@ STORE_MB = float(os.environ.get("GRADLAB_STORE_MB", "64"))
 
 STORE = Store(int(STORE_MB * MB), default_directory(),
               int(float(os.environ.get("GRADLAB_STORE_DISK_MB", "256")) * MB))
+
+
+def _relieve() -> None:
+    """A heavy job would take the server over its budget: drop everything that is rebuilt on demand (stored
+    results' memory tier, shared figures, compiled programs) before it starts."""
+    STORE.clear_memory()
+    FIGURES.clear()
+    release_memory(force=True)
+
+
 GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
-            relieve=STORE.clear_memory, after=lambda: release_memory(), hold=STORE.slot)
+            relieve=_relieve, after=lambda: release_memory(), hold=STORE.slot)
 
 
 def _key_part(value):

@@ -78,6 +78,11 @@ class _Figures:
                 self._items.popitem(last=False)
         return fig
 
+    def clear(self) -> None:
+        """Drop every figure (the gate's relief when memory is short; each is rebuilt on its next use)."""
+        with self._lock:
+            self._items.clear()
+
 
 FIGURES = _Figures(KEEP)
 
