@@ -313,6 +313,8 @@ class Gate:
             return fn(lambda *a, **k: None)
         job = self.submit(key, name, fn, **estimates)
         try:
+            if on_wait is not None and self.position(job)[0]:
+                on_wait(job)  # queued behind others: say so at once, not after the first poll
             while not job.done.wait(poll):
                 if on_wait is not None:
                     on_wait(job)

@@ -78,6 +78,23 @@ def test_a_queued_job_nobody_waits_for_is_dropped():
     assert busy.done.wait(5)
 
 
+def test_a_queued_caller_is_told_its_place_at_once():
+    """A visitor behind a running computation sees "Queued" when it joins, not after the first poll interval."""
+    gate = Gate(slots=1)
+    hold = threading.Event()
+    busy = gate.submit("busy", "busy", lambda report: hold.wait(5))
+    time.sleep(0.1)
+    seen = []
+
+    def on_wait(job):
+        seen.append(gate.position(job)[0])
+        hold.set()
+
+    assert gate.run("later", "later", lambda report: 7, on_wait=on_wait, poll=30) == 7
+    gate.leave(busy)
+    assert seen and seen[0] == 1  # one computation ahead, told before any poll
+
+
 def test_keys_hash_arrays_by_content():
     assert key_of(np.arange(3), 1.0) == key_of(np.arange(3), 1.0) != key_of(np.arange(1, 4), 1.0)
 
