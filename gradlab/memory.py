@@ -31,6 +31,11 @@ MB = 2**20
 #: JAX + Streamlit baseline (~300 MB) and the caches this keeps a hosted server within 690 MB.
 BUDGET_BYTES = int(float(os.environ.get("GRADLAB_COMPUTE_BUDGET_MB", "96")) * MB)
 
+#: What XLA:CPU's compiler holds while it compiles one of the pages' larger programs, on top of the computation's
+#: own bytes: the Influence page's L-BFGS for θ̂ (a while loop around a zoom line search) peaks 200–230 MB above
+#: the process for 11–18 s (`jax.jit(...).lower(...).compile()`, measured with VmHWM; no XLA flag tried cut it).
+COMPILE_BYTES = 224 * MB
+
 #: XLA keeps about two more copies of a materialized per-example gradient (the vmapped backward
 #: pass's product and the output buffer) while it runs.
 XLA_COPIES = 3

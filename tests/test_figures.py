@@ -49,10 +49,11 @@ def test_an_argument_without_a_value_key_builds_unshared():
     assert plots.timing_vs_n(with_key, labels) is not plots.timing_vs_n(with_key, labels)
 
 
-def test_the_gates_relief_drops_shared_figures_and_stored_results():
+def test_the_gates_relief_drops_shared_figures_and_stored_results(monkeypatch):
     """When a heavy job would take the server over its budget, the gate's relief empties what is rebuilt on demand."""
     from gradlab.ui import cache
 
+    monkeypatch.setattr(cache, "SERVER_BUDGET_MB", 0)  # still over budget once compiled programs are dropped
     norms = np.linspace(0.5, 2.0, 30)
     first = plots.norm_histogram(norms)
     cache.STORE.put("relief-test", np.zeros(10), persist=False)

@@ -94,11 +94,13 @@ STORE = Store(int(STORE_MB * MB), default_directory(),
 
 
 def _relieve() -> None:
-    """A heavy job would take the server over its budget: drop everything that is rebuilt on demand (stored
-    results' memory tier, shared figures, compiled programs) before it starts."""
-    STORE.clear_memory()
-    FIGURES.clear()
+    """A heavy job would take the server over its budget: drop what is rebuilt on demand before it starts, compiled
+    programs first, then (if that is not enough) stored results' memory tier and the shared figures."""
     release_memory(force=True)
+    if (rss_mb() * MB + memory.BUDGET_BYTES + memory.COMPILE_BYTES) > SERVER_BUDGET_MB * MB:
+        STORE.clear_memory()
+        FIGURES.clear()
+        release_memory()
 
 
 GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
@@ -181,8 +183,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
             else:
                 slot[0].progress(job.fraction, text=f"{label}… {job.text}")
 
-        # memory: every page computation is refused above memory.BUDGET_BYTES before it runs, so that is its bound
-        estimate = {"est_bytes": memory.BUDGET_BYTES}
+        # memory: every page computation is refused above memory.BUDGET_BYTES before it runs, and a cold one compiles
+        estimate = {"est_bytes": memory.BUDGET_BYTES + memory.COMPILE_BYTES}
         if cost is not None:
             estimate["est_seconds"] = float(cost(*args, **kwargs))
         try:
