@@ -161,8 +161,10 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
                                   persist=keep)
             finally:
                 if LOG_RUNS:  # each computation's server time, beside app.py's per-run line
+                    live = sum(a.nbytes for a in jax.live_arrays()) / MB
                     print(f"gradlab-compute {fn.__qualname__} {time.perf_counter() - started:.3f} s, RSS {before:.0f} MB "
-                          f"-> peak {memory.peak_rss_mb():.0f} MB", file=sys.stderr, flush=True)
+                          f"-> peak {memory.peak_rss_mb():.0f} MB; JAX arrays alive after {live:.0f} MB, store memory tier "
+                          f"{STORE.used_bytes / MB:.0f} MB", file=sys.stderr, flush=True)
 
         if not gated:
             return compute(lambda *a, **kw: None)
