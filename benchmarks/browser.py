@@ -44,10 +44,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class MemoryLimit:
+    """A memory cgroup holding the server (and its children) to `limit_mb`, as a hosting instance does: over it the
+    kernel first reclaims file pages (libraries, the store's files), then kills. cgroup v1 or v2, where writable
+    (root in a container); `available()` says whether it is. `preexec` puts a child in it before it runs;
+    `report()` gives the peak usage (MB) and how many processes the kernel killed for memory."""
+
+    V1, V2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+
+    def __init__(self, limit_mb: float):
+        self.limit_mb = float(limit_mb)
+        v2 = (self.V2 / "cgroup.controllers").exists()
+        self.path = (self.V2 if v2 else self.V1) / f"gradlab-bench-{os.getpid()}-{time.monotonic_ns()}"
+        self.v2 = v2
+        self.path.mkdir()
+        limit = str(int(self.limit_mb * 2**20))
+        (self.path / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(limit)
+        if v2:
+            (self.path / "memory.swap.max").write_text("0")
+
+    @classmethod
+    def available(cls) -> bool:
+        try:
+            MemoryLimit(1024).close()
+            return True
+        except OSError:
+            return False
+
+    def preexec(self) -> None:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def report(self) -> dict:
+        if self.v2:
+            peak = int((self.path / "memory.peak").read_text()) if (self.path / "memory.peak").exists() else 0
+            events = dict(line.split() for line in (self.path / "memory.events").read_text().splitlines())
+            kills = int(events.get("oom_kill", 0))
+        else:
+            peak = int((self.path / "memory.max_usage_in_bytes").read_text())
+            control = dict(line.split() for line in (self.path / "memory.oom_control").read_text().splitlines())
+            kills = int(control.get("oom_kill", 0))
+        return {"limit_mb": self.limit_mb, "peak_mb": peak / 2**20, "oom_kills": kills}
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
 @contextlib.contextmanager
 def streamlit_server(port: int | None = None, *, timeout: float = 120, log_path: Path | None = None,
-                     env: dict | None = None):
-    """Run the app headless on `port` (a free one by default), with extra `env`; yield (base url, Popen)."""
+                     env: dict | None = None, limit: MemoryLimit | None = None):
+    """Run the app headless on `port` (a free one by default), with extra `env` (and inside the memory cgroup
+    `limit`, if given); yield (base url, Popen)."""
     port = port or free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
@@ -55,7 +102,7 @@ def streamlit_server(port: int | None = None, *, timeout: float = 120, log_path:
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
          "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
          "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit.preexec if limit else None,
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -29,11 +29,15 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
    student's URL reach the new step, and its first chart come?
 
 Server memory is the peak, sampled every 0.2 s from /proc (`benchmarks/browser.Sampler`; psutil is not a
-dependency), of the server's RSS plus its children's private pages.
+dependency), of the server's RSS plus its children's private pages. RSS counts the shared libraries' pages
+(about 200 MB of JAX's, SciPy's…) that a memory-limited host reclaims before it kills anything; with
+`--memory-limit 690` the server runs in a memory cgroup of that size, as on the smallest Community Cloud
+instance, and the run ends with the cgroup's peak and how many processes the kernel killed for memory.
 
     python -m benchmarks.crowd                      # cold, full sizes (about 4 min on 2 cores)
     python -m benchmarks.crowd --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
     python -m benchmarks.crowd --dir /tmp/crowd-warm   # run twice: the second run is warm
+    python -m benchmarks.crowd --memory-limit 690      # as root: the server in a 690 MB memory cgroup
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from streamlit.proto.Common_pb2 import FileURLs, UploadedFileInfo
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 
-from benchmarks.browser import Sampler, free_port, run_times, streamlit_server
+from benchmarks.browser import MemoryLimit, Sampler, free_port, run_times, streamlit_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -483,10 +487,10 @@ def detail_row(scenario: str, v: Visit) -> str:
 class Server:
     """A `streamlit run app.py` with a memory sampler; `restart()` keeps its store and caches."""
 
-    def __init__(self, directory: Path, log_dir: Path):
+    def __init__(self, directory: Path, log_dir: Path, limit: MemoryLimit | None = None):
         self.env = {"GRADLAB_STORE_DIR": str(directory / "store"), "JAX_COMPILATION_CACHE_DIR": str(directory / "xla"),
                     "GRADLAB_LOG_RUNS": "1"}
-        self.log_dir = log_dir
+        self.log_dir, self.limit = log_dir, limit
         self.starts = 0
         self._cm = None
         self.base = ""
@@ -497,7 +501,7 @@ class Server:
         """Start the server; returns the seconds until /_stcore/health answered."""
         self.starts += 1
         t0 = time.perf_counter()
-        self._cm = streamlit_server(free_port(), timeout=300, env=self.env,
+        self._cm = streamlit_server(free_port(), timeout=300, env=self.env, limit=self.limit,
                                     log_path=self.log_dir / f"server{self.starts}.log")
         self.base, self.proc = self._cm.__enter__()
         return time.perf_counter() - t0
@@ -536,6 +540,8 @@ def main(argv=None) -> int:
                                               "default: a new temporary directory (cold)")
     ap.add_argument("--timeout", type=float, default=600, help="per visitor, s")
     ap.add_argument("--detail", action="store_true", help="also list every visitor of scenario 1")
+    ap.add_argument("--memory-limit", type=float, default=0,
+                    help="run the server in a memory cgroup of this many MB (root; cgroup v1 or v2)")
     args = ap.parse_args(argv)
     scenarios = {int(s) for s in args.scenarios.split(",") if s.strip()}
 
@@ -543,7 +549,8 @@ def main(argv=None) -> int:
     warm = bool(args.dir) and (directory / "store").exists()
     directory.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="gradlab-crowd-logs-"))
-    server = Server(directory, logs)
+    limit = MemoryLimit(args.memory_limit) if args.memory_limit else None
+    server = Server(directory, logs, limit)
     summary, details = [], []
     print(f"# crowd: {'warm' if warm else 'cold'} store and XLA cache in {directory}; server logs in {logs}", flush=True)
     print(f"# machine: {os.cpu_count()} cores; command: python -m benchmarks.crowd {' '.join(sys.argv[1:] if argv is None else argv)}",
@@ -634,6 +641,11 @@ def main(argv=None) -> int:
             details += [detail_row("5", v) for v in visits if not v.clean or args.detail]
     finally:
         server.stop()
+        if limit is not None:
+            r = limit.report()
+            print(f"# memory cgroup: limit {r['limit_mb']:.0f} MB, peak {r['peak_mb']:.0f} MB (with reclaimable file "
+                  f"pages), processes killed for memory: {r['oom_kills']}", flush=True)
+            limit.close()
 
     print()
     print(SUMMARY_HEAD)
