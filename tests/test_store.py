@@ -139,3 +139,24 @@ def test_gate_slots_are_held_across_processes(tmp_path):
     other.release()
     assert job.done.wait(5) and job.result == 5
     gate.leave(job)
+
+
+def test_imported_objects_leave_the_collectors_full_passes_once_per_import():
+    """`memory.freeze_imported_heap` (called after every script run) freezes only when a module was imported since."""
+    import gc
+    import sys
+
+    from gradlab import memory
+
+    memory.freeze_imported_heap()
+    frozen = gc.get_freeze_count()
+    garbage = [[] for _ in range(1000)]
+    memory.freeze_imported_heap()  # nothing new imported: the new objects stay collectable
+    assert gc.get_freeze_count() == frozen
+    sys.modules["gradlab_test_new_module"] = type(sys)("gradlab_test_new_module")
+    try:
+        memory.freeze_imported_heap()
+        assert gc.get_freeze_count() >= frozen + len(garbage)
+    finally:
+        del sys.modules["gradlab_test_new_module"]
+        gc.unfreeze()
