@@ -455,7 +455,8 @@ def _s(x: float | None) -> str:
     return "–" if x is None else f"{x:.1f}"
 
 
-def summary_row(scenario: str, group: str, visits: list[Visit], peak_mb: float) -> str:
+def summary_row(scenario: str, group: str, visits: list[Visit], peak_mb: tuple[float, float]) -> str:
+    """One summary line; `peak_mb` is (RSS, anonymous) peak MB."""
     charts = [v.chart_s for v in visits if v.chart_s is not None]
     done = [v.finished_s for v in visits if v.finished_s is not None]
     queued = [v.queued_s for v in visits if v.queued_s is not None]
@@ -463,11 +464,11 @@ def summary_row(scenario: str, group: str, visits: list[Visit], peak_mb: float) 
     failed = [v for v in visits if v.status != "ok"]
     return (f"| {scenario} | {group} | {len(visits)} | {len(charts)} | {_s(_q(charts, 50))} | {_s(_q(charts, 95))} | "
             f"{_s(_q(done, 50))} | {_s(_q(done, 95))} | {len(bad)} | {len(failed)} | "
-            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | {peak_mb:.0f} |")
+            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | {peak_mb[0]:.0f} ({peak_mb[1]:.0f}) |")
 
 
 SUMMARY_HEAD = ("| scenario | visitors | n | with chart | chart p50 s | chart p95 s | done p50 s | done p95 s | "
-                "error/exception | not finished | saw Queued | Queued after s (median) | server peak MB |\n"
+                "error/exception | not finished | saw Queued | Queued after s (median) | server peak MB (anonymous) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 DETAIL_HEAD = ("| scenario | visitor | page?query | first chart s | done s | Queued after s | error/exception | status |\n"
@@ -567,8 +568,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             visits = crowd(server.base, specs, spread=args.spread, timeout=args.timeout)
             print(f"# scenario 1: {time.perf_counter() - t0:.1f} s", flush=True)
-            summary.append(summary_row("1 arrive", f"Lecture step 1 (`/lecture?step=1`)", visits[:n], sampler.peak))
-            summary.append(summary_row("1 arrive", "Gradient norms (`/norms`)", visits[n:], sampler.peak))
+            summary.append(summary_row("1 arrive", f"Lecture step 1 (`/lecture?step=1`)", visits[:n], (sampler.peak, sampler.peak_anon)))
+            summary.append(summary_row("1 arrive", "Gradient norms (`/norms`)", visits[n:], (sampler.peak, sampler.peak_anon)))
             if args.detail:
                 details += [detail_row("1", v) for v in visits]
             else:
@@ -585,7 +586,7 @@ def main(argv=None) -> int:
                 visits = asyncio.run(changes(server.base, "norms", CHANGES[: args.changes], timeout=args.timeout))
                 group = "one control each, widget changed in an open `/norms`"
             print(f"# scenario 2: {time.perf_counter() - t0:.1f} s", flush=True)
-            summary.append(summary_row("2 change", group, visits, sampler.peak))
+            summary.append(summary_row("2 change", group, visits, (sampler.peak, sampler.peak_anon)))
             details += [detail_row("2", v) for v in visits]
 
         if 3 in scenarios and args.uploads:
@@ -600,7 +601,7 @@ def main(argv=None) -> int:
             print(f"# scenario 3: {time.perf_counter() - t0:.1f} s", flush=True)
             for v in visits:
                 v.note = "(times from the upload's rerun)"
-            summary.append(summary_row("3 upload", "a different CSV each (`/norms?dataset=upload`)", visits, sampler.peak))
+            summary.append(summary_row("3 upload", "a different CSV each (`/norms?dataset=upload`)", visits, (sampler.peak, sampler.peak_anon)))
             details += [detail_row("3", v) for v in visits]
 
         if 4 in scenarios:
@@ -613,15 +614,15 @@ def main(argv=None) -> int:
                     server.stop()
                     up = server.start()
                     print(f"# restarted: healthy after {up:.1f} s", flush=True)
-                tour, peak = [], 0.0
+                tour, peak = [], (0.0, 0.0)
                 for path, title in pages:
                     sampler = server.measure()
                     before = len(run_times(server.log))
                     v = asyncio.run(visit(server.base, title, path, timeout=args.timeout))
                     time.sleep(0.3)  # the app logs its run time as the run ends
-                    peak = max(peak, sampler.peak)
+                    peak = (max(peak[0], sampler.peak), max(peak[1], sampler.peak_anon))
                     v.note = (f"(server run {sum(t for _, t in run_times(server.log)[before:]):.1f} s, "
-                              f"peak {sampler.peak:.0f} MB)")
+                              f"peak {sampler.peak:.0f} MB, {sampler.peak_anon:.0f} anonymous)")
                     tour.append(v)
                     details.append(detail_row(f"4 {when}", v))
                     print(f"# 4 {when}: {title}: chart {_s(v.chart_s)} s, done {_s(v.finished_s)} s, {v.status}", flush=True)
@@ -637,7 +638,7 @@ def main(argv=None) -> int:
                 v.note = f"(URL moved after {_s(v.moved_s)} s)"
             summary.append(summary_row("5 follow", f"students following a room, step {args.follow_step} → "
                                                    f"{args.follow_step + 1} (times from the lecturer's move)",
-                                       visits, sampler.peak))
+                                       visits, (sampler.peak, sampler.peak_anon)))
             details += [detail_row("5", v) for v in visits if not v.clean or args.detail]
     finally:
         server.stop()
