@@ -125,8 +125,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     def key(args, kwargs) -> tuple[str, bool]:
         bound = dict(zip(names, args), **kwargs)
         parts = {k: _key_part(v) for k, v in bound.items() if not k.startswith("_") and k != "progress"}
-        upload = any(isinstance(v, Experiment) and v.is_upload for v in parts.values()) or any(
-            isinstance(v, Fitted) and v.experiment.is_upload for v in bound.values())
+        upload = any(isinstance(v, Experiment) and v.in_memory_only for v in parts.values()) or any(
+            isinstance(v, Fitted) and v.experiment.in_memory_only for v in bound.values())
         return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), upload
 
     @functools.wraps(fn)
@@ -235,8 +235,12 @@ def fitted(exp: Experiment) -> Fitted:
     """The trained experiment, from the shared cache or trained now with a progress bar.
 
     A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
-    experiment is trained on this session's upload, whose hash must match `exp.dataset`.
+    experiment is trained on this session's upload, whose hash must match `exp.dataset`; a served model
+    (`exp.is_own`) is the one the server was started with.
     """
+    if exp.is_own:  # the served model: loaded once per server, trained by its owner
+        with guard("Your model could not be loaded", stop=True):
+            return fit(exp)
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
         if not _fit.stored(exp):
