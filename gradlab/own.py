@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+import cloudpickle
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -164,8 +165,6 @@ def _run_module(path: Path) -> dict:
 def save_spec(path: str | os.PathLike, **spec) -> None:
     """Write `spec` (the keyword arguments of `from_objects`) for a server to `load`: with `cloudpickle`, so a
     loss written in a notebook travels by value. **Raises** `OwnModelError` when it cannot be pickled."""
-    import cloudpickle  # noqa: PLC0415 - only `explore` writes specs; the app never does
-
     try:
         Path(path).write_bytes(cloudpickle.dumps(spec))
     except Exception as err:  # noqa: BLE001
