@@ -335,6 +335,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="open the explorer on your own model (a .py file defining loss_fn, params, data)")
     p.add_argument("module", help="your model's Python file (docs/own-model.md)")
     p.add_argument("--port", type=int, help="the server's port (default: the first free one from 8501)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="the interface to listen on (default: this machine only; 0.0.0.0 lets others in)")
     p.add_argument("--headless", action="store_true", help="do not open a browser")
 
     def common(p, out):
@@ -380,7 +382,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args, log) -> int:
-    return serve.main(args.module, port=args.port, headless=args.headless)
+    return serve.main(args.module, port=args.port, address=args.address, headless=args.headless)
 
 
 COMMANDS = {"devices": cmd_devices, "serve": cmd_serve, "norms": cmd_norms, "influence": cmd_influence, "dp-sgd": cmd_dp_sgd}

@@ -8,8 +8,10 @@ terminal or notebook with the reason, before a browser opens.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,9 +32,13 @@ class Server:
     url: str
 
     def stop(self) -> None:
-        """End the server (it also ends with the Python process that started it)."""
-        self.process.terminate()
-        self.process.wait(timeout=30)
+        """End the server (it also ends when the Python process that started it exits)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
 
     def _repr_html_(self) -> str:  # a notebook shows the link
         return f'gradlab explorer: <a href="{self.url}" target="_blank">{self.url}</a>'
@@ -47,21 +53,23 @@ def free_port(start: int = 8501) -> int:
     raise OSError(f"no free port in {start}–{start + 99}")
 
 
-def command(port: int, *, headless: bool = False) -> list[str]:
-    """The `streamlit run app.py` command line. **Raises** `FileNotFoundError` when app.py is not next to the
+def command(port: int, *, address: str = "127.0.0.1", headless: bool = False) -> list[str]:
+    """The `streamlit run app.py` command line, listening on `address` (this machine only by default: the
+    explorer runs the user's code, which is not for the network to reach). **Raises** `FileNotFoundError` when app.py is not next to the
     package (gradlab installed from a wheel rather than `pip install -e` of the repository)."""
     if not APP.is_file():
         raise FileNotFoundError(f"{APP} is missing: the explorer runs from a checkout of the repository "
                                 "(pip install -e /path/to/gradlab)")
-    return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port),
+    return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port), "--server.address", address,
             "--server.headless", str(headless).lower(), "--browser.gatherUsageStats", "false"]
 
 
-def start(model_file: str | os.PathLike, *, port: int | None = None, headless: bool = False,
-          check: bool = True) -> Server:
+def start(model_file: str | os.PathLike, *, port: int | None = None, address: str = "127.0.0.1",
+          headless: bool = False, check: bool = True) -> Server:
     """Start the explorer on the model in `model_file` (a `.py` module, or a spec from `own.save_spec`).
 
-    **Arguments** `port`: the first free one from 8501 by default; `headless`: do not open a browser;
+    **Arguments** `port`: the first free one from 8501 by default; `address`: the interface to listen on
+    (`"0.0.0.0"` lets other machines in, e.g. a projector's); `headless`: do not open a browser;
     `check`: load the model here first (`own.load`), so a broken module fails now with its reason.
 
     **Returns** the running `Server`. **Raises** `own.OwnModelError` when the module breaks the contract."""
@@ -70,8 +78,10 @@ def start(model_file: str | os.PathLike, *, port: int | None = None, headless: b
         own.load(path)
     port = port or free_port()
     env = {**os.environ, own.ENV: str(path)}
-    process = subprocess.Popen(command(port, headless=headless), env=env, cwd=APP.parent)
-    return Server(process, f"http://localhost:{port}")
+    process = subprocess.Popen(command(port, address=address, headless=headless), env=env, cwd=APP.parent)
+    server = Server(process, f"http://localhost:{port}")
+    atexit.register(server.stop)
+    return server
 
 
 def explore(loss_fn, params, data, *, port: int | None = None, headless: bool = False, **optional) -> Server:
@@ -97,9 +107,19 @@ def explore(loss_fn, params, data, *, port: int | None = None, headless: bool = 
     return start(path, port=port, headless=headless, check=False)
 
 
-def main(model_file: str, *, port: int | None = None, headless: bool = False) -> int:
-    """`python -m gradlab serve`: start the explorer and wait for it (Ctrl-C ends it). **Returns** its exit status."""
-    server = start(model_file, port=port, headless=headless)
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(model_file: str, *, port: int | None = None, address: str = "127.0.0.1", headless: bool = False) -> int:
+    """`python -m gradlab serve`: start the explorer and wait for it; Ctrl-C or SIGTERM ends both processes.
+    **Returns** the server's exit status (2 with the reason when the module breaks the contract)."""
+    try:
+        server = start(model_file, port=port, address=address, headless=headless)
+    except (own.OwnModelError, FileNotFoundError) as err:
+        print(f"gradlab serve: error: {err}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"gradlab: serving {Path(model_file).name} at {server.url} (Ctrl-C to stop)", flush=True)
     try:
         return server.process.wait()
