@@ -36,6 +36,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 from sklearn.model_selection import train_test_split
 
 from gradlab.data import DataError, Dataset, read_csv
@@ -329,7 +330,7 @@ def _csv(path: Path, label, task, class_names):
     if label not in table.columns:
         raise OwnModelError(f"data: {path.name} has no column {label!r}; its columns: {', '.join(map(str, table.columns))}")
     y = table[label]
-    if task != "regression" and not np.issubdtype(y.dtype, np.number):
+    if task != "regression" and not pd.api.types.is_numeric_dtype(y.dtype):
         values, y = np.unique(y.astype(str), return_inverse=True)
         class_names = class_names or tuple(values)
     return {"x": table.drop(columns=[label]).to_numpy(np.float32), "y": np.asarray(y)}, class_names
