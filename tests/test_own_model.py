@@ -199,30 +199,22 @@ def test_norms_page_on_the_served_equinox_model(served):
     assert any("own_model_equinox.py" in c.value for c in at.sidebar.caption)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("page", ["equivalence", "performance", "dp_clipping", "privacy_audit"])
-def test_applicable_pages_render_on_the_served_flax_model(served, page):
+def test_pages_that_train_from_an_initialization_say_what_they_need(served):
     served(FLAX)
-    at = _open(page)
-    needs = [i.value for i in at.info if "needs gradlab's training loop" in i.value]
-    if page in ("dp_clipping", "privacy_audit"):  # DP-SGD and shadow models train from an initialization
-        assert len(needs) == 1
-    else:
-        assert not needs
-    if page != "privacy_audit":
-        assert at.metric
+    at = _open("privacy_audit")
+    assert [i.value for i in at.info if "needs gradlab's training loop" in i.value]
+    assert not at.metric and not at.button
 
 
-@pytest.mark.slow
-def test_influence_page_on_the_served_models(served):
-    served(EQUINOX)  # checkpoints listed: TracIn follows them
-    at = _open("influence")
-    assert not at.warning, [w.value for w in at.warning]
-    at.selectbox(key="infl_method").set_value("tracin").run()
-    assert_clean(at)
-    assert any(h.value == "Proponents and opponents: " + "TracIn (checkpoints × learning rate used)" for h in at.subheader)
+def test_tracin_follows_the_listed_checkpoints_or_says_what_it_needs(examples, served):
+    from gradlab.influence import fitted as ifit
+
+    m = served(EQUINOX)
+    run, note = ifit.tracin_run(fit(Experiment(dataset=m.name)))
+    assert run is m.run and "checkpoints" in note
     own._load_served.cache_clear()
-    served(FLAX)  # no checkpoints: TracIn says what it needs, the other methods work
-    at = open_page("influence", dataset=own.OWN)
-    assert_clean(at)
-    assert any("list `checkpoints`" in w.value for w in at.warning)
+    flax = served(FLAX)
+    with pytest.raises(ValueError, match="list `checkpoints`"):
+        ifit.tracin_run(fit(Experiment(dataset=flax.name)))
+    with pytest.raises(ValueError, match="Models in the ensemble"):
+        ifit.trak_models(fit(Experiment(dataset=flax.name)), n_models=2)
