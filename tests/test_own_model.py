@@ -218,3 +218,18 @@ def test_tracin_follows_the_listed_checkpoints_or_says_what_it_needs(examples, s
         ifit.tracin_run(fit(Experiment(dataset=flax.name)))
     with pytest.raises(ValueError, match="Models in the ensemble"):
         ifit.trak_models(fit(Experiment(dataset=flax.name)), n_models=2)
+
+
+@pytest.mark.slow
+def test_a_link_naming_own_on_a_server_without_a_model_loads_nothing(monkeypatch):
+    """The hosted app has no start-up setting: `?dataset=own` is not one of its datasets, so the link opens the
+    default one and no module is loaded from anything a visitor sent."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv(own.ENV, raising=False)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params["dataset"] = "own:0123456789abcdef"
+    at.run()
+    assert_clean(at)
+    assert at.session_state["dataset"] == "digits" and "own" not in at.sidebar.selectbox(key="dataset").options
+    assert own._load_served.cache_info().currsize == 0
