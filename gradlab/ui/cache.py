@@ -104,8 +104,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     - Key: every argument (a `Fitted` by its experiment; arguments named `_x` are left out, so the key
       must hold every input that changes the result), the function's name and `CODE_VERSION`.
     - Store: results are kept in `STORE` (memory by bytes, and on disk unless `persist=False` or an
-      argument is an upload's experiment); a file lock on the key makes two servers sharing the store
-      directory compute a result once.
+      argument is an upload's or a served model's experiment: `Experiment.in_memory_only`); a file lock on
+      the key makes two servers sharing the store directory compute a result once.
     - Gate (`gated=True`): `fn` runs in the gate's worker thread (never inside a Streamlit cache, so no
       element is replayed into another visitor's page); identical requests join one run; every waiting
       visitor sees "Queued: n ahead, about s" or the progress bar, which `fn` moves through its
@@ -125,17 +125,17 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     def key(args, kwargs) -> tuple[str, bool]:
         bound = dict(zip(names, args), **kwargs)
         parts = {k: _key_part(v) for k, v in bound.items() if not k.startswith("_") and k != "progress"}
-        upload = any(isinstance(v, Experiment) and v.in_memory_only for v in parts.values()) or any(
+        memory_only = any(isinstance(v, Experiment) and v.in_memory_only for v in parts.values()) or any(
             isinstance(v, Fitted) and v.experiment.in_memory_only for v in bound.values())
-        return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), upload
+        return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), memory_only
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        k, upload = key(args, kwargs)
+        k, memory_only = key(args, kwargs)
         value = STORE.get(k, _MISSING)
         if value is not _MISSING:
             return value
-        keep = persist and not upload
+        keep = persist and not memory_only
 
         def compute(report):  # another server sharing the store may have computed it meanwhile: `once`
             return STORE.once(k, lambda: fn(*args, **({"progress": report} if takes_progress else {}), **kwargs),
