@@ -233,3 +233,18 @@ def test_a_link_naming_own_on_a_server_without_a_model_loads_nothing(monkeypatch
     assert_clean(at)
     assert at.session_state["dataset"] == "digits" and "own" not in at.sidebar.selectbox(key="dataset").options
     assert own._load_served.cache_info().currsize == 0
+
+
+def test_flax_nnx_state_is_params_too():
+    nnx = pytest.importorskip("flax.nnx", reason="needs flax (requirements-dev.txt)")
+    graphdef, state = nnx.split(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+
+    def loss_fn(state, x, y):
+        logits = nnx.merge(graphdef, state)(x)
+        return jax.nn.logsumexp(logits) - logits[y]
+
+    x = np.random.default_rng(0).normal(size=(20, 3)).astype(np.float32)
+    m = own.from_objects(loss_fn, state, (x, (x[:, 0] > 0).astype(int)))
+    xs, ys = m.data.x_train, m.data.y_train
+    np.testing.assert_allclose(np.asarray(engine.per_example_norms(m.loss_fn, m.params, xs, ys)),
+                               loop_norms(m.loss_fn, m.params, xs, ys), rtol=1e-4)
