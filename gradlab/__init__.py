@@ -6,6 +6,7 @@ modules: `gradlab.privacy` (DP-SGD's clipping, noise and accounting), `gradlab.i
 """
 
 from gradlab import engine, influence, privacy
+from gradlab.serve import explore
 from gradlab.engine import (
     batch_grad,
     clipped_grad_sum,
@@ -27,6 +28,7 @@ __all__ = [
     "per_example_layer_norms",
     "per_example_norms",
     "engine",
+    "explore",
     "influence",
     "privacy",
 ]

@@ -3,6 +3,7 @@
 Subcommands (each trains the model first, as the app does, unless `--train-steps 0`):
 
     python -m gradlab devices
+    python -m gradlab serve     my_model.py        # the explorer on your own model (docs/own-model.md)
     python -m gradlab norms     --data digits --out norms.parquet
     python -m gradlab influence --data my.csv --label target --test-index 0 3 --out influence.csv
     python -m gradlab dp-sgd    --data my.npz --clip-norm 1 --noise-multiplier 1.1 --sample-rate 0.01 --out dp.csv
@@ -31,7 +32,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from gradlab import data, engine, export, influence, losses, models, sharding, train
+from gradlab import data, engine, export, influence, losses, models, serve, sharding, train
 from gradlab.experiment import Experiment, fit, init_model
 
 #: The result formats, by file extension: `gradlab.export`'s encodings.
@@ -331,6 +332,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--process-id", type=int, help="this process's rank, 0 … num-processes − 1 (with --distributed)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="the devices JAX sees (kind, count, processes)")
+    p = sub.add_parser("serve", help="open the explorer on your own model (a .py file defining loss_fn, params, data)")
+    p.add_argument("module", help="your model's Python file (docs/own-model.md)")
+    p.add_argument("--port", type=int, help="the server's port (default: the first free one from 8501)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="the interface to listen on (default: this machine only; 0.0.0.0 lets others in)")
+    p.add_argument("--headless", action="store_true", help="do not open a browser")
 
     def common(p, out):
         p.add_argument("--data", default="digits",
@@ -374,7 +381,11 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-COMMANDS = {"devices": cmd_devices, "norms": cmd_norms, "influence": cmd_influence, "dp-sgd": cmd_dp_sgd}
+def cmd_serve(args, log) -> int:
+    return serve.main(args.module, port=args.port, address=args.address, headless=args.headless)
+
+
+COMMANDS = {"devices": cmd_devices, "serve": cmd_serve, "norms": cmd_norms, "influence": cmd_influence, "dp-sgd": cmd_dp_sgd}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,10 @@ presets' experiment fields are `CONTROLS`, derived from `dataclasses.fields`.
 An uploaded CSV is named by a hash of its bytes, label column and task (`upload_name`), e.g.
 `dataset="upload:3fa9…"`: two uploads of different bytes are different experiments, so no cache
 keyed on the experiment can serve one person's upload to another.
+
+A model served with `python -m gradlab serve my_model.py` (`gradlab.own`) is `dataset="own:<fingerprint>"`:
+its loss, trained params and data come from the server's start-up setting, never from the URL, and every
+other field is unused (`canonical` sets them to their defaults).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from typing import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from gradlab import costs, losses, memory
+from gradlab import costs, engine, losses, memory, own
 from gradlab import data as data_mod
 from gradlab.models import ModelSpec, build_model
 from gradlab.train import TrainResult, train
@@ -102,6 +107,8 @@ class Experiment:
         """The same experiment with the fields its model ignores at their defaults (width and depth
         exist only for the MLP, the activation only for MLP and CNN)."""
         default = Experiment()
+        if self.is_own:  # the user's own trained model: nothing here changes it
+            return Experiment(dataset=self.dataset)
         changes = {}
         if self.model != "mlp":
             changes.update(width=default.width, depth=default.depth)
@@ -113,6 +120,18 @@ class Experiment:
     def is_upload(self) -> bool:
         """Whether the data is an uploaded CSV (`dataset="upload:<hash>"` or the bare `"upload"`)."""
         return self.dataset == UPLOAD or self.dataset.startswith(UPLOAD + ":")
+
+    @property
+    def is_own(self) -> bool:
+        """Whether this is the model the server was started with (`dataset="own:<fingerprint>"` or the bare
+        `"own"`; `gradlab.own`)."""
+        return self.dataset == own.OWN or self.dataset.startswith(own.OWN + ":")
+
+    @property
+    def in_memory_only(self) -> bool:
+        """Whether results computed from this experiment stay out of the disk store: an upload's (someone's
+        data) and a served model's (the user's code, which need not pickle)."""
+        return self.is_upload or self.is_own
 
     @property
     def spec(self) -> ModelSpec:
@@ -135,16 +154,31 @@ def upload_name(raw: bytes, label: str, task: str) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Fitted:
-    """An experiment's data, loss and trained checkpoints."""
+    """An experiment's data, loss and trained checkpoints; `predict_fn(params, x)` gives one example's output
+    (None: the model is callable, `model(x)`, as gradlab's own are)."""
 
     experiment: Experiment
     data: data_mod.Dataset
     loss_fn: Callable
     run: TrainResult
+    predict_fn: Callable | None = None
 
     @property
     def model(self):
         return self.run.final
+
+    @property
+    def trainable(self) -> bool:
+        """Whether gradlab's training loop can train this experiment again (new seeds, DP-SGD, subsets):
+        not a served model, which brings trained params but no initialization."""
+        return not self.experiment.is_own
+
+    def predict(self, params, xs):
+        """Predictions `(N,)` of `params` on `xs (N, ...)`: class ids or real values; NaN for a served regression
+        model without a `predict_fn`."""
+        if self.experiment.is_own and self.predict_fn is None:
+            return np.full(len(xs), np.nan, np.float32)
+        return losses.predict(params, xs, self.data.task, self.predict_fn)
 
 
 def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
@@ -153,6 +187,8 @@ def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
     **Arguments** `upload`: `{"bytes", "label", "task"}` of the CSV whose hash is in `exp.dataset` (an upload
     experiment only). **Raises** `DataError` for impossible settings, or for an upload experiment without
     its bytes (they are not in the config)."""
+    if exp.is_own:
+        return own.for_name(exp.dataset).data
     if exp.is_upload:
         if upload is None:
             raise data_mod.DataError("This experiment uses an uploaded CSV: upload it again in the sidebar")
@@ -162,13 +198,21 @@ def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
 
 
 def init_model(exp: Experiment, data: data_mod.Dataset):
-    """The untrained model for `exp` on `data`, initialized from `exp.seed`."""
+    """The untrained model for `exp` on `data`, initialized from `exp.seed`.
+
+    **Raises** `DataError` for a served model (`exp.is_own`): it brings trained params, no initialization."""
+    if exp.is_own:
+        raise data_mod.DataError("This needs gradlab's training loop from an initialization; a model served with "
+                                 "`python -m gradlab serve` brings its trained params only. Choose one of "
+                                 "gradlab's datasets and models in the sidebar for it.")
     return build_model(exp.spec, data.n_features, data.n_classes, key=jax.random.key(exp.seed), image_shape=data.image_shape)
 
 
 def count_params(exp: Experiment, data: data_mod.Dataset) -> int:
     """P, the number of parameters of `exp`'s model on `data` (shapes only: nothing is initialized, in about 15 ms
     against a second of compiling the initializers): lets a page refuse a model too large before anything trains."""
+    if exp.is_own:
+        return engine.num_params(own.for_name(exp.dataset).params)
     shapes = eqx.filter_eval_shape(init_model, exp, data)  # traced, never run: no compile, no memory
     return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)
                    if isinstance(leaf, jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.inexact)))
@@ -220,8 +264,13 @@ def fit(exp: Experiment, data: data_mod.Dataset | None = None, progress=None) ->
     **Arguments** `exp`; `data` to train on instead of `load_data(exp)` (an uploaded CSV);
     `progress(step, steps)` called after each checkpoint.
 
+    A served model (`exp.is_own`) is not trained: its checkpoints are the ones its module lists.
+
     **Raises** `DataError` / `TrainingError` (both ValueError) with a message that says what to change.
     """
+    if exp.is_own:
+        m = own.for_name(exp.dataset)
+        return Fitted(exp, m.data, m.loss_fn, m.run, m.predict_fn)
     data = data if data is not None else load_data(exp)
     loss_fn = losses.loss_for(data.task)
     run = train(

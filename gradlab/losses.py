@@ -38,9 +38,10 @@ def _forward(f, *arrays):
 
 
 @eqx.filter_jit
-def predict(model, xs, task: str):
-    """Predictions for a batch `xs (N, D)`: class ids `(N,)` or real values `(N,)` (in chunks of `FORWARD_CHUNK`)."""
-    out = _forward(model, xs)
+def predict(model, xs, task: str, apply=None):
+    """Predictions for a batch `xs (N, D)`: class ids `(N,)` or real values `(N,)` (in chunks of `FORWARD_CHUNK`).
+    `apply(model, x)`: one example's output when `model` is not callable (a user's params); default `model(x)`."""
+    out = _forward(model if apply is None else (lambda x: apply(model, x)), xs)
     return jnp.argmax(out, axis=-1) if task == "classification" else out
 
 

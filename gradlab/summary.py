@@ -54,7 +54,7 @@ def norm_summary(f: Fitted, checkpoint: int = -1, *, chunk_size: int | None = No
         norms=np.sqrt(sq).astype(np.float32),
         layer_norms={k: np.asarray(v) for k, v in layer.items()},
         losses=np.asarray(losses.per_example_losses(f.loss_fn, model, xs, ys)),
-        predictions=np.asarray(losses.predict(model, xs, d.task)),
+        predictions=np.asarray(f.predict(model, xs)),
         noise_scale=gradient_noise_scale(sq, g_sq),
         step=f.run.steps[checkpoint],
         num_params=engine.num_params(model),

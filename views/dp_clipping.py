@@ -116,140 +116,144 @@ with ui.guard("The clipping analysis could not be computed"):
 
 # ------------------------------------------------------------------ DP-SGD
 st.header("DP-SGD: a private and a non-private model side by side")
-st.markdown(
-    f"Batches are drawn by **Poisson sampling**: each of the N = {n_train:,} training examples joins a batch "
-    "independently with probability q, so the batch size varies around qN. This is the sampling the accountant "
-    "assumes (shuffled fixed-size batches would need another analysis). The non-private run uses the same model, "
-    "optimizer and sampled batches, without clipping or noise. Features were standardized with the training "
-    "set's mean and std, which this demo does not count against the privacy budget."
-)
+if fitted.trainable:  # a served model brings trained params, no initialization
+    st.markdown(
+        f"Batches are drawn by **Poisson sampling**: each of the N = {n_train:,} training examples joins a batch "
+        "independently with probability q, so the batch size varies around qN. This is the sampling the accountant "
+        "assumes (shuffled fixed-size batches would need another analysis). The non-private run uses the same model, "
+        "optimizer and sampled batches, without clipping or noise. Features were standardized with the training "
+        "set's mean and std, which this demo does not count against the privacy budget."
+    )
 
-PRESET = dict(dataset="digits", model="linear", dp_sgd_q=round(512 / 1437, 4), dp_sgd_steps=200, dp_sgd_c=0.5,
-              dp_sgd_opt="adam", dp_sgd_lr=0.02, dp_sgd_mode="epsilon", dp_sgd_eps=3.0, dp_sgd_delta=1e-5,
-              dp_sgd_accountant="rdp", dp_sgd_seed=0)
-LRS = [0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.3, 1.0, 3.0]
-
-
-def _preset():
-    st.session_state.update(PRESET)
-    st.session_state["_dp_sgd_go"] = True
+    PRESET = dict(dataset="digits", model="linear", dp_sgd_q=round(512 / 1437, 4), dp_sgd_steps=200, dp_sgd_c=0.5,
+                  dp_sgd_opt="adam", dp_sgd_lr=0.02, dp_sgd_mode="epsilon", dp_sgd_eps=3.0, dp_sgd_delta=1e-5,
+                  dp_sgd_accountant="rdp", dp_sgd_seed=0)
+    LRS = [0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.3, 1.0, 3.0]
 
 
-st.button("Preset: ≥ 90% test accuracy on digits at ε ≤ 3 (δ = 1e-5)", on_click=_preset, key="dp_sgd_preset",
-          help="Softmax regression, expected batch 512 (q = 512/N), 200 steps of Adam (lr 0.02), C = 0.5, σ calibrated "
-               "so the whole run spends ε = 3 (RDP accountant). Switches the sidebar to digits + linear.")
-NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
-d1, d2, d3, d4 = st.columns(4)
-with d1:
-    q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
-                   key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
-    steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=5000, step=50, key="dp_sgd_steps")
-with d2:
-    c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
-    optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
-with d3:
-    mode = ui.choice(st.radio, "Noise", NOISE_MODES, "dp_sgd_mode", horizontal=True)
-    if mode == "epsilon":
-        eps_target = ui.control(st.number_input, "Target ε", value=3.0, step=0.5, key="dp_sgd_eps")
-        sigma_in = None
-    else:
-        sigma_in = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma")
-        eps_target = None
-    lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=0.02, key="dp_sgd_lr")
-with d4:
-    delta = ui.control(st.number_input, "δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta",
-                       help=f"Default below 1/N = {1 / n_train:.1e}.")
-    accountant = ui.choice(st.radio, "Accountant", privacy.ACCOUNTANTS, "dp_sgd_accountant", horizontal=True)
-    seed = ui.control(st.number_input, "Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed")
+    def _preset():
+        st.session_state.update(PRESET)
+        st.session_state["_dp_sgd_go"] = True
 
 
-def dp_sgd_cost(fitted, q, steps, *_):
-    return 2 * costs.dp_sgd_seconds(engine.num_params(fitted.model), steps, q * len(fitted.data.y_train))
+    st.button("Preset: ≥ 90% test accuracy on digits at ε ≤ 3 (δ = 1e-5)", on_click=_preset, key="dp_sgd_preset",
+              help="Softmax regression, expected batch 512 (q = 512/N), 200 steps of Adam (lr 0.02), C = 0.5, σ calibrated "
+                   "so the whole run spends ε = 3 (RDP accountant). Switches the sidebar to digits + linear.")
+    NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
+    d1, d2, d3, d4 = st.columns(4)
+    with d1:
+        q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
+                       key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
+        steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=5000, step=50, key="dp_sgd_steps")
+    with d2:
+        c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
+        optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
+    with d3:
+        mode = ui.choice(st.radio, "Noise", NOISE_MODES, "dp_sgd_mode", horizontal=True)
+        if mode == "epsilon":
+            eps_target = ui.control(st.number_input, "Target ε", value=3.0, step=0.5, key="dp_sgd_eps")
+            sigma_in = None
+        else:
+            sigma_in = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma")
+            eps_target = None
+        lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=0.02, key="dp_sgd_lr")
+    with d4:
+        delta = ui.control(st.number_input, "δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta",
+                           help=f"Default below 1/N = {1 / n_train:.1e}.")
+        accountant = ui.choice(st.radio, "Accountant", privacy.ACCOUNTANTS, "dp_sgd_accountant", horizontal=True)
+        seed = ui.control(st.number_input, "Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed")
 
 
-@ui.shared(label="Training the DP-SGD model, then the non-private one", cost=dp_sgd_cost)
-def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accountant, seed, every, progress):
-    """A DP-SGD run and its non-private twin, shared by sessions: keyed on the complete experiment
-    (`fitted`, an upload by the hash of its bytes) and every setting of this section."""
-    data = fitted.data
-    n_train = len(data.y_train)
-    model0 = init_model(fitted.experiment, data)
-    memory.check(f"DP-SGD with a batch buffer of {dp_buffer_size(n_train, q):,} per-example gradients",
-                 memory.dp_sgd_bytes(n_train, q, engine.num_params(model0)),
-                 memory.dp_sgd_fix(n_train, engine.num_params(model0)))
-    common = dict(sample_rate=q, optimizer=optimizer, lr=lr, steps=steps, seed=seed, checkpoint_every=every,
-                  delta=delta, accountant=accountant)
-    private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
-                           clip_norm=c_dp, progress=lambda s, t: progress(s / (2 * t), f"DP-SGD step {s} of {t}"), **common)
-    public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
-                          clip_norm=math.inf, progress=lambda s, t: progress((t + s) / (2 * t), f"non-private step {s} of {t}"),
-                          **common)
-    evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
-             for name, r in (("private", private), ("public", public))}
-    return dict(private=private, public=public, evals=evals)
+    def dp_sgd_cost(fitted, q, steps, *_):
+        return 2 * costs.dp_sgd_seconds(engine.num_params(fitted.model), steps, q * len(fitted.data.y_train))
 
 
-@ui.shared(gated=False)
-def calibrated_sigma(eps, q, steps, delta, accountant):
-    return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta,
-                                                accountant=accountant)
+    @ui.shared(label="Training the DP-SGD model, then the non-private one", cost=dp_sgd_cost)
+    def dp_sgd_comparison(fitted, q, steps, c_dp, sigma, optimizer, lr, delta, accountant, seed, every, progress):
+        """A DP-SGD run and its non-private twin, shared by sessions: keyed on the complete experiment
+        (`fitted`, an upload by the hash of its bytes) and every setting of this section."""
+        data = fitted.data
+        n_train = len(data.y_train)
+        model0 = init_model(fitted.experiment, data)
+        memory.check(f"DP-SGD with a batch buffer of {dp_buffer_size(n_train, q):,} per-example gradients",
+                     memory.dp_sgd_bytes(n_train, q, engine.num_params(model0)),
+                     memory.dp_sgd_fix(n_train, engine.num_params(model0)))
+        common = dict(sample_rate=q, optimizer=optimizer, lr=lr, steps=steps, seed=seed, checkpoint_every=every,
+                      delta=delta, accountant=accountant)
+        private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
+                               clip_norm=c_dp, progress=lambda s, t: progress(s / (2 * t), f"DP-SGD step {s} of {t}"), **common)
+        public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
+                              clip_norm=math.inf, progress=lambda s, t: progress((t + s) / (2 * t), f"non-private step {s} of {t}"),
+                              **common)
+        evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
+                 for name, r in (("private", private), ("public", public))}
+        return dict(private=private, public=public, evals=evals)
 
 
-settings_ok = False
-with ui.guard("These DP-SGD settings cannot work"):
-    if not classify:
-        raise ValueError("DP-SGD on this page reports test accuracy: choose a classification dataset in the sidebar")
-    q = privacy.check_sample_rate(q)
-    c_dp = privacy.check_clip_norm(c_dp)
-    delta = privacy.check_delta(delta)
-    if delta >= 1 / n_train:
-        st.warning(f"δ = {delta:g} is not below 1/N = {1 / n_train:.1e}: a mechanism that publishes one random "
-                   "example outright would meet it. Choose a smaller δ.")
-    if sigma_in is not None:
-        sigma = privacy.check_noise_multiplier(sigma_in)
-    else:
-        with st.spinner("Calibrating σ with dp-accounting…"):
-            sigma = calibrated_sigma(float(eps_target), q, int(steps), delta, accountant)
-    settings_ok = True
+    @ui.shared(gated=False)
+    def calibrated_sigma(eps, q, steps, delta, accountant):
+        return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta,
+                                                    accountant=accountant)
 
-if settings_ok:
-    every = max(1, math.ceil(int(steps) / 10))  # about 10 checkpoints: the accuracy and ε curves
-    settings = (q, int(steps), c_dp, float(sigma), optimizer, float(lr), delta, accountant, int(seed), every)
-    st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
-               f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
-    res = None
-    with ui.guard("DP-SGD training failed"):
-        fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
-        res = ui.on_request(dp_sgd_comparison, fitted, *settings, name="dp_sgd", button="Train private and non-private models",
-                            go=st.session_state.pop("_dp_sgd_go", False),
-                            fix=f"Use at most {fits} steps or a smaller sampling rate q." if fits else "Use a smaller q or model.")
-    if res is not None:
-        private, evals = res["private"], res["evals"]
-        acc_p = np.array([e[0] for e in evals["private"]])
-        acc_n = np.array([e[0] for e in evals["public"]])
-        m = st.columns(5)
-        m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts vs non-private")
-        m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
-        m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.2f}", help=privacy.ACCOUNTANTS[accountant])
-        m[3].metric("Noise multiplier σ", f"{sigma:.3f}")
-        m[4].metric("Mean batch size", f"{private.batch_sizes.mean():.0f}",
-                    help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "
-                         "of per-example gradients were clipped on average.")
-        left, right = st.columns(2)
-        with left:
-            ui.chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
-                                                      "non-private": (res["public"].steps, acc_n)}), width="stretch")
-        with right:
-            ui.chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
-                                                accountant=accountant.upper(), target=eps_target), width="stretch")
-        ui.chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
-                        width="stretch")
-        table = pd.DataFrame({"step": private.steps, "ε": private.epsilons, "test accuracy (DP-SGD)": acc_p,
-                              "test accuracy (non-private)": acc_n})
-        with st.expander("Numbers per checkpoint"):
-            st.dataframe(table, hide_index=True, width="stretch")
-    else:
-        st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
+
+    settings_ok = False
+    with ui.guard("These DP-SGD settings cannot work"):
+        if not classify:
+            raise ValueError("DP-SGD on this page reports test accuracy: choose a classification dataset in the sidebar")
+        q = privacy.check_sample_rate(q)
+        c_dp = privacy.check_clip_norm(c_dp)
+        delta = privacy.check_delta(delta)
+        if delta >= 1 / n_train:
+            st.warning(f"δ = {delta:g} is not below 1/N = {1 / n_train:.1e}: a mechanism that publishes one random "
+                       "example outright would meet it. Choose a smaller δ.")
+        if sigma_in is not None:
+            sigma = privacy.check_noise_multiplier(sigma_in)
+        else:
+            with st.spinner("Calibrating σ with dp-accounting…"):
+                sigma = calibrated_sigma(float(eps_target), q, int(steps), delta, accountant)
+        settings_ok = True
+
+    if settings_ok:
+        every = max(1, math.ceil(int(steps) / 10))  # about 10 checkpoints: the accuracy and ε curves
+        settings = (q, int(steps), c_dp, float(sigma), optimizer, float(lr), delta, accountant, int(seed), every)
+        st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
+                   f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
+        res = None
+        with ui.guard("DP-SGD training failed"):
+            fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
+            res = ui.on_request(dp_sgd_comparison, fitted, *settings, name="dp_sgd", button="Train private and non-private models",
+                                go=st.session_state.pop("_dp_sgd_go", False),
+                                fix=f"Use at most {fits} steps or a smaller sampling rate q." if fits else "Use a smaller q or model.")
+        if res is not None:
+            private, evals = res["private"], res["evals"]
+            acc_p = np.array([e[0] for e in evals["private"]])
+            acc_n = np.array([e[0] for e in evals["public"]])
+            m = st.columns(5)
+            m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts vs non-private")
+            m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
+            m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.2f}", help=privacy.ACCOUNTANTS[accountant])
+            m[3].metric("Noise multiplier σ", f"{sigma:.3f}")
+            m[4].metric("Mean batch size", f"{private.batch_sizes.mean():.0f}",
+                        help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "
+                             "of per-example gradients were clipped on average.")
+            left, right = st.columns(2)
+            with left:
+                ui.chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
+                                                          "non-private": (res["public"].steps, acc_n)}), width="stretch")
+            with right:
+                ui.chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
+                                                    accountant=accountant.upper(), target=eps_target), width="stretch")
+            ui.chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
+                            width="stretch")
+            table = pd.DataFrame({"step": private.steps, "ε": private.epsilons, "test accuracy (DP-SGD)": acc_p,
+                                  "test accuracy (non-private)": acc_n})
+            with st.expander("Numbers per checkpoint"):
+                st.dataframe(table, hide_index=True, width="stretch")
+        else:
+            st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
+else:
+    ui.needs_training_loop()
+
 
 ui.code_panel(
     """

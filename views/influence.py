@@ -34,7 +34,7 @@ def test_summary(exp, _fitted):
     """Test losses and predictions at the trained model."""
     d = _fitted.data
     loss = np.asarray(losses.per_example_losses(_fitted.loss_fn, _fitted.model, d.x_test, d.y_test))
-    return loss, np.asarray(losses.predict(_fitted.model, d.x_test, d.task))
+    return loss, np.asarray(_fitted.predict(_fitted.model, d.x_test))
 
 
 @ui.shared(label="Converging to θ̂ (L-BFGS)")
@@ -414,59 +414,63 @@ else:
                                n_top=len(chk.indices) // 2), width="stretch")
 
 # ------------------------------------------------------------------ the linear datamodeling score
-st.subheader("Which method ranks training data best? The linear datamodeling score")
-st.markdown(
-    "Train **M models on random halves** of the training set with this experiment's own recipe (all M at once: "
-    "`vmap` over subsets of one jitted training scan), record each test point's output −ℓ (ranked like the margin), "
-    "and ask each method to predict it as the sum of its scores over the half kept. The **LDS** is the Spearman "
-    "correlation between predicted and actual outputs over the M models, averaged over test points "
-    "(Ilyas et al. 2022; Park et al. 2023). Every method is scored on the same subsets; 1 is perfect, 0 is chance."
-)
+if fitted.trainable:  # the LDS retrains from the initialization with gradlab's loop
+    st.subheader("Which method ranks training data best? The linear datamodeling score")
+    st.markdown(
+        "Train **M models on random halves** of the training set with this experiment's own recipe (all M at once: "
+        "`vmap` over subsets of one jitted training scan), record each test point's output −ℓ (ranked like the margin), "
+        "and ask each method to predict it as the sum of its scores over the half kept. The **LDS** is the Spearman "
+        "correlation between predicted and actual outputs over the M models, averaged over test points "
+        "(Ilyas et al. 2022; Park et al. 2023). Every method is scored on the same subsets; 1 is perfect, 0 is chance."
+    )
 
 
-def lds_cost(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted):
-    e = _fitted.experiment
-    return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=e.steps, batch_size=e.batch_size,
-                             n_test=n_test_, n=len(_fitted.data.y_train))
+    def lds_cost(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted):
+        e = _fitted.experiment
+        return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=e.steps, batch_size=e.batch_size,
+                                 n_test=n_test_, n=len(_fitted.data.y_train))
 
 
-@ui.shared(label="Computing the LDS", cost=lds_cost)
-def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, progress):
-    base_ = optimum(data_key, l2, _fitted)
-    table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
-                            tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, l2, _fitted)[0],
-                            proj_dim=proj_dim_, progress=progress)
-    return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
+    @ui.shared(label="Computing the LDS", cost=lds_cost)
+    def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, progress):
+        base_ = optimum(data_key, l2, _fitted)
+        table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
+                                tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, l2, _fitted)[0],
+                                proj_dim=proj_dim_, progress=progress)
+        return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
 
 
-c1, c2, c3 = st.columns([1, 1, 2])
-lds_m = int(ui.control(c1.select_slider, "Models M", options=[20, 50, 100], value=50, key="infl_lds_m"))
-lds_t = int(ui.control(c2.select_slider, "Test points", options=[16, 32, 64], value=32, key="infl_lds_t"))
-lds_args = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim, fitted)
-lds_out = None
-with c3, ui.guard("The LDS could not be computed"):
-    fits = costs.largest([20, 50, 100], lambda m_: lds_cost(exp, m_, *lds_args[2:]))
-    lds_out = ui.on_request(lds_results, *lds_args, name="infl_lds", button="Compute the LDS of every method",
-                            fix=f"Use M ≤ {fits} models." if fits else "Use fewer test points or a smaller model.")
-if lds_out is None:
-    st.caption(f"Press the button: {lds_m} models train in one vmapped scan, then every method scores "
-               f"{lds_t} test points (tens of seconds on a laptop for the digits MLP).")
+    c1, c2, c3 = st.columns([1, 1, 2])
+    lds_m = int(ui.control(c1.select_slider, "Models M", options=[20, 50, 100], value=50, key="infl_lds_m"))
+    lds_t = int(ui.control(c2.select_slider, "Test points", options=[16, 32, 64], value=32, key="infl_lds_t"))
+    lds_args = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim, fitted)
+    lds_out = None
+    with c3, ui.guard("The LDS could not be computed"):
+        fits = costs.largest([20, 50, 100], lambda m_: lds_cost(exp, m_, *lds_args[2:]))
+        lds_out = ui.on_request(lds_results, *lds_args, name="infl_lds", button="Compute the LDS of every method",
+                                fix=f"Use M ≤ {fits} models." if fits else "Use fewer test points or a smaller model.")
+    if lds_out is None:
+        st.caption(f"Press the button: {lds_m} models train in one vmapped scan, then every method scores "
+                   f"{lds_t} test points (tens of seconds on a laptop for the digits MLP).")
+    else:
+        res_lds, errs = lds_out
+        for m_, err in errs.items():
+            st.error(f"**{inf.METHODS[m_]}: no LDS.** {err}", icon="⚠️")
+        names = list(res_lds)
+        ui.chart(plots.lds_bars([SHORT[m_] for m_ in names], [res_lds[m_][0] for m_ in names],
+                                [res_lds[m_][1] for m_ in names], m=lds_m), width="stretch")
+        cols = st.columns(len(names))
+        best = max(names, key=lambda m_: res_lds[m_][0])
+        for j, m_ in enumerate(names):
+            cols[j].metric(f"LDS · {SHORT[m_]}", f"{res_lds[m_][0]:.3f}", delta="best" if m_ == best else None,
+                           delta_color="off")
+        lds_table_ = pd.DataFrame({"method": [inf.METHODS[m_] for m_ in names],
+                                   "LDS": [res_lds[m_][0] for m_ in names],
+                                   "std over test points": [float(np.nanstd(res_lds[m_][1])) for m_ in names]})
+        ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")
 else:
-    res_lds, errs = lds_out
-    for m_, err in errs.items():
-        st.error(f"**{inf.METHODS[m_]}: no LDS.** {err}", icon="⚠️")
-    names = list(res_lds)
-    ui.chart(plots.lds_bars([SHORT[m_] for m_ in names], [res_lds[m_][0] for m_ in names],
-                            [res_lds[m_][1] for m_ in names], m=lds_m), width="stretch")
-    cols = st.columns(len(names))
-    best = max(names, key=lambda m_: res_lds[m_][0])
-    for j, m_ in enumerate(names):
-        cols[j].metric(f"LDS · {SHORT[m_]}", f"{res_lds[m_][0]:.3f}", delta="best" if m_ == best else None,
-                       delta_color="off")
-    lds_table_ = pd.DataFrame({"method": [inf.METHODS[m_] for m_ in names],
-                               "LDS": [res_lds[m_][0] for m_ in names],
-                               "std over test points": [float(np.nanstd(res_lds[m_][1])) for m_ in names]})
-    ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")
+    ui.needs_training_loop()
+
 
 ui.code_panel(
     """

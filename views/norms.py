@@ -114,8 +114,9 @@ if det is not None:
                                       "per-example loss": (loss_det.fpr, loss_det.tpr, loss_det.auc)},
                                      "Gradient norm as a mislabel detector"), width="stretch")
 
-with st.expander("Training curve"):
-    ui.chart(plots.training_curve(fitted.run.losses, fitted.run.steps, s.step), width="stretch")
+if len(fitted.run.losses):  # a served model brings no training losses
+    with st.expander("Training curve"):
+        ui.chart(plots.training_curve(fitted.run.losses, fitted.run.steps, s.step), width="stretch")
 
 ui.download(f"gradlab_norms_{exp.dataset}_step{s.step}", table, label="Per-example norms and losses")
 ui.download_gradients(f"gradlab_grads_{exp.dataset}_step{s.step}", fitted, ckpt)

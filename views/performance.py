@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import bench, costs, engine, memory, ui
-from gradlab.experiment import init_model, load_data
+from gradlab.experiment import fit, init_model, load_data
 from gradlab.losses import loss_for
 from gradlab.ui.figures import plots
 
@@ -49,6 +49,9 @@ def problem(workload, exp, _data=None):
     `_data`: an upload's dataset (its hash is in `exp.dataset`)."""
     if workload == "digits_mlp":
         return bench.digits_mlp()
+    if exp.is_own:  # a served model: its own loss and params (timing does not depend on the weights)
+        f = fit(exp)
+        return f.loss_fn, f.model, f.data.x_train, f.data.y_train
     data = _data if _data is not None else load_data(exp)
     return loss_for(data.task), init_model(exp, data), data.x_train, data.y_train
 

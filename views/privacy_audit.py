@@ -24,6 +24,9 @@ ui.terms("ε and δ", "noise multiplier σ", "sampling rate q", "RDP", "PLD", "L
 exp = ui.experiment()
 fitted = ui.fitted(exp)
 data = fitted.data
+if not fitted.trainable:
+    ui.needs_training_loop("This page")
+    st.stop()
 
 # ------------------------------------------------------------------ membership inference
 st.header("Membership inference: non-private vs DP-SGD")

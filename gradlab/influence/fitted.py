@@ -59,6 +59,11 @@ def tracin_run(fitted, fit: Callable | None = None):
     """The run TracIn follows: the experiment's own run under SGD, else the same experiment trained
     with SGD (TracIn is derived for SGD steps; Adam preconditions them). Returns `(TrainResult, note)`."""
     exp = fitted.experiment
+    if not fitted.trainable:  # a served model: the checkpoints its module lists, or nothing to follow
+        if len(fitted.run.checkpoints) < 2:
+            raise ValueError("TracIn follows the checkpoints of a training run: list `checkpoints` (params at earlier "
+                             "steps, ending with the trained ones) and `learning_rates` in your model's module")
+        return fitted.run, "TracIn follows the checkpoints and learning rates your module lists."
     if exp.optimizer == "sgd":
         return fitted.run, None
     sgd = (fit or experiment.fit)(exp.replace(optimizer="sgd"), data=fitted.data)
@@ -78,6 +83,9 @@ def trak_models(fitted, n_models: int = TRAK_MODELS, fit: Callable | None = None
     """
     fit = fit or experiment.fit
     exp = fitted.experiment
+    if not fitted.trainable and n_models > 1:
+        raise ValueError("TRAK's ensemble trains more models with gradlab's loop; a served model brings its trained "
+                         "params only: set **Models in the ensemble** to 1")
     trained = [fit(exp.replace(seed=exp.seed + s), data=fitted.data).model for s in range(1, n_models)]
     if base is None:
         return [fitted.model] + trained

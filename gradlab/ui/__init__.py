@@ -14,12 +14,12 @@ from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, expe
                               share_link, url_warnings)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
 from gradlab.ui.widgets import (chart, checkpoint_picker, choice, code_panel, control, download, download_gradients, fragment, guard, inert,
-                                picked_index, plotly_config, terms)
+                                needs_training_loop, picked_index, plotly_config, terms)
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
     "apply_preset", "chart", "checkpoint_picker", "choice", "control", "code_panel", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "inert",
-    "num_params", "picked_index", "plotly_config", "preset_banner", "preset_picker", "on_request", "requested",
+    "needs_training_loop", "num_params", "picked_index", "plotly_config", "preset_banner", "preset_picker", "on_request", "requested",
     "remember_url", "share_link", "shared", "url_warnings", "terms", "upload_controls", "uploaded",
 ]

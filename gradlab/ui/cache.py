@@ -119,8 +119,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     - Key: every argument (a `Fitted` by its experiment; arguments named `_x` are left out, so the key
       must hold every input that changes the result), the function's name and `CODE_VERSION`.
     - Store: results are kept in `STORE` (memory by bytes, and on disk unless `persist=False` or an
-      argument is an upload's experiment); a file lock on the key makes two servers sharing the store
-      directory compute a result once.
+      argument is an upload's or a served model's experiment: `Experiment.in_memory_only`); a file lock on
+      the key makes two servers sharing the store directory compute a result once.
     - Gate (`gated=True`): `fn` runs in the gate's worker thread (never inside a Streamlit cache, so no
       element is replayed into another visitor's page); identical requests join one run; every waiting
       visitor sees "Queued: n ahead, about s" or the progress bar, which `fn` moves through its
@@ -140,17 +140,17 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     def key(args, kwargs) -> tuple[str, bool]:
         bound = dict(zip(names, args), **kwargs)
         parts = {k: _key_part(v) for k, v in bound.items() if not k.startswith("_") and k != "progress"}
-        upload = any(isinstance(v, Experiment) and v.is_upload for v in parts.values()) or any(
-            isinstance(v, Fitted) and v.experiment.is_upload for v in bound.values())
-        return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), upload
+        memory_only = any(isinstance(v, Experiment) and v.in_memory_only for v in parts.values()) or any(
+            isinstance(v, Fitted) and v.experiment.in_memory_only for v in bound.values())
+        return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), memory_only
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        k, upload = key(args, kwargs)
+        k, memory_only = key(args, kwargs)
         value = STORE.get(k, _MISSING)
         if value is not _MISSING:
             return value
-        keep = persist and not upload
+        keep = persist and not memory_only
 
         def compute(report):  # another server sharing the store may have computed it meanwhile: `once`
             started, before = time.perf_counter(), rss_mb()
@@ -260,8 +260,12 @@ def fitted(exp: Experiment) -> Fitted:
     """The trained experiment, from the shared cache or trained now with a progress bar.
 
     A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
-    experiment is trained on this session's upload, whose hash must match `exp.dataset`.
+    experiment is trained on this session's upload, whose hash must match `exp.dataset`; a served model
+    (`exp.is_own`) is the one the server was started with.
     """
+    if exp.is_own:  # the served model: loaded once per server, trained by its owner
+        with guard("Your model could not be loaded", stop=True):
+            return fit(exp)
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
         if not _fit.stored(exp):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from gradlab import engine, own
 from gradlab.data import DATASETS
 from gradlab.experiment import CONTROLS, UPLOAD, Experiment
 from gradlab.models import ACTIVATIONS, MODELS
@@ -28,8 +29,29 @@ def _widget(kind, label, key, **kwargs):
     return kind(label, key=key, bind="query-params", **kwargs)
 
 
+OWN_LABEL = "Your own model (served with python -m gradlab serve)"
+
+
 def _dataset_label(name: str) -> str:
-    return UPLOAD_LABEL if name == UPLOAD else DATASETS.get(name, name)
+    return {UPLOAD: UPLOAD_LABEL, own.OWN: OWN_LABEL}.get(name, DATASETS.get(name, name))
+
+
+def _datasets() -> list[str]:
+    """The sidebar's dataset choices: the served model first (and so the default) when the server was started
+    with one (`python -m gradlab serve`; its start-up setting, never a URL, names the file)."""
+    return [*([own.OWN] if own.configured() else []), *DATASETS, UPLOAD]
+
+
+def own_model_caption() -> None:
+    """What the served model is, in the sidebar: its file, P, N and the checkpoints it lists."""
+    try:
+        m = own.served()
+    except own.OwnModelError as err:
+        st.error(f"**Your model could not be loaded.** {err}", icon="⚠️")
+        return
+    st.caption(f"**{m.source}**: P = {engine.num_params(m.params):,} parameters, {len(m.data.y_train):,} training and {len(m.data.y_test):,} "
+               f"test examples ({m.data.task}), {len(m.run.checkpoints)} checkpoint(s). Trained by you: the training "
+               "controls do not apply.")
 
 
 def experiment_sidebar() -> Experiment:
@@ -46,10 +68,18 @@ def experiment_sidebar() -> Experiment:
         st.header("Experiment")
         # Bound selectboxes put the *displayed* option into the URL, so options are the short names
         # (links read ?dataset=moons) and the long description is the caption below.
-        dataset = _widget(st.selectbox, "Dataset", "dataset", options=[*DATASETS, UPLOAD], index=0)
+        dataset = _widget(st.selectbox, "Dataset", "dataset", options=_datasets(), index=0)
         st.caption(_dataset_label(dataset))
         if dataset == UPLOAD:
             upload_controls()
+        if dataset == own.OWN:
+            own_model_caption()
+    if dataset == own.OWN:  # the user's trained model: gradlab's model and training controls do not apply
+        exp = experiment()
+        with banner:
+            preset_banner(exp)
+        return exp
+    with sb:
         model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model),
                         help=" · ".join(f"**{k}**: {v}" for k, v in MODELS.items()))
         if model == "mlp":
@@ -81,6 +111,11 @@ def experiment() -> Experiment:
     """The experiment the sidebar set on this run (app.py renders the sidebar before the page),
     complete: an upload is named by the hash of this session's bytes (`dataset="upload:3fa9…"`)."""
     exp = experiment_from_state(st.session_state)
+    if exp.dataset == own.OWN and own.configured():
+        try:
+            return exp.replace(dataset=own.served().name)
+        except own.OwnModelError:
+            return exp  # the page says why (`ui.fitted`)
     return exp.replace(dataset=upload_dataset()) if exp.dataset == UPLOAD else exp
 
 

@@ -66,6 +66,14 @@ def guard(what: str = "This part of the page could not be computed", *, stop: bo
             st.stop()
 
 
+def needs_training_loop(what: str = "This section") -> None:
+    """Say plainly why a section that trains models from an initialization (DP-SGD, shadow models, the LDS) is not
+    shown for a model served with `python -m gradlab serve`, and what would show it."""
+    st.info(f"**{what} needs gradlab's training loop**: it trains models from an initialization with gradlab's own "
+            "models, and a model served with `python -m gradlab serve` brings its trained params only. Choose one of "
+            "gradlab's datasets and models in the sidebar to see it.", icon=":material/model_training:")
+
+
 def code_panel(code: str, title: str = "The exact JAX code behind these numbers") -> None:
     """An expander with the code that produced the page's numbers."""
     with st.expander(title):
@@ -73,8 +81,11 @@ def code_panel(code: str, title: str = "The exact JAX code behind these numbers"
 
 
 def checkpoint_picker(f: Fitted, key: str = "checkpoint") -> int:
-    """Select a checkpoint by training step (default: the last). Returns its index."""
+    """Select a checkpoint by training step (default: the last). Returns its index (a served model without
+    checkpoints has one: nothing to pick)."""
     steps = list(f.run.steps)
+    if len(steps) == 1:
+        return 0
     step = control(st.select_slider, "Checkpoint (training step)", options=steps, value=steps[-1], key=key,
                    help="The model as it was after this many training steps.")
     return steps.index(step)

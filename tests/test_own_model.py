@@ -1,0 +1,250 @@
+"""Your own model in the explorer (`gradlab.own`, `gradlab.serve`): the example files meet the contract, their
+per-example norms equal a Python loop of `jax.grad`, the data forms and row identity, the contract's errors,
+the URL round-trip, and the pages on a served model (AppTest)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, assert_clean, open_page
+
+from gradlab import engine, own, serve
+from gradlab.experiment import Experiment, fit, load_data
+
+FLAX = ROOT / "examples" / "own_model_flax.py"
+EQUINOX = ROOT / "examples" / "own_model_equinox.py"
+
+
+@pytest.fixture(scope="module")
+def examples():
+    pytest.importorskip("flax", reason="the Flax example needs flax (requirements-dev.txt)")
+    return {"flax": own.load(FLAX), "equinox": own.load(EQUINOX)}
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Serve a model file in this process, as `python -m gradlab serve` does for its Streamlit child."""
+
+    def serve_file(path: Path) -> own.OwnModel:
+        monkeypatch.setenv(own.ENV, str(path))
+        return own.served()
+
+    yield serve_file
+    own._load_served.cache_clear()
+
+
+def loop_norms(loss_fn, params, xs, ys):
+    """The oracle: one `jax.grad` per example in a Python loop (jitted once; Equinox's filter for a module's
+    non-array fields), norms in float64."""
+    grad = eqx.filter_jit(eqx.filter_grad(loss_fn))
+    out = []
+    for x, y in zip(xs, ys):
+        g = grad(params, jnp.asarray(x), jnp.asarray(y))
+        out.append(np.sqrt(sum(np.sum(np.square(np.asarray(a, np.float64))) for a in jax.tree.leaves(g))))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("name", ["flax", "equinox"])
+def test_examples_load_and_their_norms_equal_a_loop_of_jax_grad(examples, name):
+    m = examples[name]
+    assert m.name.startswith("own:") and len(m.name) == 4 + 16
+    assert m.data.task == "classification" and m.data.n_classes == 10 and m.data.image_shape == (8, 8)
+    assert m.data.x_train.shape == (1437, 64) and m.data.x_test.shape == (360, 64)
+    xs, ys = m.data.x_train[:32], m.data.y_train[:32]
+    got = np.asarray(engine.per_example_norms(m.loss_fn, m.params, xs, ys))
+    np.testing.assert_allclose(got, loop_norms(m.loss_fn, m.params, xs, ys), rtol=1e-4)
+    # trained: the explorer shows a model that fits its test set
+    pred = np.argmax(jax.vmap(lambda x: m.predict_fn(m.params, x))(m.data.x_test), axis=1)
+    assert np.mean(pred == m.data.y_test) > 0.85
+
+
+def test_the_equinox_example_lists_its_sgd_checkpoints(examples):
+    run = examples["equinox"].run
+    assert run.steps == (0, 50, 100, 150, 200) and run.lrs == (0.1,) * 5
+    assert run.final is examples["equinox"].params
+
+
+def test_a_served_model_is_an_experiment_that_fits_without_training(examples, served):
+    m = served(EQUINOX)
+    exp = Experiment.from_query({"dataset": m.name})
+    assert exp == Experiment(dataset=m.name) and Experiment.from_query(exp.to_query()) == exp
+    # every other field is unused: a link with stray values is the same experiment (one cache key)
+    assert Experiment(dataset=m.name, steps=25, model="cnn", lr=3.0).canonical() == exp
+    assert exp.is_own and exp.in_memory_only and not Experiment().is_own
+    f = fit(exp)
+    assert not f.trainable and f.run is m.run and f.loss_fn is m.loss_fn
+    assert load_data(exp) is m.data
+    # no predict_fn: a classifier predicts the class whose label gives the lowest loss = argmax of the logits
+    logits = jax.vmap(m.params)(m.data.x_test)
+    np.testing.assert_array_equal(np.asarray(f.predict(f.model, m.data.x_test)), np.argmax(logits, axis=1))
+
+
+def test_a_link_to_a_model_this_server_does_not_serve_says_so(monkeypatch):
+    monkeypatch.delenv(own.ENV, raising=False)
+    with pytest.raises(own.OwnModelError, match="started without one"):
+        load_data(Experiment(dataset="own:0123456789abcdef"))
+
+
+def test_data_forms_and_row_identity(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 3)).astype(np.float32), rng.integers(0, 3, 50)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    d = own.load_data(tmp_path / "d.npz")
+    assert d.task == "classification" and len(d.y_train) == 40 and len(d.y_test) == 10 and d.row_label == "index"
+    # rows name each example's place in the source arrays: the split loses none and invents none
+    np.testing.assert_array_equal(x[d.rows_train], d.x_train)
+    assert sorted([*d.rows_train, *d.rows_test]) == list(range(50))
+    # a CSV: rows are its lines (the header is line 1), text labels become class ids in sorted order
+    lines = ["a,b,kind"] + [f"{i},{i % 7},{'cat' if i % 2 else 'dog'}" for i in range(30)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    c = own.load_data(str(tmp_path / "d.csv"), label="kind")
+    assert c.row_label == "CSV line" and c.class_names == ("cat", "dog")
+    i = 3
+    line = lines[c.rows_train[i] - 1].split(",")
+    assert c.x_train[i].tolist() == [float(line[0]), float(line[1])] and c.class_names[c.y_train[i]] == line[2]
+    # regression: float targets; images: (N, H, W) sets the image shape
+    r = own.load_data((x, x[:, 0] * 2.0))
+    assert r.task == "regression" and r.n_classes == 1
+    assert own.load_data((rng.normal(size=(20, 5, 4)), rng.integers(0, 2, 20))).image_shape == (5, 4)
+
+
+def linear_loss(w, x, y):
+    return jnp.square(x @ w - y)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9))), "does not define loss_fn"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(8))), "x must be"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(4), data=(np.zeros((9, 3)), np.zeros(9))), "failed on the first"),
+    (dict(loss_fn=lambda w, x, y: x * w, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9))), "scalar"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.arange(9)), class_names=["a", "b"]),
+     "class ids 0..1"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9)),
+          checkpoints=[jnp.zeros(3)], steps=[0, 1]), "same non-zero length"),
+])
+def test_contract_errors_say_what_to_change(bad, match):
+    with pytest.raises(own.OwnModelError, match=match):
+        own.from_objects(**bad)
+
+
+def test_a_module_that_raises_names_its_error(tmp_path):
+    (tmp_path / "broken.py").write_text("import numpy as np\nparams = 1 / 0\n")
+    with pytest.raises(own.OwnModelError, match="broken.py raised ZeroDivisionError"):
+        own.load(tmp_path / "broken.py")
+
+
+def test_an_explore_spec_travels_by_value_and_its_fingerprint_follows_the_data(tmp_path):
+    scale = 3.0  # a closure over a notebook variable: cloudpickle carries it
+
+    def loss(p, x, y):
+        return scale * jnp.square(x @ p["w"] - y)
+
+    x = np.random.default_rng(1).normal(size=(30, 2)).astype(np.float32)
+    spec = dict(loss_fn=loss, params={"w": jnp.ones(2)}, data=(x, x.sum(1)))
+    own.save_spec(tmp_path / "a.pkl", **spec)
+    m = own.load(tmp_path / "a.pkl")
+    xs, ys = m.data.x_train, m.data.y_train
+    np.testing.assert_allclose(np.asarray(engine.per_example_norms(m.loss_fn, m.params, xs, ys)),
+                               loop_norms(m.loss_fn, m.params, xs, ys), rtol=1e-4)
+    assert m.predict_fn is None and np.isnan(fit_predictions(m)).all()  # regression without predict_fn: none
+    again = own.from_objects(**spec)
+    changed = own.from_objects(**{**spec, "data": (x + 1, x.sum(1))})
+    assert again.name == own.from_objects(**spec).name != changed.name
+
+
+def fit_predictions(m):
+    from gradlab.experiment import Fitted
+
+    return Fitted(Experiment(dataset=m.name), m.data, m.loss_fn, m.run, m.predict_fn).predict(m.params, m.data.x_test)
+
+
+def test_explore_rejects_unknown_arguments_before_starting_anything():
+    with pytest.raises(own.OwnModelError, match="unknown argument"):
+        serve.explore(linear_loss, jnp.zeros(3), (np.zeros((9, 3)), np.zeros(9)), optimiser="adam")
+
+
+def test_serve_command_listens_on_this_machine_only():
+    cmd = serve.command(8599)
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == ROOT / "app.py"
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
+
+
+# ---------------------------------------------------------------- the pages on a served model (AppTest)
+
+
+def _open(page):
+    at = open_page(page, dataset=own.OWN)
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+@pytest.mark.slow
+def test_norms_page_on_the_served_equinox_model(served):
+    m = served(EQUINOX)
+    at = _open("norms")
+    shown = {x.label: x.value for x in at.metric}
+    norms = np.asarray(engine.per_example_norms(m.loss_fn, m.params, m.data.x_train, m.data.y_train))
+    assert shown["Training examples N"] == f"{len(norms):,}" and shown["Median norm"] == f"{np.median(norms):.3g}"
+    # the top-k table names each example by its row in the source and the checkpoint picker offers its steps
+    table = at.dataframe[0].value
+    assert "index" in table.columns and table["gradient norm"].iloc[0] == pytest.approx(norms.max(), rel=1e-5)
+    assert at.select_slider(key="checkpoint").options == ["0", "50", "100", "150", "200"]
+    assert any("own_model_equinox.py" in c.value for c in at.sidebar.caption)
+
+
+def test_pages_that_train_from_an_initialization_say_what_they_need(served):
+    served(FLAX)
+    at = _open("privacy_audit")
+    assert [i.value for i in at.info if "needs gradlab's training loop" in i.value]
+    assert not at.metric and not at.button
+
+
+def test_tracin_follows_the_listed_checkpoints_or_says_what_it_needs(examples, served):
+    from gradlab.influence import fitted as ifit
+
+    m = served(EQUINOX)
+    run, note = ifit.tracin_run(fit(Experiment(dataset=m.name)))
+    assert run is m.run and "checkpoints" in note
+    own._load_served.cache_clear()
+    flax = served(FLAX)
+    with pytest.raises(ValueError, match="list `checkpoints`"):
+        ifit.tracin_run(fit(Experiment(dataset=flax.name)))
+    with pytest.raises(ValueError, match="Models in the ensemble"):
+        ifit.trak_models(fit(Experiment(dataset=flax.name)), n_models=2)
+
+
+@pytest.mark.slow
+def test_a_link_naming_own_on_a_server_without_a_model_loads_nothing(monkeypatch):
+    """The hosted app has no start-up setting: `?dataset=own` is not one of its datasets, so the link opens the
+    default one and no module is loaded from anything a visitor sent."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv(own.ENV, raising=False)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params["dataset"] = "own:0123456789abcdef"
+    at.run()
+    assert_clean(at)
+    assert at.session_state["dataset"] == "digits" and "own" not in at.sidebar.selectbox(key="dataset").options
+    assert own._load_served.cache_info().currsize == 0
+
+
+def test_flax_nnx_state_is_params_too():
+    nnx = pytest.importorskip("flax.nnx", reason="needs flax (requirements-dev.txt)")
+    graphdef, state = nnx.split(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+
+    def loss_fn(state, x, y):
+        logits = nnx.merge(graphdef, state)(x)
+        return jax.nn.logsumexp(logits) - logits[y]
+
+    x = np.random.default_rng(0).normal(size=(20, 3)).astype(np.float32)
+    m = own.from_objects(loss_fn, state, (x, (x[:, 0] > 0).astype(int)))
+    xs, ys = m.data.x_train, m.data.y_train
+    np.testing.assert_allclose(np.asarray(engine.per_example_norms(m.loss_fn, m.params, xs, ys)),
+                               loop_norms(m.loss_fn, m.params, xs, ys), rtol=1e-4)
