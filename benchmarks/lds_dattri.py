@@ -30,7 +30,11 @@ same tensors. Both sides' scores go through the same `gradlab.influence.lds` (da
 agrees on them: the smoke test checks it).
 
 The influence function's damping δ is picked as dattri's benchmark does: the best LDS over its grid
-(`--damping`), for each side separately (selection on the test points, which flatters both alike).
+(`--damping`), for each side separately (selection on the test points, which flatters both alike). On the MLP
+both sides stop conjugate gradient after the same `--cg-iters` steps (dattri's benchmark: 10), gradlab from
+x₀ = 0 (`cg_steps`, labelled "truncated, k steps, residual r"), dattri from x₀ = v; `--converged` makes gradlab
+solve to convergence instead, and refuse where H + δI is not positive definite. `--cache PREFIX` keeps the trained
+models (the MLP's take minutes) for the next run with the same settings.
 """
 
 from __future__ import annotations
