@@ -379,11 +379,11 @@ def inverse_hvp_batch(
 
 
 def _blocks(solve: Callable[[Array], Array], bs: Array) -> Array:
-    """`solve` on the rows of bs (T, P), `memory.IHVP_BLOCK` rows at a time: the last block is padded by repeating
+    """`solve` on the rows of bs (T, P) in ⌈T / `memory.IHVP_BLOCK`⌉ equal blocks: the last is padded by repeating
     its final row, so one compiled shape serves every block."""
-    block = memory.IHVP_BLOCK
-    if len(bs) <= block:
+    if len(bs) <= memory.IHVP_BLOCK:
         return solve(bs)
+    block = -(-len(bs) // -(-len(bs) // memory.IHVP_BLOCK))      # ceil(T / number of blocks)
     pad = (-len(bs)) % block
     padded = jnp.concatenate([bs, jnp.repeat(bs[-1:], pad, axis=0)])
     return jnp.concatenate([solve(padded[i:i + block]) for i in range(0, len(padded), block)])[:len(bs)]
