@@ -30,7 +30,11 @@ same tensors. Both sides' scores go through the same `gradlab.influence.lds` (da
 agrees on them: the smoke test checks it).
 
 The influence function's damping δ is picked as dattri's benchmark does: the best LDS over its grid
-(`--damping`), for each side separately (selection on the test points, which flatters both alike).
+(`--damping`), for each side separately (selection on the test points, which flatters both alike). On the MLP
+both sides stop conjugate gradient after the same `--cg-iters` steps (dattri's benchmark: 10), gradlab from
+x₀ = 0 (`cg_steps`, labelled "truncated, k steps, residual r"), dattri from x₀ = v; `--converged` makes gradlab
+solve to convergence instead, and refuse where H + δI is not positive definite. `--cache PREFIX` keeps the trained
+models (the MLP's take minutes) for the next run with the same settings.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import argparse
 import dataclasses
 import importlib.util
 import os
+import pickle
 import sys
 import time
 from typing import Callable
@@ -249,13 +254,45 @@ def build(name: str, data: Split, *, retrains: int, trak_models: int, n_checkpoi
                  unstack(trak), time.time() - t0)
 
 
+def cached_build(path: str | None, name: str, data: Split, *, retrains: int, trak_models: int) -> Setup:
+    """`build`, saved to / loaded from the pickle at `path` (None: no cache). A saved setup is used only when its
+    model, data arrays, number of retrains and TRAK models are the ones asked for; else it is built again."""
+    if path and os.path.exists(path):
+        with open(path, "rb") as f:
+            s = pickle.load(f)
+        if (s.name == name and len(s.subsets) == retrains and len(s.trak_models) == trak_models
+                and all(np.array_equal(a, b) for a, b in zip(
+                    (s.data.x, s.data.y, s.data.x_test, s.data.y_test), (data.x, data.y, data.x_test, data.y_test)))):
+            return s
+    s = build(name, data, retrains=retrains, trak_models=trak_models)
+    if path:
+        host = lambda t: jax.tree.map(np.asarray, t)
+        with open(path, "wb") as f:
+            pickle.dump(dataclasses.replace(s, full=host(s.full), checkpoints=[host(c) for c in s.checkpoints],
+                                            trak_models=[host(m) for m in s.trak_models]), f)
+    return s
+
+
 # ------------------------------------------------------------------ gradlab's side
 
 
-def gradlab_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int = 512, cg_maxiter: int = 200) -> np.ndarray:
-    """gradlab's `(T, N)` scores of one method on the setup's models (high = proponent). The MLP's influence
-    function runs conjugate gradient to relative residual 1e-5 within `cg_maxiter` steps, else it is refused
-    (`InfluenceError`: an unconverged solve is not reported as a score)."""
+def gradlab_influence(s: Setup, damping: float, cg_steps: int | None = 10, cg_maxiter: int = 200):
+    """gradlab's influence function, `((T, N) scores, InverseHVP)`: the exact Hessian for logistic regression;
+    for the MLP conjugate gradient truncated at `cg_steps` steps (dattri's benchmark stops its CG at 10 too), or with
+    `cg_steps=None` run to relative residual 1e-5 within `cg_maxiter` steps, else refused (`InfluenceError`)."""
+    xs, ys = jnp.asarray(s.data.x), jnp.asarray(s.data.y)
+    txs, tys = jnp.asarray(s.data.x_test), jnp.asarray(s.data.y_test)
+    if not s.recipe.hidden:
+        scores, info = inf.influence_scores(loss, s.full, xs, ys, txs, tys, damping=damping, method="exact")
+    else:
+        scores, info = inf.influence_scores(loss, s.full, xs, ys, txs, tys, damping=damping, method="cg",
+                                            cg_maxiter=cg_maxiter, cg_steps=cg_steps)
+    return np.asarray(scores), info
+
+
+def gradlab_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int = 512) -> np.ndarray:
+    """gradlab's `(T, N)` scores of one method on the setup's models (high = proponent); the influence function
+    as `gradlab_influence` with its defaults."""
     xs, ys = jnp.asarray(s.data.x), jnp.asarray(s.data.y)
     txs, tys = jnp.asarray(s.data.x_test), jnp.asarray(s.data.y_test)
     dots = lambda p: sc.project(loss, p, xs, ys, sc.flat_gradients(loss, p, txs, tys).T).T
@@ -264,9 +301,7 @@ def gradlab_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int
     if method == "tracin":
         return np.asarray(sum(s.recipe.lr * dots(c) for c in s.checkpoints))
     if method == "influence":
-        solver = "exact" if not s.recipe.hidden else "cg"
-        return np.asarray(inf.influence_scores(loss, s.full, xs, ys, txs, tys, damping=damping, method=solver,
-                                               cg_maxiter=cg_maxiter)[0])
+        return gradlab_influence(s, damping)[0]
     if method == "trak":   # Park et al.'s Algorithm 1, as dattri's TRAKAttributor
         return np.asarray(inf.trak(loss, s.trak_models, xs, ys, txs, tys, proj_dim=proj_dim, kernel="algorithm1"))
     if method == "trak_gn":   # gradlab's own TRAK: the softmax Gauss–Newton kernel, all C classes
@@ -346,7 +381,9 @@ def dattri_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int 
             att = (IFAttributorExplicit(task=task, regularization=damping) if not s.recipe.hidden else
                    IFAttributorCG(task=task, regularization=damping, max_iter=cg_iters))
             att.cache(loader(train_set, n))          # one batch: dattri sums the inverse HVPs of its batches
-            score = att.attribute(loader(train_set, 500), loader(test_set, 500))
+            # the training set in one batch too: dattri solves the test points' inverse HVPs again for every
+            # training batch (same scores, 10× the work at batch 500); test points 100 at a time (memory)
+            score = att.attribute(loader(train_set, n), loader(test_set, 100))
         elif method == "trak":
             task = AttributionTask(model=model, loss_func=margin, checkpoints=[state(m) for m in s.trak_models])
             att = TRAKAttributor(task=task, correct_probability_func=probability, **_projection(proj_dim))
@@ -382,29 +419,35 @@ def cell(per_test) -> str:
     return f"{m:.3f} ± {se:.3f}"
 
 
-def best_damping(score_fn: Callable[[float], np.ndarray], grid, subsets, truth):
-    """dattri's protocol for the influence function: the damping with the best mean LDS. Returns
-    `(per_test LDS, δ, notes)`; a δ whose solve fails is noted and skipped."""
+def best_damping(score_fn: Callable[[float], np.ndarray | tuple], grid, subsets, truth):
+    """dattri's protocol for the influence function: the damping with the best mean LDS. `score_fn(δ)` returns
+    the scores, or `(scores, InverseHVP)` whose label goes into the notes. Returns `(per_test LDS, δ, notes)`; a δ
+    whose solve fails is noted and skipped."""
     best, notes = None, []
     for delta in grid:
         try:
-            r = inf.lds(score_fn(delta), subsets, truth)
+            out = score_fn(delta)
         except InfluenceError as err:
             notes.append(f"δ = {delta:g}: {str(err).split(':')[0]}")
             continue
-        notes.append(f"δ = {delta:g}: {r.mean:.3f}")
+        scores, label = out if isinstance(out, tuple) else (out, None)
+        r = inf.lds(scores, subsets, truth)
+        label = label.label if label is not None else None
+        notes.append(f"δ = {delta:g}: {r.mean:.3f}" + (f" ({label})" if label else ""))
         if best is None or r.mean > best[0].mean:
-            best = (r, delta)
-    return (best[0].per_test, best[1], notes) if best else (None, None, notes)
+            best = (r, delta, label)
+    return (best[0].per_test, best[1], notes, best[2]) if best else (None, None, notes, None)
 
 
 METHODS = {"grad_dot": "Grad-Dot", "tracin": "TracIn", "influence": "IF", "trak": "TRAK"}
 
 
 def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: bool, gn: bool, if_test: int | None = None,
-            methods=None, say=lambda *_: None) -> list[str]:
+            methods=None, converged: bool = False, say=lambda *_: None) -> list[str]:
     """Markdown rows: per method gradlab's LDS, dattri's, and their paired difference (± SE over test points).
-    `if_test`: the influence function on the first K test points only (its solves cost T × the rest)."""
+    `if_test`: the influence function on the first K test points only (its solves cost T × the rest). The MLP's
+    influence function: both sides stop conjugate gradient after `cg_iters` steps (gradlab from 0, dattri from v),
+    or with `converged` gradlab solves to convergence (and refuses where it cannot)."""
     rows = []
     for m, label in METHODS.items():
         if methods and m not in methods:
@@ -417,12 +460,13 @@ def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: boo
                 full.data, x_test=full.data.x_test[:if_test], y_test=full.data.y_test[:if_test]),
                 truth=full.truth[:, :if_test]) if if_test else full
             label = f"IF ({len(s.data.y_test)} test points)" if if_test else label
-            g, dg, notes = best_damping(lambda d: gradlab_scores(s, m, damping=d), grid, s.subsets, s.truth)
+            steps = None if converged else cg_iters
+            g, dg, notes, how = best_damping(lambda d: gradlab_influence(s, d, cg_steps=steps), grid, s.subsets, s.truth)
             say(f"gradlab IF: {'; '.join(notes)}")
-            note = f"gradlab δ = {dg:g}" if dg is not None else "gradlab failed"
+            note = f"gradlab δ = {dg:g}" + (f" ({how})" if s.recipe.hidden else "") if dg is not None else "gradlab failed"
             d = None
             if with_dattri:
-                d, dd, notes = best_damping(lambda x: dattri_scores(s, m, damping=x, cg_iters=cg_iters), grid,
+                d, dd, notes, _ = best_damping(lambda x: dattri_scores(s, m, damping=x, cg_iters=cg_iters), grid,
                                             s.subsets, s.truth)
                 say(f"dattri IF: {'; '.join(notes)}")
                 note += f", dattri δ = {dd:g}" if dd is not None else ", dattri failed"
@@ -436,7 +480,7 @@ def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: boo
         say(rows[-1])
     if gn:
         s, t0 = full, time.time()
-        g, dg, _ = best_damping(lambda d: gradlab_scores(s, "trak_gn", damping=d, proj_dim=proj_dim), grid,
+        g, dg, _, _ = best_damping(lambda d: gradlab_scores(s, "trak_gn", damping=d, proj_dim=proj_dim), grid,
                                 s.subsets, s.truth)
         rows.append(f"| {s.name} | TRAK, gradlab's Gauss–Newton kernel | {cell(g)} | — | — | δ = {dg} | "
                     f"{time.time() - t0:.0f} |")
@@ -454,11 +498,16 @@ def main(argv=None) -> None:
     ap.add_argument("--proj-dim", type=int, default=512, help="TRAK's projection dimension (dattri: 512)")
     ap.add_argument("--damping", type=float, nargs="+", default=[1e0, 1e-1, 1e-2, 5e-3, 1e-3, 1e-4, 1e-5],
                     help="the influence function's damping grid (dattri's)")
-    ap.add_argument("--cg-iters", type=int, default=10, help="dattri's CG iterations (MLP influence function)")
+    ap.add_argument("--cg-iters", type=int, default=10,
+                    help="CG steps of the MLP influence function on both sides (dattri's benchmark: 10)")
+    ap.add_argument("--converged", action="store_true",
+                    help="gradlab's MLP influence function: CG to convergence (refused where it fails), not truncated")
     ap.add_argument("--if-test", type=int, default=None, help="the influence function on the first K test points only")
     ap.add_argument("--only", choices=list(RECIPES), default=None)
     ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=None, help="a subset of the methods")
     ap.add_argument("--no-dattri", action="store_true", help="gradlab's side only")
+    ap.add_argument("--cache", default=None, help="save the trained models to PREFIX.<data>-<model>-<N>-<T>.pkl and "
+                    "reuse them in a later run with the same settings")
     ap.add_argument("--gauss-newton", action="store_true", help="also gradlab's Gauss–Newton TRAK (slow on the MLP)")
     args = ap.parse_args(argv)
 
@@ -475,11 +524,12 @@ def main(argv=None) -> None:
     for name in RECIPES:
         if args.only and name != args.only:
             continue
-        s = build(name, data, retrains=args.retrains, trak_models=args.trak_models)
+        cache = args.cache and f"{args.cache}.{args.data}-{name}-{args.train}-{args.test}.pkl"
+        s = cached_build(cache, name, data, retrains=args.retrains, trak_models=args.trak_models)
         say(f"{name}: trained {args.retrains} + 1 + {args.trak_models} models in {s.seconds:.0f}s")
         for row in compare(s, grid=args.damping, proj_dim=args.proj_dim, cg_iters=args.cg_iters,
                            with_dattri=with_dattri, gn=args.gauss_newton, if_test=args.if_test,
-                           methods=args.methods, say=say):
+                           methods=args.methods, converged=args.converged, say=say):
             print(row, flush=True)
     print(f"total {time.time() - t_start:.0f}s")
 

@@ -123,6 +123,10 @@ LBFGS_MEMORY = 10
 #: Test points TRAK's exact (k ≥ P) Gauss–Newton solve takes at once (`influence.scores.trak`).
 TRAK_CG_BLOCK = 8
 
+#: Right-hand sides an influence function's conjugate gradient solves at once (`influence.solvers.inverse_hvp_batch`):
+#: the vmapped Hessian-vector products hold block × N activations (64 × 5,000 × 128 floats ≈ 160 MB per hidden layer).
+IHVP_BLOCK = 64
+
 
 def influence_bytes(num_params: int, proj_dim: int, n_models: int, n_checkpoints: int) -> int:
     """Bytes the influence scores hold at once for a model of P parameters (float32): TRAK's P × k

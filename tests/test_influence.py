@@ -218,6 +218,65 @@ def test_cg_on_non_convex_objective_says_raise_damping():
     np.testing.assert_allclose(x, [1.0, 1.0], rtol=1e-5)
 
 
+# ---------------------------------------------------------------- truncated conjugate gradient
+
+
+def galerkin(a, b, k):
+    """The oracle of k-step conjugate gradient from 0: x = Q (QᵀAQ)⁻¹ Qᵀb on an orthonormal basis Q of the
+    Krylov space span{b, Ab, …, A^(k−1)b}, built by Arnoldi (modified Gram–Schmidt) in float64 NumPy."""
+    q = [b / np.linalg.norm(b)]
+    for _ in range(k - 1):
+        w = a @ q[-1]
+        for u in q:
+            w = w - (u @ w) * u
+        q.append(w / np.linalg.norm(w))
+    q = np.stack(q, 1)
+    return q @ np.linalg.solve(q.T @ a @ q, q.T @ b)
+
+
+def test_truncated_cg_is_the_krylov_galerkin_solution_and_k_equal_p_is_exact(x64):
+    """Softmax regression with its closed-form NumPy Hessian: k steps of CG equal the Galerkin solution on the
+    k-dimensional Krylov space; k = P steps (exact arithmetic: float64) give the exact inverse."""
+    xs, ys, _, _ = problem(n=40, seed=3)
+    theta = np.random.default_rng(1).normal(0, 0.3, (D + 1) * K)
+    _, h = np_parts(theta, xs, ys)
+    a = h + 0.05 * np.eye(len(theta))
+    vs = np.random.default_rng(2).normal(size=(3, len(theta)))
+    for k in (1, 3, 6):
+        x, info = inf.inverse_hvp_batch(softmax_loss, jnp.asarray(theta), xs, ys, vs, damping=0.05, method="cg", cg_steps=k)
+        np.testing.assert_allclose(x, [galerkin(a, v, k) for v in vs], rtol=1e-6, atol=1e-9)
+        assert info.truncated and info.iterations == k and info.residual > 1e-3
+        assert info.label.startswith(f"truncated, {k} steps, residual ")
+    x, info = inf.inverse_hvp_batch(softmax_loss, jnp.asarray(theta), xs, ys, vs, damping=0.05, method="cg",
+                                    cg_steps=len(theta))
+    np.testing.assert_allclose(x, np.linalg.solve(a, vs.T).T, rtol=1e-5)
+    assert info.residual < 1e-6
+
+
+def indefinite(theta, x, y):
+    """½ y (xᵀθ)² with y = ±1: Hessian mean_i y_i x_i x_iᵀ, indefinite."""
+    return 0.5 * y * jnp.dot(x, theta) ** 2
+
+
+def test_truncated_cg_returns_on_an_indefinite_hessian_where_a_full_solve_is_refused(x64, monkeypatch):
+    rng = np.random.default_rng(4)
+    xs, ys = rng.normal(size=(30, 8)), np.where(np.arange(30) % 2 == 0, -1.0, 1.0)
+    a = (xs.T * ys) @ xs / len(xs) + 0.1 * np.eye(8)
+    assert np.linalg.eigvalsh(a).min() < 0
+    vs = rng.normal(size=(5, 8))
+    with pytest.raises(inf.InfluenceError, match="not positive definite.*truncate"):
+        inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="cg")
+    monkeypatch.setattr("gradlab.memory.IHVP_BLOCK", 2)     # 5 right-hand sides in blocks of 2: padding
+    x, info = inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="cg", cg_steps=3)
+    np.testing.assert_allclose(x, [galerkin(a, v, 3) for v in vs], rtol=1e-6, atol=1e-9)
+    residuals = np.linalg.norm(x @ a - vs, axis=1) / np.linalg.norm(vs, axis=1)
+    assert info.residual == pytest.approx(residuals.max(), rel=1e-6)
+    with pytest.raises(ValueError, match="cg_steps"):
+        inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="exact", cg_steps=3)
+    with pytest.raises(ValueError, match="at least 1 step"):
+        inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="cg", cg_steps=0)
+
+
 # ---------------------------------------------------------------- self-influence on a planted mislabel
 
 

@@ -60,6 +60,64 @@ def test_load_standardizes_and_refuses_what_it_cannot_give():
         bench.load("fashion", 10, 10)
 
 
+def test_cached_build_reuses_only_the_same_setup(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    split = lambda t: bench.Split(rng.normal(size=(60, 4)).astype(np.float32), rng.integers(0, 3, 60),
+                                  rng.normal(size=(t, 4)).astype(np.float32), rng.integers(0, 3, t), 3)
+    data, path = split(8), str(tmp_path / "setup.pkl")
+
+    def fake_build(name, data, *, retrains, trak_models):     # what `build` returns, without the training
+        model = lambda: {"linear.weight": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)}
+        return bench.Setup(name, bench.RECIPES[name], data, rng.integers(0, 60, (retrains, 30)),
+                           rng.normal(size=(retrains, 8)), model(), [model()], [model() for _ in range(trak_models)], 0.0)
+
+    monkeypatch.setattr(bench, "build", fake_build)
+    first = bench.cached_build(path, "lr", data, retrains=2, trak_models=1)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(bench, "build", no_build)
+    again = bench.cached_build(path, "lr", data, retrains=2, trak_models=1)
+    np.testing.assert_array_equal(again.truth, first.truth)
+    np.testing.assert_array_equal(again.full["linear.weight"], first.full["linear.weight"])
+    for changed in [dict(data=split(8)), dict(retrains=3)]:
+        with pytest.raises(AssertionError, match="built again"):
+            bench.cached_build(path, "lr", **{"data": data, "retrains": 2, "trak_models": 1, **changed})
+
+
+def test_best_damping_keeps_the_best_and_notes_refusals_and_labels():
+    subsets = bench.inf.random_subsets(20, 12, seed=0)
+    rng = np.random.default_rng(0)
+    tau = rng.normal(size=(3, 20))
+    truth = np.stack([tau[:, s].sum(1) for s in subsets])           # an exactly additive ground truth
+    info = bench.inf.InverseHVP("cg", None, 10, 0.5, truncated=True)
+
+    def score(delta):
+        if delta == 0:
+            raise bench.InfluenceError("conjugate gradient did not solve: raise the damping")
+        return (tau if delta == 1 else rng.normal(size=tau.shape)), info
+
+    per_test, delta, notes, label = bench.best_damping(score, [0.0, 0.1, 1.0], subsets, truth)
+    assert delta == 1.0 and label == "truncated, 10 steps, residual 0.5"
+    np.testing.assert_allclose(per_test, 1.0)
+    assert notes[0] == "δ = 0: conjugate gradient did not solve" and notes[2].startswith("δ = 1: 1.000 (truncated")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PEERS, reason="torch, dattri and mnist1d are benchmark-only (requirements-bench.txt)")
+def test_truncated_cg_influence_agrees_with_dattri_where_ten_steps_nearly_solve():
+    """The MLP's influence function, 10 CG steps on both sides (gradlab from 0, dattri from v): at δ = 1, where ten
+    steps nearly solve (H + δI)x = v, both are close to the same exact solve and rank the training set alike."""
+    data = bench.load("mnist1d", 300, 10)
+    s = bench.build("mlp", data, retrains=2, trak_models=1)
+    g, info = bench.gradlab_influence(s, 1.0, cg_steps=10)
+    assert info.truncated and info.residual < 0.05, info.label
+    d = bench.dattri_scores(s, "influence", damping=1.0, cg_iters=10)
+    rho = [np.corrcoef(a, b)[0, 1] for a, b in zip(g, d)]
+    assert min(rho) > 0.99, min(rho)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not PEERS, reason="torch, dattri and mnist1d are benchmark-only (requirements-bench.txt)")
 def test_smoke_gradlab_and_dattri_agree_on_the_same_models():

@@ -18,7 +18,7 @@ from gradlab.influence.scores import (
 )
 from gradlab.influence.solvers import (
     EXACT_MAX_PARAMS, SOLVERS, InfluenceError, InverseHVP, Minimum, conjugate_gradient, hessian, hvp, inverse_hvp,
-    minimize, resolve_method,
+    inverse_hvp_batch, minimize, resolve_method,
 )
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "influence_scores", "predicted_loo_change", "trak", "gauss_newton_kernel", "self_influence",
     # solvers
     "SOLVERS", "EXACT_MAX_PARAMS", "InfluenceError", "InverseHVP", "Minimum", "minimize", "hessian", "hvp",
-    "inverse_hvp", "conjugate_gradient", "resolve_method",
+    "inverse_hvp", "inverse_hvp_batch", "conjugate_gradient", "resolve_method",
     # evaluation
     "LDS", "RetrainingCheck", "check_against_retraining", "lds", "lds_of_predictions", "correlations",
     "method_agreement", "extreme_indices", "random_subsets", "subset_masks", "subset_outputs", "train_on_subsets",

@@ -9,8 +9,9 @@ needs δ > 0 where H_F has negative eigenvalues; a converged convex model needs 
   (`optax.lbfgs`, zoom line search), warm-started, to a stated gradient norm.
 - `hessian`, `hvp`: the exact P × P Hessian (small models) and Hessian-vector products (`jvp` of
   `grad`; Pearlmutter 1994).
-- `inverse_hvp`: exact solve, conjugate gradient (`conjugate_gradient`, JAX's, also TRAK's solver)
-  or LiSSA (Agarwal et al. 2017); `inverse_hvp_batch` solves for many right-hand sides at once.
+- `inverse_hvp`: exact solve, conjugate gradient (`conjugate_gradient`, JAX's, also TRAK's solver),
+  truncated conjugate gradient (k steps, a regularizer: `cg_steps`) or LiSSA (Agarwal et al. 2017);
+  `inverse_hvp_batch` solves for many right-hand sides at once, in blocks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import optax.tree_utils as otu
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
-from gradlab import engine
+from gradlab import engine, memory
 from gradlab.train import objective
 
 LossFn = Callable[[Any, Any, Any], Any]
@@ -253,14 +254,24 @@ def _top_eigenvalue(loss_fn, params, xs, ys, shift, iters, key):
 @dataclasses.dataclass(frozen=True)
 class InverseHVP:
     """How x = (H_F + δI)⁻¹ v was obtained: `method` that ran (`"exact"`, `"cg"`, `"lissa"`), `note`
-    when `"auto"` switched (else None), `iterations` (0 for exact, the depth for LiSSA, None for conjugate
-    gradient: JAX's solver does not count them), and `residual` ‖(H_F + δI) x − v‖ / ‖v‖ (max over
-    right-hand sides), checked with extra HVPs."""
+    when `"auto"` switched (else None), `iterations` (0 for exact, the depth for LiSSA, the steps of a
+    truncated conjugate gradient, None for one run to convergence: JAX's solver does not count them),
+    `residual` ‖(H_F + δI) x − v‖ / ‖v‖ (max over right-hand sides), checked with extra HVPs, and
+    `truncated`: conjugate gradient stopped after `iterations` steps, not solved (`label` says so)."""
 
     method: str
     note: str | None
     iterations: int | None
     residual: float
+    truncated: bool = False
+
+    @property
+    def label(self) -> str:
+        """What ran, in words: e.g. "truncated, 10 steps, residual 0.84" or "cg, residual 3.1e-06"."""
+        if self.truncated:
+            return f"truncated, {self.iterations} steps, residual {self.residual:.2g}"
+        steps = f", {self.iterations} steps" if self.iterations else ""
+        return f"{self.method}{steps}, residual {self.residual:.1e}"
 
 
 def resolve_method(num_params: int, method: Method = "auto", *, exact_max_params: int = EXACT_MAX_PARAMS) -> tuple[str, str | None]:
@@ -279,19 +290,36 @@ def resolve_method(num_params: int, method: Method = "auto", *, exact_max_params
 def inverse_hvp_batch(
     loss_fn: LossFn, params: PyTree, xs, ys, vectors: Float[Array, "T P"], *, l2: float = 0.0, damping: float = 0.0,
     method: Method = "auto", exact_max_params: int = EXACT_MAX_PARAMS, cg_tol: float | None = None,
-    cg_maxiter: int = 1000, lissa_depth: int = 2000, lissa_scale: float | None = None,
+    cg_maxiter: int = 1000, cg_steps: int | None = None, lissa_depth: int = 2000, lissa_scale: float | None = None,
     lissa_batch_size: int | None = None, seed: int = 0,
 ) -> tuple[Float[Array, "T P"], InverseHVP]:
     """Solve (H_F + δI) X = V for T raveled right-hand sides at once (H_F the Hessian of
     mean ℓ + λ/2‖θ‖², δ = `damping`).
 
+    Conjugate gradient either runs to relative residual `cg_tol` (within `cg_maxiter` steps) and
+    refuses a solve that did not get there, or, with `cg_steps` = k, is **truncated**: exactly k steps
+    from x₀ = 0, returned whatever the residual. The k-step iterate is the Galerkin solution on the
+    Krylov space K_k = span{v, Av, …, A^(k−1)v}: x_k = Q_k (Q_kᵀ A Q_k)⁻¹ Q_kᵀ v for an orthonormal basis
+    Q_k (Saad 2003, *Iterative Methods for Sparse Linear Systems*, §6.7). Stopping early is a known
+    regularizer (Hanke 1995, *Conjugate Gradient Type Methods for Ill-Posed Problems*; Hansen 1998,
+    *Rank-Deficient and Discrete Ill-Posed Problems*, §6.3): the first steps fit the large-curvature
+    directions of v and leave the small (or negative) ones, which an exact inverse blows up, nearly
+    untouched, and needs no positive definite H_F + δI (a network not at a minimum). dattri's
+    `IFAttributorCG` also stops after a fixed number of steps (10 by default; it starts from x₀ = v). The
+    result is not (H_F + δI)⁻¹v, and `InverseHVP.label` says so.
+
+    Conjugate gradient's right-hand sides are solved `memory.IHVP_BLOCK` at a time (the vmapped HVPs hold
+    block × N activations).
+
     **Arguments** `vectors (T, P)` in `ravel_pytree` order of the differentiable leaves; `l2` λ ≥ 0,
-    `damping` δ ≥ 0; `method` as `resolve_method`; solver settings as named.
+    `damping` δ ≥ 0; `method` as `resolve_method`; `cg_steps` ≥ 1 or None; other solver settings as named.
 
     **Returns** `(X (T, P), InverseHVP)`.
 
-    **Raises** `InfluenceError` when H_F + δI is singular (exact), conjugate gradient meets
-    non-positive curvature or NaN, or LiSSA diverges: each message says to raise the damping δ.
+    **Raises** `InfluenceError` when H_F + δI is singular (exact), conjugate gradient (untruncated)
+    meets non-positive curvature or NaN, or LiSSA diverges: each message says to raise the damping δ
+    (or, for conjugate gradient, to truncate it). `ValueError` when `cg_steps` < 1 or is given for a
+    solver other than conjugate gradient.
     """
     n = engine.check_batch(xs, ys)
     if damping < 0 or l2 < 0:
@@ -302,21 +330,31 @@ def inverse_hvp_batch(
     bs = jnp.asarray(vectors, flat.dtype).reshape(-1, flat.size)
     shift = jnp.asarray(l2 + damping, flat.dtype)
     kind, note = resolve_method(flat.size, method, exact_max_params=exact_max_params)
+    if cg_steps is not None and (kind != "cg" or int(cg_steps) < 1):
+        raise ValueError(f"cg_steps = {cg_steps} truncates conjugate gradient: it needs method 'cg' (here "
+                         f"{kind!r}) and at least 1 step")
     iterations = 0
     if kind == "exact":
         x = jnp.linalg.solve(hessian(loss_fn, params, xs, ys, l2=l2, damping=damping), bs.T).T
         if not bool(jnp.all(jnp.isfinite(x))):
             raise InfluenceError(f"H + δI is singular at λ = {l2:g}, damping δ = {damping:g}: raise the damping")
     elif kind == "cg":
+        if cg_steps is not None:
+            x = _blocks(lambda b: _cg(loss_fn, params, xs, ys, b, shift, jnp.asarray(0.0, flat.dtype), int(cg_steps)), bs)
+            residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift))
+            if not bool(jnp.all(jnp.isfinite(x))):
+                raise InfluenceError(f"truncated conjugate gradient broke down (NaN) at damping δ = {damping:g}: "
+                                     "change the damping δ or the number of steps")
+            return x, InverseHVP(kind, note, int(cg_steps), residual, truncated=True)
         tol = cg_tol if cg_tol is not None else (1e-10 if flat.dtype == jnp.float64 else 1e-5)
-        x = _cg(loss_fn, params, xs, ys, bs, shift, jnp.asarray(tol, flat.dtype), int(cg_maxiter))
+        x = _blocks(lambda b: _cg(loss_fn, params, xs, ys, b, shift, jnp.asarray(tol, flat.dtype), int(cg_maxiter)), bs)
         residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift))
         # on a positive definite H + δI, CG converges and vᵀx = vᵀ(H + δI)⁻¹v > 0 for every v ≠ 0
         if not (residual <= CG_MAX_RESIDUAL and bool(jnp.all(jnp.sum(x * bs, axis=1) > 0))):
             raise InfluenceError(
                 f"conjugate gradient did not solve (H + δI)x = v (relative residual {residual:.1e}): H + δI is "
                 f"not positive definite at λ = {l2:g}, damping δ = {damping:g} (a non-convex model, or θ not at a "
-                "minimum). Raise the damping δ.")
+                "minimum). Raise the damping δ, or truncate conjugate gradient (cg_steps, a regularizer).")
         return x, InverseHVP(kind, note, None, residual)
     else:
         key = jax.random.key(seed)
@@ -340,12 +378,30 @@ def inverse_hvp_batch(
     return x, InverseHVP(kind, note, iterations, float(_residual(loss_fn, params, xs, ys, x, bs, shift)))
 
 
+def _blocks(solve: Callable[[Array], Array], bs: Array) -> Array:
+    """`solve` on the rows of bs (T, P) in ⌈T / `memory.IHVP_BLOCK`⌉ equal blocks: the last is padded by repeating
+    its final row, so one compiled shape serves every block."""
+    if len(bs) <= memory.IHVP_BLOCK:
+        return solve(bs)
+    block = -(-len(bs) // -(-len(bs) // memory.IHVP_BLOCK))      # ceil(T / number of blocks)
+    pad = (-len(bs)) % block
+    padded = jnp.concatenate([bs, jnp.repeat(bs[-1:], pad, axis=0)])
+    return jnp.concatenate([solve(padded[i:i + block]) for i in range(0, len(padded), block)])[:len(bs)]
+
+
 @eqx.filter_jit
-def _residual(loss_fn, params, xs, ys, x, bs, shift):
-    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖ (jitted: run op by op, its HVP compiled dozens of small programs)."""
+def _residual_rows(loss_fn, params, xs, ys, x, bs, shift):
+    """‖(H_F + δI)x − b‖ / ‖b‖ per row (jitted: run op by op, its HVP compiled dozens of small programs)."""
     diff, static = split(params)
     a = jax.vmap(_hvp_fn(loss_fn, diff, static, xs, ys, shift))
-    return jnp.max(jnp.linalg.norm(a(x) - bs, axis=1) / jnp.maximum(jnp.linalg.norm(bs, axis=1), 1e-30))
+    return jnp.linalg.norm(a(x) - bs, axis=1) / jnp.maximum(jnp.linalg.norm(bs, axis=1), 1e-30)
+
+
+def _residual(loss_fn, params, xs, ys, x, bs, shift):
+    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖, `memory.IHVP_BLOCK` rows at a time."""
+    both = jnp.concatenate([x, bs], axis=1)
+    p = x.shape[1]
+    return jnp.max(_blocks(lambda r: _residual_rows(loss_fn, params, xs, ys, r[:, :p], r[:, p:], shift)[:, None], both))
 
 
 def inverse_hvp(loss_fn: LossFn, params: PyTree, xs, ys, vector: PyTree, **kwargs) -> tuple[PyTree, InverseHVP]:
