@@ -61,6 +61,12 @@ class Dataset:
             return x
         return x * self.x_std + self.x_mean
 
+    def row(self, i: int, split: str = "train") -> int:
+        """Example `i`'s name in its source, called `row_label` (a Fashion-MNIST index, an uploaded CSV's line, else
+        its position): what a title, hover or export calls it, so a researcher can find it again."""
+        rows = self.rows_train if split == "train" else self.rows_test
+        return int(rows[i]) if rows is not None else int(i)
+
     @property
     def n_classes(self) -> int:
         """K classes (1 for regression: one output)."""
