@@ -132,3 +132,22 @@ def test_a_model_starts_from_its_recipe_and_simple_cnns_fits_the_work_budget():
     data = load_data(exp)
     need = costs.training_seconds(count_params(exp, data), exp.steps, exp.batch_size, forward_macs(exp, data))
     assert need <= costs.WORK_BUDGET_SECONDS  # its 85% test accuracy: python -m benchmarks.fashion_cnn
+
+
+def test_losses_and_predictions_in_one_pass_equal_the_two_functions_apart():
+    f = fit(Experiment(steps=20, checkpoint_every=20))
+    d, m = f.data, f.model
+    loss, pred = losses.losses_and_predictions(f.loss_fn, m, d.x_train, d.y_train, d.task)
+    np.testing.assert_allclose(loss, losses.per_example_losses(f.loss_fn, m, d.x_train, d.y_train), rtol=1e-6)
+    np.testing.assert_array_equal(pred, losses.predict(m, d.x_train, d.task))
+
+
+def test_an_example_is_named_by_its_row_in_the_source():
+    from gradlab.data import FASHION_TEST_OFFSET, fashion_arrays
+
+    d, raw = load_dataset("fashion"), fashion_arrays()
+    for i in (0, 5, 4321):  # the image shown as row #r is Fashion-MNIST's image r
+        at = int(np.flatnonzero(raw["index_train"] == d.row(i))[0])
+        np.testing.assert_allclose(d.raw(d.x_train[i]).reshape(28, 28), raw["x_train"][at], atol=1e-3)
+    at = int(np.flatnonzero(raw["index_test"] + FASHION_TEST_OFFSET == d.row(3, "test"))[0])
+    np.testing.assert_allclose(d.raw(d.x_test[3]).reshape(28, 28), raw["x_test"][at], atol=1e-3)
