@@ -1,7 +1,7 @@
 """Seed 003's SimpleCNN on the bundled Fashion-MNIST subset: training time and test accuracy, a cold Gradient
 norms page (the library calls it makes, in a fresh process), and DP-SGD at a target ε.
 
-    python -m benchmarks.fashion_cnn                       # SimpleCNN's defaults (500 steps of 16, adam_linear 0.003) + norms page
+    python -m benchmarks.fashion_cnn                       # SimpleCNN's defaults (500 steps of 16, adam_linear 0.0015) + norms page
     python -m benchmarks.fashion_cnn --steps 200 --batch 64 --optimizer adam
     python -m benchmarks.fashion_cnn --dp                  # also DP-SGD at ε = 3 (δ = 1e-5), RDP accountant
 

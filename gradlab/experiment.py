@@ -127,9 +127,9 @@ class Experiment:
 
 #: The training recipe a model starts from where it differs from `Experiment`'s defaults. Seed 003's SimpleCNN
 #: (12 M multiply-adds per example) reaches 85% test accuracy on the Fashion-MNIST subset in 500 steps of 16 with
-#: Adam decayed linearly from 0.003, within the 30 CPU-s a visitor's settings may cost (benchmarks/RESULTS.md).
+#: Adam decayed linearly from 0.0015, within the 30 CPU-s a visitor's settings may cost (benchmarks/RESULTS.md).
 MODEL_DEFAULTS = {
-    "simple_cnn": {"steps": 500, "batch_size": 16, "optimizer": "adam_linear", "lr": 0.003, "checkpoint_every": 100},
+    "simple_cnn": {"steps": 500, "batch_size": 16, "optimizer": "adam_linear", "lr": 0.0015, "checkpoint_every": 100},
 }
 
 #: The Experiment fields that are controls: sidebar widget keys and URL query parameters, in order.

@@ -38,7 +38,7 @@ def test_simple_cnn_over_the_budget_is_refused_with_the_steps_that_fit():
 def test_the_sidebar_starts_simple_cnn_from_its_recipe_and_gives_it_back_on_another_model():
     at = open_page("home")
     at.sidebar.selectbox(key="model").set_value("simple_cnn").run()  # a visitor's pick: on_change runs
-    assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [500, 16, 0.003]
+    assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [500, 16, 0.0015]
     assert at.sidebar.selectbox(key="optimizer").value == "adam_linear"
     at.sidebar.selectbox(key="model").set_value("mlp").run()
     assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [300, 128, 0.01]
