@@ -26,6 +26,10 @@ CONV_TRAIN_RATE = 3.9e9
 #: DP-SGD throughput with per-example gradients, (steps × expected batch × parameters) per CPU-second
 #: (membership attack on the digits MLP: 18 models, 600 steps of 359 examples, 10.7 CPU-s).
 DP_SGD_RATE = 2.6e9
+#: DP-SGD's convolution work: CPU-seconds per (steps × expected batch × multiply-adds beyond P) at this rate, as
+#: `CONV_TRAIN_RATE` for training (seed 003's SimpleCNN on Fashion-MNIST, qN = 256: 5.4 CPU-ms per expected
+#: example and step; the padded Poisson buffer, the norms pass and the clipped backward pass included).
+DP_SGD_CONV_RATE = 2.2e9
 #: Set-up per trained model in a membership attack (tracing a training scan, evaluating it).
 MODEL_SETUP_SECONDS = 0.3
 #: Canary audit: CPU-seconds per (run × step) for each canary; 2,048 gradient-canary trials share a run,
@@ -47,10 +51,13 @@ def training_seconds(num_params: int, steps: int, batch_size: float, macs: int =
     return 2.0 + steps * batch_size * per_example
 
 
-def dp_sgd_seconds(num_params: int, steps: int, batch_size: float) -> float:
+def dp_sgd_seconds(num_params: int, steps: int, batch_size: float, macs: int = 0) -> float:
     """Estimated CPU-seconds of one DP-SGD run (per-example gradients, clipped): `MODEL_SETUP_SECONDS` plus
-    `steps · batch_size · num_params / DP_SGD_RATE`. `batch_size` is the expected batch `q · N`."""
-    return MODEL_SETUP_SECONDS + steps * batch_size * num_params / DP_SGD_RATE
+    `steps · batch_size · num_params / DP_SGD_RATE`, plus for a model whose forward pass takes `macs`
+    multiply-adds (more than P: convolutions) `steps · batch_size · (macs − P) / DP_SGD_CONV_RATE`.
+    `batch_size` is the expected batch `q · N`."""
+    per_example = num_params / DP_SGD_RATE + max(int(macs) - int(num_params), 0) / DP_SGD_CONV_RATE
+    return MODEL_SETUP_SECONDS + steps * batch_size * per_example
 
 
 def attack_seconds(num_params: int, *, pool: int, sample_rate: float, steps: int, shadows: int) -> float:

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, TypeVar
 
 import jax
 
+from gradlab import engine
 from gradlab.train import dp_buffer_size
 
 log = logging.getLogger("gradlab")
@@ -98,21 +99,46 @@ def check(what: str, needed: int, fix: str = "", budget: int = BUDGET_BYTES) -> 
                          f"computation (one server serves everyone who opens the link). {fix}".strip())
 
 
-def dp_sgd_bytes(n: int, sample_rate: float, num_params: int) -> int:
-    """Bytes of one DP-SGD step: the per-example gradients of its padded Poisson batch buffer
-    (`train.dp_buffer_size(N, q)` examples × P), which it must hold to clip each one."""
-    return per_example_grads_bytes(dp_buffer_size(n, sample_rate), num_params)
+#: Parameter-sized float32 vectors a DP-SGD step holds besides its chunks and checkpoints: the parameters, the
+#: clipped sum, its noise, the update, Adam's two moments, and XLA's working copies of the sum and the update.
+DP_SGD_VECTORS = 8
 
 
-def largest_sample_rate(n: int, num_params: int, budget: int = BUDGET_BYTES) -> float:
+def dp_sgd_bytes(n: int, sample_rate: float, num_params: int, *, n_features: int = 0, checkpoints: int = 2) -> int:
+    """Bytes of a DP-SGD run as `train.train_dp_sgd` runs it. The engine streams the padded Poisson batch
+    buffer (`train.dp_buffer_size(N, q)` examples) in chunks of about `engine.CHUNK_BYTES` of intermediates (or
+    one example's gradient, 4P bytes, when that is larger) and clips by norms it never materializes (ghost
+    clipping): it holds `DP_SGD_VECTORS` + `checkpoints` P-vectors, one chunk (× `XLA_COPIES`), and the
+    training set and the buffer's inputs (`n_features` floats each), never the buffer's per-example gradients.
+    Checked against the peak resident memory of real runs in `benchmarks/RESULTS.md` ("DP-SGD's memory")."""
+    p, m = int(num_params), dp_buffer_size(n, sample_rate)
+    chunk = XLA_COPIES * max(engine.CHUNK_BYTES, 4 * p)
+    return 4 * (DP_SGD_VECTORS + int(checkpoints)) * p + chunk + 4 * (int(n) + m) * int(n_features)
+
+
+def dp_checkpoint_every(n: int, sample_rate: float, num_params: int, steps: int, *, n_features: int = 0,
+                        most: int = 10) -> int:
+    """Steps between the checkpoints of a DP-SGD run (the points of its accuracy curve): about `most` intervals,
+    fewer when their checkpoints would take the run past the budget (`dp_sgd_bytes`; seed 003's SimpleCNN on the
+    Fashion subset keeps 2 intervals: 3 checkpoints of 4.6 MB), at least 1 interval (`steps`)."""
+    steps = max(int(steps), 1)
+    for k in range(min(most, steps), 0, -1):
+        every = -(-steps // k)
+        if dp_sgd_bytes(n, sample_rate, num_params, n_features=n_features,
+                        checkpoints=n_checkpoints(steps, every)) <= BUDGET_BYTES:
+            return every
+    return steps
+
+
+def largest_sample_rate(n: int, num_params: int, budget: int = BUDGET_BYTES, *, n_features: int = 0) -> float:
     """The largest sampling rate q (on a grid of 1/1000) whose DP-SGD step fits the budget (0 if none)."""
     rates = [k / 1000 for k in range(1, 1001)]
-    return largest(rates, lambda q: dp_sgd_bytes(n, q, num_params), budget) or 0.0
+    return largest(rates, lambda q: dp_sgd_bytes(n, q, num_params, n_features=n_features), budget) or 0.0
 
 
-def dp_sgd_fix(n: int, num_params: int) -> str:
+def dp_sgd_fix(n: int, num_params: int, *, n_features: int = 0) -> str:
     """What to change when DP-SGD does not fit: the largest sampling rate that does, or a smaller model."""
-    q = largest_sample_rate(n, num_params)
+    q = largest_sample_rate(n, num_params, n_features=n_features)
     return f"Use a sampling rate q ≤ {q:.3g} or a smaller model." if q else \
         f"Even q = 0.001 does not fit {num_params:,} parameters: use a smaller model."
 

@@ -50,11 +50,15 @@ def norm_summary(f: Fitted, checkpoint: int = -1, *, chunk_size: int | None = No
     g_mean = engine.weighted_grads(f.loss_fn, model, xs, ys, jnp.full((len(d.y_train), 1), 1.0 / len(d.y_train)),
                                    chunk_size=chunk_size)
     g_sq = float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(g_mean)))
+    if f.experiment.is_own:  # a user's params: predictions come from its own predict_fn (or the loss)
+        per_loss, predictions = losses.per_example_losses(f.loss_fn, model, xs, ys), f.predict(model, xs)
+    else:
+        per_loss, predictions = losses.losses_and_predictions(f.loss_fn, model, xs, ys, d.task)
     return NormSummary(
         norms=np.sqrt(sq).astype(np.float32),
         layer_norms={k: np.asarray(v) for k, v in layer.items()},
-        losses=np.asarray(losses.per_example_losses(f.loss_fn, model, xs, ys)),
-        predictions=np.asarray(f.predict(model, xs)),
+        losses=np.asarray(per_loss),
+        predictions=np.asarray(predictions),
         noise_scale=gradient_noise_scale(sq, g_sq),
         step=f.run.steps[checkpoint],
         num_params=engine.num_params(model),

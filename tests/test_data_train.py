@@ -9,6 +9,7 @@ from gradlab import losses
 from gradlab.data import DATASETS, DataError, load_dataset, make_dataset
 from gradlab.experiment import Experiment, fit
 from gradlab.metrics import detection_roc, fraction_in_top, gradient_noise_scale
+from gradlab.models import ModelSpec, build_model
 from gradlab.train import TrainingError
 
 
@@ -89,3 +90,64 @@ def test_count_params_from_shapes_equals_the_built_model():
     for exp in (Experiment(), Experiment(width=32, depth=3), Experiment(model="cnn"), Experiment(model="linear", dataset="moons")):
         data = load_data(exp)
         assert count_params(exp, data) == engine.num_params(init_model(exp, data)), exp
+
+
+def test_adam_linear_is_optax_adam_on_a_linear_schedule_and_tracin_sees_the_decayed_rate():
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from gradlab.train import make_optimizer, train
+
+    p = {"w": jnp.array([1.0, -2.0, 3.0])}
+    grad = lambda p: jax.tree.map(lambda w: 2 * w + 0.3, p)  # noqa: E731
+    ends = []
+    for opt in (make_optimizer("adam_linear", 0.1, 10), optax.adam(optax.linear_schedule(0.1, 0.0, 10))):
+        s, q = opt.init(p), p
+        for _ in range(12):  # two steps past the end: the rate stays 0
+            u, s = opt.update(grad(q), s, q)
+            q = optax.apply_updates(q, u)
+        ends.append(q["w"])
+    np.testing.assert_allclose(ends[0], ends[1], rtol=1e-6)
+    with pytest.raises(TrainingError, match="number of steps"):
+        make_optimizer("adam_linear", 0.1)
+    d = load_dataset("digits")
+    model = build_model(ModelSpec("linear"), d.n_features, d.n_classes, key=jax.random.key(0))
+    run = train(model, losses.cross_entropy, d.x_train, d.y_train, optimizer="adam_linear", lr=0.01, steps=20,
+                checkpoint_every=5)
+    np.testing.assert_allclose(run.lrs, [0.01 * (1 - s / 20) for s in run.steps], rtol=1e-6)
+
+
+def test_a_model_starts_from_its_recipe_and_simple_cnns_fits_the_work_budget():
+    from gradlab import costs
+    from gradlab.experiment import MODEL_DEFAULTS, count_params, forward_macs, load_data
+
+    exp = Experiment.from_query({"dataset": "fashion", "model": "simple_cnn"})
+    assert exp == Experiment(dataset="fashion", **{"model": "simple_cnn", **MODEL_DEFAULTS["simple_cnn"]})
+    assert exp.to_query() == {"dataset": "fashion", "model": "simple_cnn"}
+    assert Experiment.from_state({"dataset": "fashion", "model": "simple_cnn"}) == exp
+    mine = exp.replace(steps=300, optimizer="adam")  # a visitor's own settings round-trip too
+    assert Experiment.from_query(mine.to_query()) == mine and mine.to_query()["steps"] == "300"
+    assert Experiment.from_query({"model": "mlp"}) == Experiment()
+    data = load_data(exp)
+    need = costs.training_seconds(count_params(exp, data), exp.steps, exp.batch_size, forward_macs(exp, data))
+    assert need <= costs.WORK_BUDGET_SECONDS  # its 85% test accuracy: python -m benchmarks.fashion_cnn
+
+
+def test_losses_and_predictions_in_one_pass_equal_the_two_functions_apart():
+    f = fit(Experiment(steps=20, checkpoint_every=20))
+    d, m = f.data, f.model
+    loss, pred = losses.losses_and_predictions(f.loss_fn, m, d.x_train, d.y_train, d.task)
+    np.testing.assert_allclose(loss, losses.per_example_losses(f.loss_fn, m, d.x_train, d.y_train), rtol=1e-6)
+    np.testing.assert_array_equal(pred, losses.predict(m, d.x_train, d.task))
+
+
+def test_an_example_is_named_by_its_row_in_the_source():
+    from gradlab.data import FASHION_TEST_OFFSET, fashion_arrays
+
+    d, raw = load_dataset("fashion"), fashion_arrays()
+    for i in (0, 5, 4321):  # the image shown as row #r is Fashion-MNIST's image r
+        at = int(np.flatnonzero(raw["index_train"] == d.row(i))[0])
+        np.testing.assert_allclose(d.raw(d.x_train[i]).reshape(28, 28), raw["x_train"][at], atol=1e-3)
+    at = int(np.flatnonzero(raw["index_test"] + FASHION_TEST_OFFSET == d.row(3, "test"))[0])
+    np.testing.assert_allclose(d.raw(d.x_test[3]).reshape(28, 28), raw["x_test"][at], atol=1e-3)

@@ -29,10 +29,21 @@ def test_norms_page_on_fashion_names_rows_by_their_fashion_mnist_index():
     assert heatmaps
 
 
-def test_simple_cnn_at_the_default_steps_is_refused_with_the_steps_that_fit():
-    at = open_page("norms", dataset="fashion", model="simple_cnn")  # 300 steps × 128: ~110 CPU-s
+def test_simple_cnn_over_the_budget_is_refused_with_the_steps_that_fit():
+    at = open_page("norms", dataset="fashion", model="simple_cnn", steps=2000, batch_size=16)  # ~90 CPU-s
     assert_clean(at)
-    assert "CPU-seconds" in at.error[0].value and "Training steps** to 50 or fewer" in at.error[0].value
+    assert "CPU-seconds" in at.error[0].value and "Training steps** to 500 or fewer" in at.error[0].value
+
+
+def test_the_sidebar_starts_simple_cnn_from_its_recipe_and_gives_it_back_on_another_model():
+    at = open_page("home")
+    at.sidebar.selectbox(key="model").set_value("simple_cnn").run()  # a visitor's pick: on_change runs
+    assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [500, 16, 0.0015]
+    assert at.sidebar.selectbox(key="optimizer").value == "adam_linear"
+    at.sidebar.selectbox(key="model").set_value("mlp").run()
+    assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [300, 128, 0.01]
+    assert at.sidebar.selectbox(key="optimizer").value == "adam"
+    assert_clean(at)
 
 
 @pytest.mark.slow
@@ -45,3 +56,4 @@ def test_norms_page_on_simple_cnn_cold():
     assert metric(at, "Training examples") == "6,000"
     assert "P = 1,199,882 parameters" in next(m.help for m in at.metric if m.label.startswith("Training examples"))
     print(f"norms page, SimpleCNN on Fashion-MNIST, 25 steps of 32, cold: {time.perf_counter() - start:.1f} s")
+

@@ -227,3 +227,11 @@ def test_diverging_preset_says_so():
     _click(at, preset.name)
     assert_clean(at)
     assert any("learning rate" in e.value.lower() for e in at.error), [e.value for e in at.error]
+
+
+def test_every_models_recipe_is_a_value_its_sidebar_controls_offer():
+    from gradlab.experiment import MODEL_DEFAULTS
+
+    for model in MODEL_DEFAULTS:
+        exp = Experiment.for_model(model)
+        assert all(getattr(exp, k) in ALLOWED[k] for k in MODEL_DEFAULTS[model]), model

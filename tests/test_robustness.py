@@ -119,13 +119,16 @@ def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     with pytest.raises(memory.OverBudget):
         check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=50), p)
     check_training_memory(Experiment(width=512, depth=4, steps=2000, checkpoint_every=100), p)  # fits: no error
-    # DP-SGD holds its Poisson batch buffer of per-example gradients: for this model no q fits
-    assert memory.largest_sample_rate(1437, p) == 0.0 and "smaller model" in memory.dp_sgd_fix(1437, p)
-    # for a 128-wide MLP (P = 26,122) the named q fits and the next one on the grid does not
-    p = 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
-    q = memory.largest_sample_rate(1437, p)
-    assert memory.dp_sgd_bytes(1437, q, p) <= memory.BUDGET_BYTES < memory.dp_sgd_bytes(1437, q + 0.001, p)
-    assert q == 0.151 and "q ≤ 0.151" in memory.dp_sgd_fix(1437, p)
+    # DP-SGD streams its Poisson batch buffer through the engine's chunks: any q fits this MLP; a model whose
+    # DP_SGD_VECTORS + checkpoints P-vectors alone pass the budget fits none and is told to shrink
+    assert memory.largest_sample_rate(1437, p, n_features=64) == 1.0
+    assert memory.largest_sample_rate(1437, 3_000_000) == 0.0 and "smaller model" in memory.dp_sgd_fix(1437, 3_000_000)
+    # seed 003's SimpleCNN on the Fashion subset: its accuracy curve keeps two intervals (3 checkpoints), the MLP ten
+    q, cnn = 256 / 6000, 1_199_882
+    assert memory.dp_checkpoint_every(6000, q, cnn, 200, n_features=784) == 100
+    assert memory.dp_sgd_bytes(6000, q, cnn, n_features=784, checkpoints=3) <= memory.BUDGET_BYTES
+    assert memory.dp_sgd_bytes(6000, q, cnn, n_features=784, checkpoints=4) > memory.BUDGET_BYTES
+    assert memory.dp_checkpoint_every(1437, 0.2, p, 200, n_features=64) == 20
     # Influence: a 256-wide MLP (P = 85,002) fits TRAK's k = 128 but not 256 (the default is 1024); the widest
     # MLP fits no k and is told the largest P that fits
     dims = [64, 128, 256, 512, 1024]

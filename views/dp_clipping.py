@@ -1,6 +1,7 @@
 """DP clipping: what per-example clipping does to the real per-example gradients of the current
 model (norms, bias, per class, noise), and DP-SGD training with ε from Google's dp-accounting."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -165,7 +166,8 @@ if fitted.trainable:  # a served model brings trained params, no initialization
 
 
     def dp_sgd_cost(fitted, q, steps, *_):
-        return 2 * costs.dp_sgd_seconds(engine.num_params(fitted.model), steps, q * len(fitted.data.y_train))
+        return 2 * costs.dp_sgd_seconds(engine.num_params(fitted.model), steps, q * len(fitted.data.y_train),
+                                        ui.macs(fitted.experiment))
 
 
     @ui.shared(label="Training the DP-SGD model, then the non-private one", cost=dp_sgd_cost)
@@ -175,18 +177,26 @@ if fitted.trainable:  # a served model brings trained params, no initialization
         data = fitted.data
         n_train = len(data.y_train)
         model0 = init_model(fitted.experiment, data)
-        memory.check(f"DP-SGD with a batch buffer of {dp_buffer_size(n_train, q):,} per-example gradients",
-                     memory.dp_sgd_bytes(n_train, q, engine.num_params(model0)),
-                     memory.dp_sgd_fix(n_train, engine.num_params(model0)))
+        p, d = engine.num_params(model0), data.n_features
+        kept = memory.n_checkpoints(steps, every)  # one run's checkpoints at a time
+        memory.check(f"DP-SGD with a batch buffer of {dp_buffer_size(n_train, q):,} examples",
+                     memory.dp_sgd_bytes(n_train, q, p, n_features=d, checkpoints=kept),
+                     memory.dp_sgd_fix(n_train, p, n_features=d))
         common = dict(sample_rate=q, optimizer=optimizer, lr=lr, steps=steps, seed=seed, checkpoint_every=every,
                       delta=delta, accountant=accountant)
-        private = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma,
-                               clip_norm=c_dp, progress=lambda s, t: progress(s / (2 * t), f"DP-SGD step {s} of {t}"), **common)
-        public = train_dp_sgd(model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0,
-                              clip_norm=math.inf, progress=lambda s, t: progress((t + s) / (2 * t), f"non-private step {s} of {t}"),
-                              **common)
-        evals = {name: [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in r.checkpoints]
-                 for name, r in (("private", private), ("public", public))}
+        evals = {}
+
+        def evaluated(name, run):
+            """The run without its models once each checkpoint's test accuracy is taken: the next run has the memory."""
+            evals[name] = [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in run.checkpoints]
+            return dataclasses.replace(run, checkpoints=())
+
+        private = evaluated("private", train_dp_sgd(
+            model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=sigma, clip_norm=c_dp,
+            progress=lambda s, t: progress(s / (2 * t), f"DP-SGD step {s} of {t}"), **common))
+        public = evaluated("public", train_dp_sgd(
+            model0, fitted.loss_fn, data.x_train, data.y_train, noise_multiplier=0.0, clip_norm=math.inf,
+            progress=lambda s, t: progress((t + s) / (2 * t), f"non-private step {s} of {t}"), **common))
         return dict(private=private, public=public, evals=evals)
 
 
@@ -214,13 +224,15 @@ if fitted.trainable:  # a served model brings trained params, no initialization
         settings_ok = True
 
     if settings_ok:
-        every = max(1, math.ceil(int(steps) / 10))  # about 10 checkpoints: the accuracy and ε curves
+        # about 10 checkpoints (the accuracy and ε curves), fewer where they would not fit the memory budget
+        every = memory.dp_checkpoint_every(n_train, q, engine.num_params(fitted.model), int(steps), n_features=data.n_features)
         settings = (q, int(steps), c_dp, float(sigma), optimizer, float(lr), delta, accountant, int(seed), every)
         st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
                    f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
         res = None
         with ui.guard("DP-SGD training failed"):
-            fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
+            fits = costs.largest(sorted({10, 25, *range(50, int(steps) + 1, 50)} & set(range(1, int(steps) + 1))),
+                                 lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
             res = ui.on_request(dp_sgd_comparison, fitted, *settings, name="dp_sgd", button="Train private and non-private models",
                                 go=st.session_state.pop("_dp_sgd_go", False),
                                 fix=f"Use at most {fits} steps or a smaller sampling rate q." if fits else "Use a smaller q or model.")

@@ -115,7 +115,7 @@ with left:
                             help="Or click a point in the chart.")
     test_index = int(min(max(int(test_index), 0), n_test - 1))
     if data.image_shape is not None:
-        ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{test_index}"], cols=1,
+        ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{data.row(test_index, 'test')}"], cols=1,
                                   image_shape=data.image_shape), width="stretch")
     m = st.columns(2)  # two per row: the left third of a 1024 px projector is too narrow for three
     m[0].metric("Label", name(data.y_test[test_index]))
@@ -239,7 +239,7 @@ flipped = data.flipped
 
 
 def tag(i):
-    return f"#{i} y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
+    return f"#{data.row(i)} y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
 
 
 if data.image_shape is not None:

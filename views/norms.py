@@ -78,12 +78,13 @@ def label(i):
         return f"y={data.y_train[i]:.2f}"
     name = data.class_names
     tag = " (flipped)" if flipped[i] else ""
-    return f"#{i} y={name[data.y_train[i]]}{tag} ŷ={name[int(s.predictions[i])]}"
+    return f"#{data.row(i)} y={name[data.y_train[i]]}{tag} ŷ={name[int(s.predictions[i])]}"
 
 
 if data.image_shape is not None:
     titles = [f"{label(i)}<br>‖g‖={s.norms[i]:.2g}" for i in top]
     ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
+    st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:
     ui.chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top,
                                      axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),

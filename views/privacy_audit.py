@@ -125,7 +125,7 @@ if results is not None:
 
     st.subheader("The most exposed members")
     top = np.argsort(-np.where(pub.is_member, pub.scores["lira"], -np.inf))[:8]
-    titles = [f"#{i} LiRA {pub.scores['lira'][i]:.1f} → {priv.scores['lira'][i]:.1f}" for i in top]
+    titles = [f"#{data.row(i)} LiRA {pub.scores['lira'][i]:.1f} → {priv.scores['lira'][i]:.1f}" for i in top]
     if data.image_shape is not None:
         ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
                  filename="most exposed members")

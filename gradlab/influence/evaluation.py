@@ -174,7 +174,7 @@ def train_on_subsets(model, loss_fn: LossFn, xs, ys, subsets: np.ndarray, *, opt
     M trained models stacked on a leading axis (combine with `eqx.partition(model, …)[1]`).
     """
     diff, static = eqx.partition(engine.as_params(model), eqx.is_inexact_array)
-    opt = make_optimizer(optimizer, lr)
+    opt = make_optimizer(optimizer, lr, max(steps, 1))
     subsets = jnp.asarray(subsets)
     # subset m draws its minibatches as `train(…, seed=seed + m)` would on the subset's examples
     keys = jnp.stack([jax.random.split(jax.random.key(seed + m), max(steps, 1))[:steps] for m in range(len(subsets))])

@@ -256,6 +256,12 @@ def num_params(exp: Experiment) -> int:
     return _num_params(exp, require_upload(exp) if exp.is_upload else None)
 
 
+def macs(exp: Experiment) -> int:
+    """Multiply-adds of one forward pass of `exp`'s model (`experiment.forward_macs`, stored): the work estimates
+    of models whose convolutions reuse each weight. **Raises** `DataError` for impossible settings."""
+    return _forward_macs(exp, require_upload(exp) if exp.is_upload else None)
+
+
 def fitted(exp: Experiment) -> Fitted:
     """The trained experiment, from the shared cache or trained now with a progress bar.
 

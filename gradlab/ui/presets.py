@@ -49,8 +49,8 @@ class Preset:
 
     @property
     def config(self) -> Experiment:
-        """The `Experiment` this preset trains (defaults plus its overrides)."""
-        return Experiment().replace(**self.experiment)
+        """The `Experiment` this preset trains (its model's defaults plus its overrides)."""
+        return Experiment.for_model(self.experiment.get("model", Experiment().model)).replace(**self.experiment)
 
     def state(self) -> dict[str, Any]:
         """Every sidebar key (defaults included) and the page widget values: what to put in session state."""

@@ -10,7 +10,7 @@ import streamlit as st
 
 from gradlab import engine, own
 from gradlab.data import DATASETS
-from gradlab.experiment import CONTROLS, UPLOAD, Experiment
+from gradlab.experiment import CONTROLS, MODEL_DEFAULTS, UPLOAD, Experiment
 from gradlab.models import ACTIVATIONS, MODELS
 from gradlab.train import OPTIMIZERS
 from gradlab.ui import pages
@@ -18,7 +18,7 @@ from gradlab.ui.presets import BY_NAME, PRESETS
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, upload_dataset
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
-LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
+LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.0015, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
 STEPS = [0, 25, 50, 100, 200, 300, 500, 1000, 2000]
 DEFAULT = Experiment()
 
@@ -81,7 +81,8 @@ def experiment_sidebar() -> Experiment:
         return exp
     with sb:
         model = _widget(st.selectbox, "Model", "model", options=list(MODELS), index=list(MODELS).index(d.model),
-                        help=" · ".join(f"**{k}**: {v}" for k, v in MODELS.items()))
+                        help=" · ".join(f"**{k}**: {v}" for k, v in MODELS.items()), on_change=_model_recipe)
+        d = Experiment.for_model(model)  # the training controls start from the model's own recipe
         if model == "mlp":
             _widget(st.select_slider, "Hidden width", "width", options=[8, 16, 32, 64, 128, 256, 512], value=d.width)
             _widget(st.slider, "Hidden layers", "depth", min_value=1, max_value=4, value=d.depth)
@@ -97,6 +98,7 @@ def experiment_sidebar() -> Experiment:
         _widget(st.number_input, "Seed", "seed", min_value=0, max_value=10_000, value=d.seed, step=1)
         with st.expander("Advanced"):
             _widget(st.selectbox, "Optimizer (optax)", "optimizer", options=list(OPTIMIZERS),
+                    index=list(OPTIMIZERS).index(d.optimizer),
                     help=" · ".join(f"**{k}**: {v}" for k, v in OPTIMIZERS.items()))
             _widget(st.select_slider, "Batch size", "batch_size", options=[16, 32, 64, 128, 256, 512, 2048], value=d.batch_size)
             _widget(st.select_slider, "L2 penalty λ", "l2", options=[0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=d.l2, format_func=lambda v: f"{v:g}")
@@ -105,6 +107,17 @@ def experiment_sidebar() -> Experiment:
     with banner:
         preset_banner(exp)
     return exp
+
+
+def _model_recipe() -> None:
+    """On a change of model: the training settings its recipe sets (`MODEL_DEFAULTS`) go to the new model's
+    recipe, when the new model has one or the settings were another model's recipe (so SimpleCNN's 500 steps
+    of 16 do not follow a visitor back to the MLP; settings a visitor chose for other models stay)."""
+    new = Experiment.for_model(st.session_state["model"])
+    for key in {k for recipe in MODEL_DEFAULTS.values() for k in recipe}:
+        current = st.session_state.get(key, getattr(DEFAULT, key))
+        if new.model in MODEL_DEFAULTS or any(current == recipe.get(key) for recipe in MODEL_DEFAULTS.values()):
+            st.session_state[key] = getattr(new, key)
 
 
 def experiment() -> Experiment:
