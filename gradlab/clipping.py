@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,6 +78,23 @@ class ClippingAnalysis:
     @property
     def fraction_clipped_at_c(self) -> float:
         return float(self.fraction_clipped[self.index])
+
+
+def grid_size(n: int, num_params: int) -> int:
+    """Clipping norms on the bias curve of `clipping_analysis` for N examples and P parameters: `DEFAULT_GRID`,
+    fewer for big models (memory 2·G·P floats under `GRID_BYTES`, work ~4·N·G·P flops under `MAX_FLOPS`), at least 8."""
+    n, p = max(int(n), 1), max(int(num_params), 1)
+    return int(max(8, min(DEFAULT_GRID, GRID_BYTES // (8 * p), MAX_FLOPS // (4 * n * p))))
+
+
+def analysis_passes(params, n: int, n_classes: int = 0) -> int:
+    """Weighted backward passes over all N examples that `clipping_analysis` makes: the per-leaf norms (one), one
+    column per clipping norm on the grid (plus C and the unclipped sum), two per class, and the grid once more
+    for every parameter leaf (per-layer clipping). Its cost estimate: `costs.clipping_seconds`."""
+    params = as_params(params)
+    g = grid_size(n, engine.num_params(params)) + 1
+    leaves = len(jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array)))
+    return 1 + (1 + g + 2 * int(n_classes)) + leaves * g
 
 
 def default_grid(norms: np.ndarray, size: int = DEFAULT_GRID) -> np.ndarray:
@@ -140,8 +158,7 @@ def clipping_analysis(
     lsq = np.stack([np.square(v) for v in layer.values()], 1)  # (N, L), leaves in tree order
     norms = np.sqrt(lsq.sum(1))
     n, n_leaves = lsq.shape
-    # fewer grid points for big models: memory 2·G·P floats, work ~4·N·G·P flops
-    size = int(max(8, min(DEFAULT_GRID, GRID_BYTES // (8 * p), MAX_FLOPS // (4 * n * p))))
+    size = grid_size(n, p)
     base = default_grid(norms, size) if grid is None else np.asarray(grid, np.float64)
     full = np.unique(np.append(base[np.isfinite(base) & (base > 0)], c if np.isfinite(c) else base.max()))
     index = int(np.searchsorted(full, c if np.isfinite(c) else base.max()))

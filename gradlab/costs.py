@@ -60,6 +60,13 @@ def dp_sgd_seconds(num_params: int, steps: int, batch_size: float, macs: int = 0
     return MODEL_SETUP_SECONDS + steps * batch_size * per_example
 
 
+def clipping_seconds(num_params: int, n: int, passes: int, macs: int = 0) -> float:
+    """Estimated CPU-seconds of the DP clipping page's analysis (`clipping.clipping_analysis`): `passes` weighted
+    backward passes (`clipping.analysis_passes`) over all `n` examples, each example at DP-SGD's per-example rates
+    (`dp_sgd_seconds`)."""
+    return dp_sgd_seconds(num_params, int(passes), n, macs)
+
+
 def attack_seconds(num_params: int, *, pool: int, sample_rate: float, steps: int, shadows: int) -> float:
     """Estimated CPU-seconds of `membership.private_vs_nonprivate`: two procedures, each training a target and
     `shadows` shadow models on half of `pool` examples with expected batch `q · pool / 2` (1 s of set-up)."""

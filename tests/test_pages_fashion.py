@@ -57,3 +57,22 @@ def test_norms_page_on_simple_cnn_cold():
     assert "P = 1,199,882 parameters" in next(m.help for m in at.metric if m.label.startswith("Training examples"))
     print(f"norms page, SimpleCNN on Fashion-MNIST, 25 steps of 32, cold: {time.perf_counter() - start:.1f} s")
 
+
+
+def test_the_clipping_analysis_of_simple_cnn_is_refused_by_its_estimate_and_the_digits_mlp_is_not():
+    """The DP clipping page's analysis (every example, ~100 weighted backward passes) is checked against the work
+    budget before it runs: SimpleCNN on Fashion-MNIST costs thousands of CPU-seconds (a page test ran 16 minutes
+    without finishing), the default digits MLP under a second."""
+    import equinox as eqx
+
+    from gradlab import clipping, costs, engine
+    from gradlab.experiment import forward_macs, init_model
+
+    def estimate(exp):
+        data = load_data(exp)
+        params = eqx.filter_eval_shape(init_model, exp, data)
+        passes = clipping.analysis_passes(params, len(data.y_train), data.n_classes)
+        return costs.clipping_seconds(engine.num_params(params), len(data.y_train), passes, forward_macs(exp, data))
+
+    assert estimate(Experiment(dataset="fashion", model="simple_cnn")) > 10 * costs.WORK_BUDGET_SECONDS
+    assert estimate(Experiment()) < costs.WORK_BUDGET_SECONDS / 10

@@ -69,6 +69,13 @@ clip_norm = median if c_in is None else float(c_in)
 
 with ui.guard("The clipping analysis could not be computed"):
     privacy.check_clip_norm(clip_norm)
+    if not analysis_at.stored(exp, ckpt, clip_norm, None):
+        passes = clipping.analysis_passes(fitted.model, n_train, data.n_classes if classify else 0)
+        macs = 0 if exp.is_own else ui.macs(exp)  # a served model's forward is the user's own, run locally
+        costs.check_work(costs.clipping_seconds(engine.num_params(fitted.model), n_train, passes, macs),
+                         f"Clipping all {n_train:,} examples at {passes} weighted backward passes",
+                         "Pick a smaller model in the sidebar for this analysis (DP-SGD training below still works "
+                         "on this one).")
     with st.spinner("Streaming per-example gradients for every C on the grid…"):
         a = analysis_at(exp, ckpt, clip_norm, fitted)
     i = a.index
