@@ -182,14 +182,14 @@ class _Traced:
 
     def one(self, leaves, x, y):
         """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`."""
-        probes = [jnp.zeros(a.shape, a.dtype) for a in rules.probe_avals(self.plan)]
+        probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
 
         def f(fb_vals, probes):
             vals = list(leaves)
             for i, v in zip(self.fallback, fb_vals):
                 vals[self.diff_index[i]] = v
-            return rules.run(self.graph, self.plan, vals + xy, self.diff_refs, probes)
+            return rules.run(self.graph, self.plan, vals + xy, probes)
 
         fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
         (loss, saved), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
@@ -264,7 +264,7 @@ def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
         for i, g in g_fb.items():
             sq[i] = _sq(g)
         for j, i in enumerate(t.ruled):
-            sq[i] = rules.weight_sq_norm(t.graph, t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
+            sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
         return loss, sq
 
     return _rules_pass(t, leaves, xs, ys, chunk, per_example)
@@ -278,7 +278,7 @@ def _diff_tree(params, values: list) -> PyTree:
 def _leaf_grad(t: _Traced, leaves, i, a, d):
     """A ruled leaf's per-example gradient (formed in float32) in the leaf's own dtype, as `jax.grad` gives it."""
     w = t.diff_leaf(leaves, i)
-    return rules.weight_grad(t.graph, t.rule(i), w, a, d).astype(w.dtype)
+    return rules.weight_grad(t.rule(i), w, a, d).astype(w.dtype)
 
 
 @eqx.filter_jit
@@ -294,7 +294,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     leaves = t.leaves
     # a ruled leaf whose (a, δ) are smaller than its gradient keeps them and expands after the
     # pass: the N x shape gradient is then written once, straight into the result
-    later = {i for i in t.ruled if t.rule(i).kind in rules.LAYER_KINDS
+    later = {i for i in t.ruled if t.rule(i).layer
              and rules.factor_bytes(t.plan, i) < t.leaves[t.diff_index[i]].size}
 
     def per_example(loss, g_fb, saved, deltas):
@@ -516,7 +516,7 @@ def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
     def per_example(loss, g_fb, saved, deltas):
         total = sum((_vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
         for j, i in enumerate(t.ruled):
-            total = total + rules.weight_dot(t.graph, t.rule(i), vs[i], saved[j], deltas[j])
+            total = total + rules.weight_dot(t.rule(i), vs[i], saved[j], deltas[j])
         return total
 
     return _rules_pass(t, t.leaves, xs, ys, _bytes_chunk(n, chunk, t.example_bytes()), per_example)
@@ -688,7 +688,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
         sq = sum((jax.vmap(_sq)(g) for g in g_fb.values()), jnp.zeros(loss.shape, jnp.float32))
         for j, i in enumerate(t.ruled):
-            sq_j = jax.vmap(lambda a, d: rules.weight_sq_norm(t.graph, t.rule(i), t.diff_leaf(leaves, i), a, d))
+            sq_j = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d))
             sq = sq + sq_j(saved[j], deltas[j])
         norms = jnp.sqrt(sq)
         c = clip_factors(norms, clip_norm, w)
@@ -697,9 +697,9 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
             out[i] = jnp.tensordot(c.astype(_acc(g)), g.astype(_acc(g)), axes=1)
         for j, i in enumerate(t.ruled):
             leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
-            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.graph, t.rule(i), wt, ai))(a),
+            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.rule(i), wt, ai))(a),
                              leaf.astype(_acc(leaf)))
-            out[i] = vjp((c.reshape((-1,) + (1,) * (d.ndim - 1)) * d).astype(_acc(leaf)))[0]
+            out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
         return out, loss, norms
 
     if chunk is None:

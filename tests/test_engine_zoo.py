@@ -90,13 +90,13 @@ def tied_zoo():
     p = {"emb": _normal(0, (20, 6)), "w": _normal(1, (6, 6)), "v": _normal(2, (6, 6))}
 
     def loss(p, ids, y):
-        h = jnp.tanh(p["emb"][ids] @ p["w"])                   # emb: used twice -> fallback
+        h = jnp.tanh(p["emb"][ids] @ p["w"])                   # emb: used twice (a lookup and a dense layer)
         h = h @ p["v"]
         logits = h.mean(0) @ p["emb"].T
         return jax.nn.logsumexp(logits) - logits[y] + 0.01 * jnp.sum(p["v"] ** 2)   # v: penalty -> fallback
 
     ids = jax.random.randint(KEYS[3], (N, 4), 0, 20)
-    return loss, p, ids, jnp.arange(N) % 20, {"['w']"}
+    return loss, p, ids, jnp.arange(N) % 20, {"['emb']", "['w']"}
 
 
 def floats_zoo():
@@ -188,7 +188,7 @@ def lstm_zoo():
         (h, _), _ = lax.scan(step, (jnp.zeros(hd), jnp.zeros(hd)), x)
         return -jax.nn.log_softmax(h @ p["head"])[y]
 
-    return loss, p, _normal(4, (N, 5, d), 1.0), jnp.arange(N) % 2, {"['head']"}
+    return loss, p, _normal(4, (N, 5, d), 1.0), jnp.arange(N) % 2, set(engine.leaf_names(p))
 
 
 def gru_zoo():
@@ -209,7 +209,7 @@ def gru_zoo():
         _, hs = lax.scan(step, jnp.zeros(hd), x @ p["w_ih"])
         return (hs.mean(0) @ p["head"] - y) ** 2
 
-    return loss, p, _normal(9, (N, 5, d), 1.0), _normal(10, (N,), 1.0), {"['w_ih']", "['head']"}
+    return loss, p, _normal(9, (N, 5, d), 1.0), _normal(10, (N,), 1.0), set(engine.leaf_names(p))
 
 
 def batchnorm_inference_zoo():
@@ -257,7 +257,7 @@ def control_flow_zoo():
         branches = [lambda z, k=k: z * p["heads"][k] for k in range(3)]
         return jnp.sum(lax.switch(y, branches, z) ** 2)
 
-    return loss, p, _normal(5, (N, 4), 2.0), jnp.arange(N) % 3, {"['w']"}
+    return loss, p, _normal(5, (N, 4), 2.0), jnp.arange(N) % 3, set(engine.leaf_names(p))
 
 
 @jax.custom_vjp
@@ -313,7 +313,7 @@ def gpt_zoo():
          "b_fc": _normal(9, (2 * d,), 0.1), "w_proj": _normal(10, (2 * d, d))}
 
     ids = jax.random.randint(KEYS[11], (N, t + 1), 0, v)
-    ruled = set(engine.leaf_names(p)) - {"['wte']"}
+    ruled = set(engine.leaf_names(p))
     return functools.partial(gpt_block_loss, t=t, d=d), p, ids[:, :-1], ids[:, 1:], ruled
 
 
