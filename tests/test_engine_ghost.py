@@ -145,7 +145,8 @@ def test_penalty_inside_the_loss_falls_back_for_that_leaf():
     np.testing.assert_allclose(got.layer.weight, want.layer.weight, rtol=1e-5, atol=1e-6)
 
 
-def test_weight_sharing_is_detected_and_auto_falls_back():
+def test_a_layer_applied_twice_takes_the_summed_rule():
+    """One Linear applied twice: each leaf has two uses, whose gradients from (a, δ) are summed per example."""
     class Twice(eqx.Module):
         lin: eqx.nn.Linear
 
@@ -155,12 +156,15 @@ def test_weight_sharing_is_detected_and_auto_falls_back():
     net = Twice(eqx.nn.Linear(3, 3, key=KEY))
     loss = losses.cross_entropy
     xs, ys = _data(4, 3, 3)
-    with pytest.raises(rules.RulesUnsupported, match="no parameter leaf"):
-        engine.per_example_grads(loss, net, xs, ys, method="ghost")
-    got = engine.per_example_norms(loss, net, xs, ys)  # auto: falls back to vmap
+    rows = engine.explain(loss, net, xs, ys)
+    assert [r["path"] for r in rows] == ["rule", "rule"] and all("used 2 times" in r["why"] for r in rows), rows
     want = _oracle(loss, net, xs, ys)
+    got = engine.per_example_grads(loss, net, xs, ys, method="ghost")
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
-        got, np.sqrt(sum(np.sum(np.reshape(b, (4, -1)) ** 2, 1) for b in jax.tree.leaves(want))), rtol=1e-5
+        engine.per_example_norms(loss, net, xs, ys),
+        np.sqrt(sum(np.sum(np.reshape(b, (4, -1)) ** 2, 1) for b in jax.tree.leaves(want))), rtol=1e-5
     )
 
 

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
+from flax import nnx
 from jax import lax
 
 from gradlab import engine, losses, models
@@ -317,9 +319,172 @@ def gpt_zoo():
     return functools.partial(gpt_block_loss, t=t, d=d), p, ids[:, :-1], ids[:, 1:], ruled
 
 
+# ------------------------------------------------------------------ Flax (linen and NNX), as their users write them
+
+
+def _xent(logits, y):
+    return jax.nn.logsumexp(logits) - logits[y]
+
+
+def _gpt_xent(logits, target):
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, target[:, None], 1)[:, 0])
+
+
+class LinenMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(nn.LayerNorm()(nn.relu(nn.Dense(16)(x))))
+
+
+class LinenCNN(nn.Module):
+    @nn.compact
+    def __call__(self, x):  # one (H, W, C) image: flax convolutions take unbatched inputs
+        x = nn.avg_pool(nn.relu(nn.Conv(4, (3, 3))(x)), (2, 2), (2, 2))
+        x = nn.relu(nn.Conv(6, (3, 3), strides=(2, 2))(x))
+        return nn.Dense(3)(x.reshape(-1))
+
+
+class LinenAttention(nn.Module):
+    @nn.compact
+    def __call__(self, x):  # (T, d) tokens
+        h = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(nn.LayerNorm()(x))
+        return nn.Dense(3)(h.mean(0))
+
+
+class LinenGPT(nn.Module):
+    """A one-block GPT: nn.Embed tokens, a learned position table, causal attention, an MLP, and the head tied to
+    the token embedding (`wte.attend`: the table is used twice)."""
+
+    vocab: int = 12
+    d: int = 8
+
+    @nn.compact
+    def __call__(self, ids):
+        wte = nn.Embed(self.vocab, self.d)
+        wpe = self.param("wpe", nn.initializers.normal(0.1), (6, self.d))
+        h = wte(ids) + wpe[: ids.shape[0]]
+        h = h + nn.MultiHeadDotProductAttention(num_heads=2)(nn.LayerNorm()(h), mask=nn.make_causal_mask(ids))
+        h = h + nn.Dense(self.d)(nn.gelu(nn.Dense(2 * self.d)(nn.LayerNorm()(h))))
+        return wte.attend(nn.LayerNorm()(h))
+
+
+def _linen(model, xs, ys, per_token=False):
+    """A linen model's `params` and the loss users write with `model.apply`."""
+    params = model.init(KEYS[15], jax.tree.map(lambda a: a[0], xs))["params"]
+
+    def loss(p, x, y):
+        logits = model.apply({"params": p}, x)
+        return _gpt_xent(logits, y) if per_token else _xent(logits, y)
+
+    return loss, params, xs, ys, set(engine.leaf_names(params))
+
+
+def linen_mlp_zoo():
+    """flax.linen Dense -> relu -> LayerNorm -> Dense, cross-entropy."""
+    return _linen(LinenMLP(), _normal(0, (N, 6), 1.0), jnp.arange(N) % 3)
+
+
+def linen_cnn_zoo():
+    """flax.linen Conv (SAME, then stride 2), avg_pool, Dense on one NHWC image."""
+    return _linen(LinenCNN(), _normal(1, (N, 8, 8, 2), 1.0), jnp.arange(N) % 3)
+
+
+def linen_attention_zoo():
+    """flax.linen MultiHeadDotProductAttention (DenseGeneral q, k, v, out) with a pre-LayerNorm and a residual."""
+    return _linen(LinenAttention(), _normal(2, (N, 4, 8), 1.0), jnp.arange(N) % 3)
+
+
+def linen_gpt_zoo():
+    """A flax.linen GPT block with a tied head (`nn.Embed.attend`), next-token loss."""
+    ids = jax.random.randint(KEYS[12], (N, 5), 0, 12)
+    return _linen(LinenGPT(), ids[:, :-1], ids[:, 1:], per_token=True)
+
+
+class NNXMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1, self.norm, self.l2 = nnx.Linear(6, 16, rngs=rngs), nnx.LayerNorm(16, rngs=rngs), nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(self.norm(jax.nn.relu(self.l1(x))))
+
+
+class NNXCNN(nnx.Module):
+    def __init__(self, rngs):
+        self.c1 = nnx.Conv(2, 4, (3, 3), rngs=rngs)
+        self.c2 = nnx.Conv(4, 6, (3, 3), strides=(2, 2), rngs=rngs)
+        self.head = nnx.Linear(6 * 4 * 4, 3, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.avg_pool(jax.nn.relu(self.c1(x)), (2, 2), (2, 2))
+        return self.head(jax.nn.relu(self.c2(x)).reshape(-1))
+
+
+class NNXAttention(nnx.Module):
+    def __init__(self, rngs):
+        self.norm = nnx.LayerNorm(8, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, qkv_features=8, decode=False, rngs=rngs)
+        self.head = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head((x + self.attn(self.norm(x))).mean(0))
+
+
+class NNXGPT(nnx.Module):
+    """The same GPT block in NNX: nnx.Embed with `attend` as the tied head, an nnx.Param position table."""
+
+    def __init__(self, rngs, vocab=12, d=8):
+        self.wte = nnx.Embed(vocab, d, rngs=rngs)
+        self.wpe = nnx.Param(0.1 * jax.random.normal(rngs.params(), (6, d)))
+        self.ln1, self.ln2, self.lnf = (nnx.LayerNorm(d, rngs=rngs) for _ in range(3))
+        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=d, decode=False, rngs=rngs)
+        self.fc, self.proj = nnx.Linear(d, 2 * d, rngs=rngs), nnx.Linear(2 * d, d, rngs=rngs)
+
+    def __call__(self, ids):
+        h = self.wte(ids) + self.wpe[: ids.shape[0]]
+        h = h + self.attn(self.ln1(h), mask=nnx.make_causal_mask(ids))
+        h = h + self.proj(jax.nn.gelu(self.fc(self.ln2(h))))
+        return self.wte.attend(self.lnf(h))
+
+
+def _nnx(module, xs, ys, per_token=False):
+    """An NNX module split into (graphdef, state); the loss merges them, as `nnx.split` users write it."""
+    graphdef, state = nnx.split(module)
+
+    def loss(st, x, y):
+        logits = nnx.merge(graphdef, st)(x)
+        return _gpt_xent(logits, y) if per_token else _xent(logits, y)
+
+    return loss, state, xs, ys, set(engine.leaf_names(state))
+
+
+def nnx_mlp_zoo():
+    """flax.nnx Linear -> relu -> LayerNorm -> Linear."""
+    return _nnx(NNXMLP(nnx.Rngs(0)), _normal(3, (N, 6), 1.0), jnp.arange(N) % 3)
+
+
+def nnx_cnn_zoo():
+    """flax.nnx Conv (SAME, then stride 2) and Linear on one NHWC image."""
+    return _nnx(NNXCNN(nnx.Rngs(1)), _normal(4, (N, 8, 8, 2), 1.0), jnp.arange(N) % 3)
+
+
+def nnx_attention_zoo():
+    """flax.nnx MultiHeadAttention (LinearGeneral q, k, v, out) with a pre-LayerNorm and a residual."""
+    return _nnx(NNXAttention(nnx.Rngs(2)), _normal(5, (N, 4, 8), 1.0), jnp.arange(N) % 3)
+
+
+def nnx_gpt_zoo():
+    """A flax.nnx GPT block with a tied head (`nnx.Embed.attend`), next-token loss."""
+    ids = jax.random.randint(KEYS[13], (N, 5), 0, 12)
+    return _nnx(NNXGPT(nnx.Rngs(3)), ids[:, :-1], ids[:, 1:], per_token=True)
+
+
+FLAX_ZOO = [linen_mlp_zoo, linen_cnn_zoo, linen_attention_zoo, linen_gpt_zoo,
+            nnx_mlp_zoo, nnx_cnn_zoo, nnx_attention_zoo, nnx_gpt_zoo]
+
+
 ZOO = [conv_zoo, token_zoo, tied_zoo, floats_zoo, transposed_conv_zoo, equinox_cnn_zoo, equinox_tokens_zoo,
        lstm_zoo, gru_zoo, batchnorm_inference_zoo, dropout_zoo, control_flow_zoo, custom_vjp_checkpoint_zoo,
-       gpt_zoo, simple_cnn_zoo]
+       gpt_zoo, simple_cnn_zoo, *FLAX_ZOO]
 
 
 # ------------------------------------------------------------------ the oracle and the check
