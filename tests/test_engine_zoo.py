@@ -2,9 +2,9 @@
 
 Each model is written the way people write JAX (dict params, `lax` calls, Equinox, Python floats): convolutions,
 embeddings, tied weights, an LSTM and a GRU by `lax.scan`, BatchNorm in inference mode, dropout with a PRNG key per
-example, `lax.cond` / `switch` / `while_loop` / `fori_loop`, a `custom_vjp` activation, `jax.checkpoint`, and a
-one-block GPT (position embeddings, packed QKV, a tied head).
-(Flax models are not here: flax is not a dependency of gradlab.) N = 6 with chunks of 4: the last chunk is padded.
+example, `lax.cond` / `switch` / `while_loop` / `fori_loop`, a `custom_vjp` activation, `jax.checkpoint`, a
+one-block GPT (position embeddings, packed QKV, a tied head), and Flax models as linen and NNX users write them
+(MLP, CNN, attention, a GPT with a tied head). N = 6 with chunks of 4: the last chunk is padded.
 The oracle is a per-example loop of `jax.grad`, reduced with NumPy (float64); the engine's default
 path (per-layer rules read from the traced loss, exact fallback for every other leaf) must agree
 within a max relative error of 1e-4 in float32. Each model also names which leaves must take a
@@ -412,7 +412,7 @@ class NNXCNN(nnx.Module):
     def __init__(self, rngs):
         self.c1 = nnx.Conv(2, 4, (3, 3), rngs=rngs)
         self.c2 = nnx.Conv(4, 6, (3, 3), strides=(2, 2), rngs=rngs)
-        self.head = nnx.Linear(6 * 4 * 4, 3, rngs=rngs)
+        self.head = nnx.Linear(6 * 2 * 2, 3, rngs=rngs)
 
     def __call__(self, x):
         x = nnx.avg_pool(jax.nn.relu(self.c1(x)), (2, 2), (2, 2))
@@ -499,16 +499,20 @@ def loop_grads(loss, params, xs, ys):
     return [np.stack([np.asarray(r, np.float64) for r in leaf]) for leaf in zip(*map(jax.tree.leaves, rows))]
 
 
-def assert_rel(got, want, what):
+def assert_rel(got, want, what, scale=0.0):
+    """Max relative error ≤ 1e-4; `scale` floors the denominator for a leaf whose exact gradient is zero (an
+    attention key bias: softmax ignores a shift shared by all keys), which both sides only round."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-12)
+    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), scale, 1e-12)
     assert err <= 1e-4, f"{what}: max relative error {err:.2e}"
 
 
 # The slower twin of each rule family runs in the whole suite only: embeddings stay pinned by equinox_tokens_zoo,
 # convolutions by conv_zoo and transposed_conv_zoo, scans by gru_zoo, typed keys in xs by test_engine_exact.py,
 # elementwise scales (BatchNorm's γ, β) by the LayerNorm of equinox_tokens_zoo.
-SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo, gpt_zoo)
+# Flax models: the NNX MLP runs in the quick subset; the rest (many ops, long compiles) in the whole suite.
+SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo, gpt_zoo,
+            *(f for f in FLAX_ZOO if f is not nnx_mlp_zoo))
 
 
 @pytest.mark.parametrize("make", [pytest.param(f, marks=[pytest.mark.slow] if f in SLOW_ZOO else [], id=f.__name__)
@@ -520,21 +524,22 @@ def test_every_engine_function_matches_a_loop_of_grad(make):
     want = loop_grads(loss, params, xs, ys)
     names = engine.leaf_names(params)
 
+    floor = 1e-3 * max(np.max(np.abs(w)) for w in want)  # a thousandth of the largest gradient entry
     got = jax.tree.leaves(engine.per_example_grads(loss, params, xs, ys, chunk_size=4))
     for name, g, w in zip(names, got, want):
         assert g.shape == w.shape, name
-        assert_rel(g, w, f"grads {name}")
+        assert_rel(g, w, f"grads {name}", floor)
 
     sq = np.stack([np.sum(w.reshape(N, -1) ** 2, 1) for w in want], 1)  # (N, L)
     assert_rel(engine.per_example_norms(loss, params, xs, ys, chunk_size=4), np.sqrt(sq.sum(1)), "norms")
     layer = engine.per_example_layer_norms(loss, params, xs, ys, chunk_size=4)  # same compile as norms
     assert list(layer) == names
     for j, name in enumerate(names):
-        assert_rel(layer[name], np.sqrt(sq[:, j]), f"layer norm {name}")
+        assert_rel(layer[name], np.sqrt(sq[:, j]), f"layer norm {name}", 1e-3 * np.sqrt(sq.max()))
 
     diff = eqx.filter(engine.as_params(params), eqx.is_inexact_array)
     v = jax.tree.map(lambda a, k: jax.random.normal(k, a.shape), diff,
-                     jax.tree.unflatten(jax.tree.structure(diff), list(KEYS[: len(names)])))
+                     jax.tree.unflatten(jax.tree.structure(diff), list(jax.random.split(KEYS[0], len(names)))))
     dots = sum(w.reshape(N, -1) @ np.asarray(vl, np.float64).ravel() for w, vl in zip(want, jax.tree.leaves(v)))
     assert_rel(engine.per_example_dots(loss, params, xs, ys, v, chunk_size=4), dots, "dots")
 
@@ -546,6 +551,6 @@ def test_every_engine_function_matches_a_loop_of_grad(make):
                                                chunk_size=4)
     assert_rel(got_norms, norms, "clipped_grad_sum norms")
     for name, g, w in zip(names, jax.tree.leaves(total), want):
-        assert_rel(g, np.tensordot(scale, w, axes=1), f"clipped sum {name}")
+        assert_rel(g, np.tensordot(scale, w, axes=1), f"clipped sum {name}", floor)
     for name, g, w in zip(names, jax.tree.leaves(engine.batch_grad(loss, params, xs, ys)), want):
-        assert_rel(g, w.sum(0), f"batch grad {name}")
+        assert_rel(g, w.sum(0), f"batch grad {name}", N * floor)
