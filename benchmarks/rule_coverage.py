@@ -3,9 +3,11 @@
     python -m benchmarks.rule_coverage            # one row per model, then the total and the fallback reasons
     python -m benchmarks.rule_coverage --timing   # also: a GPT block's norms and clipped sum / one batch gradient,
                                                   # with and without the bias and scale rules (one run, CPU)
+    python -m benchmarks.rule_coverage --zoo-timing lstm_zoo gru_zoo   # per zoo model (N = 256 by repeating its
+                                                  # examples): norms and clipped sum / one batch gradient
 
 The models are the engine's test zoo (tests/test_engine_zoo.py: dict params, lax calls, Equinox, an LSTM and a
-GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint) and its low-precision models
+GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint, Flax linen and NNX models) and its low-precision models
 (tests/test_engine_precision.py). A *weight-like* leaf is a differentiable leaf with at least one axis (Python
 floats and 0-d scalars excluded). Only tracing runs (`engine.explain`), nothing is compiled.
 """
@@ -93,10 +95,32 @@ def timing() -> None:
     rules.ELEMENTWISE = on
 
 
+def zoo_timing(names, n=256) -> None:
+    """Per zoo model: batch gradient time, and norms, clipped sum (C = median norm) and vmap's clipped sum as
+    ratios to it; N examples by repeating the model's own (one run each, best of 15)."""
+    print(f"{'model':28s} {'batch grad':>10s} {'norms':>6s} {'clipped':>8s} {'vmap clipped':>12s}")
+    for name, make in zoo():
+        if names != ["all"] and name not in names:
+            continue
+        loss, p, xs, ys = make()[:4]
+        xs, ys = engine.pad_examples((xs, ys), n - jax.tree.leaves(xs)[0].shape[0])
+        c = float(jnp.median(engine.per_example_norms(loss, p, xs, ys)))
+        tb = _best(lambda: engine.batch_grad(loss, p, xs, ys))
+        tn = _best(lambda: engine.per_example_norms(loss, p, xs, ys))
+        tc = _best(lambda: engine.clipped_grad_sum(loss, p, xs, ys, c))
+        tv = _best(lambda: engine.clipped_grad_sum(loss, p, xs, ys, c, method="vmap"))
+        print(f"{name:28s} {tb * 1e3:7.1f} ms {tn / tb:5.2f}x {tc / tb:7.2f}x {tv / tb:11.2f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timing", action="store_true", help="also time a GPT block with and without bias rules")
+    parser.add_argument("--zoo-timing", nargs="+", metavar="MODEL", help="time these zoo models ('all': every one)")
     args = parser.parse_args()
+    if args.zoo_timing:
+        print(f"N = 256, on {jax.devices()[0].device_kind}:")
+        zoo_timing(args.zoo_timing)
+        return
     rows, reasons = coverage(zoo())
     print(f"{'model':28s} {'ruled':>5s} / {'weight-like':<11s}")
     for name, ruled, total in rows:

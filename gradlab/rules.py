@@ -185,6 +185,7 @@ class Site:
     saved: jax.ShapeDtypeStruct
     weight_shape: tuple
     other_shape: tuple = ()
+    tokens: int = 1  # positions the op runs on, over all steps
 
     @property
     def stack(self) -> tuple:
@@ -194,8 +195,9 @@ class Site:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Rule:
     """A leaf's rule: its uses (`sites`, one or more) and how its per-example norm is formed: "sites" (the
-    sum of the sites' squared norms: one site, or one per branch of a cond, of which one runs) or "outer"
-    (the sites' gradients summed per example, then the norm: a weight used twice, as a tied embedding)."""
+    sum of the sites' squared norms: one site, or one per branch of a cond, of which one runs), "pairs" (a
+    matrix used twice or more, as a tied embedding: ‖Σₖ gₖ‖² from the uses' pairwise ghost inner products) or
+    "outer" (the uses' gradients summed per example, then the norm)."""
 
     leaf: int
     sites: tuple
@@ -243,7 +245,7 @@ def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Si
         t *= steps
         gram = t > 1 and t * t * (i + o) < t * i * o
         how = f"ghost norm over {t} tokens" if gram else ("‖δ‖·‖a‖" if t == 1 else f"outer product over {t} tokens")
-        return site(kind="dense", norm="gram" if gram or t == 1 else "outer", why=f"dense layer: {how}")
+        return site(kind="dense", norm="gram" if gram or t == 1 else "outer", why=f"dense layer: {how}", tokens=t)
     if name == "conv_general_dilated" and pos == 1:
         if any(d != 1 for d in e.params["lhs_dilation"]) or e.params["batch_group_count"] != 1:
             raise _NoRule("transposed convolution (lhs_dilation) or batch groups: no rule")
@@ -258,7 +260,7 @@ def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Si
         t *= steps
         gram = _gather_simple(e, w_shape) and t * t * d < _size(w_shape)
         how = f"rows with equal ids over {t} lookups" if gram else "row gradients scattered per example"
-        return site(kind="embedding", norm="gram" if gram else "outer", why=f"embedding lookup: {how}")
+        return site(kind="embedding", norm="gram" if gram else "outer", why=f"embedding lookup: {how}", tokens=t)
     raise _NoRule(f"enters `{name}`" + (" as its input" if name == "conv_general_dilated" else "") + ": no per-layer rule")
 
 
@@ -338,9 +340,37 @@ def _rule(leaf: int, sites: list) -> Rule:
     if all(_exclusive(s, r) for s, r in itertools.combinations(sites, 2)):
         return Rule(leaf, tuple(sites), "sites",
                     f"one use per branch of a cond ({', '.join(s.kind for s in sites)}): the taken branch's rule{where}")
-    return Rule(leaf, tuple(sites), "outer",
-                f"used {len(sites)} times ({' + '.join(s.kind for s in sites)}): the uses' gradients from (a, δ), "
-                "summed per example")
+    uses = f"used {len(sites)} times ({' + '.join(s.kind for s in sites)})"
+    if all(_orientation(s) for s in sites):
+        m, n = sites[0].weight_shape if _orientation(sites[0]) != "da" else sites[0].weight_shape[::-1]
+        t = sum(s.tokens for s in sites)
+        if t * t * (m + n) < t * m * n + m * n:
+            return Rule(leaf, tuple(sites), "pairs", f"{uses}: ghost inner products of every pair of uses over {t} tokens")
+    return Rule(leaf, tuple(sites), "outer", f"{uses}: the uses' gradients from (a, δ), summed per example")
+
+
+def _orientation(site: Site) -> str | None:
+    """For a matrix leaf used by a plain dense layer (through transposes only) or a row lookup: "ad" when the
+    site's factors (A, D) of `_factors` run along the leaf's (rows, columns), "da" when along (columns, rows),
+    else None (no pairwise ghost product: its gradient is formed instead)."""
+    if len(site.weight_shape) != 2 or any(c.prim.name != "transpose" for c in site.chain):
+        return None
+    e = site.op
+    if site.kind == "embedding":
+        dn = e.params["dimension_numbers"]
+        ok = (not site.chain and tuple(dn.start_index_map) == (0,) and tuple(dn.collapsed_slice_dims) == (0,)
+              and tuple(e.params["slice_sizes"]) == (1, site.weight_shape[1]))
+        return "ad" if ok else None
+    if site.kind != "dense":
+        return None
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    wc, wb = (rc, rb) if site.pos == 1 else (lc, lb)
+    if wb or len(wc) != 1:
+        return None
+    perm = [0, 1]
+    for c in site.chain:
+        perm = [perm[p] for p in c.params["permutation"]]
+    return "ad" if perm[wc[0]] == 0 else "da"
 
 
 @dataclasses.dataclass
@@ -596,6 +626,8 @@ def weight_sq_norm(rule: Rule, leaf_val, saved, delta):
     if rule.norm == "outer":
         return jnp.sum(jnp.square(weight_grad(rule, leaf_val, saved, delta)))
     dtype = acc_dtype(leaf_val.dtype)
+    if rule.norm == "pairs":
+        return _pairs_sq_norm(rule, [_acc(a, dtype) for a in saved], [d.astype(dtype) for d in delta])
     total = jnp.zeros((), dtype)
     for site, a, d in zip(rule.sites, saved, delta):
         if site.norm == "outer":
@@ -606,15 +638,47 @@ def weight_sq_norm(rule: Rule, leaf_val, saved, delta):
     return total
 
 
-def _site_gram(site: Site, saved, delta):
-    """A site's ghost norm over every token of every step: the steps' factors stacked into one token axis."""
+def _pairs_sq_norm(rule: Rule, saved, delta):
+    """‖Σₖ gₖ‖² = Σₖ,ₗ ⟨gₖ, gₗ⟩ for a matrix used several times, each use gₖ = Σₜ xₜ yₜᵀ along the leaf's
+    (rows, columns): ⟨gₖ, gₗ⟩ = Σ (XₖXₗᵀ)⊙(YₖYₗᵀ), a lookup's X being one-hot rows (its ids)."""
+    xy = []
+    for site, a, d in zip(rule.sites, saved, delta):
+        x, y = _merged_factors(site, a, d)
+        if site.kind == "embedding":
+            x = x[:, 0]  # the looked-up row: X is one-hot
+        xy.append((x, y) if _orientation(site) == "ad" else (y, x))
+    total = 0.0
+    for k, (site_k, (xk, yk)) in enumerate(zip(rule.sites, xy)):
+        for m, (site_m, (xm, ym)) in enumerate(zip(rule.sites, xy)):
+            if m < k:
+                continue
+            ids_k, ids_m = site_k.kind == "embedding", site_m.kind == "embedding"
+            if ids_k and ids_m:
+                kx = (xk[:, None] == xm[None, :]).astype(yk.dtype)
+            elif ids_k:
+                kx = xm.T[xk]
+            elif ids_m:
+                kx = xk[:, xm]
+            else:
+                kx = xk @ xm.T
+            total = total + (1 if m == k else 2) * jnp.sum(kx * (yk @ ym.T))
+    return total
+
+
+def _merged_factors(site: Site, saved, delta):
+    """`_factors` of every step, the steps stacked into the one token axis."""
     axis = 1 if site.kind == "conv" else 0  # the token axis of `_factors` (conv: after the groups)
     k = len(site.stack)
     merged = []
     for x in _over_steps(site, lambda a, d: _factors(site, a, d))(saved, delta):
         x = jnp.moveaxis(x, tuple(range(k)), tuple(range(axis, axis + k)))
         merged.append(x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + k + 1:]))
-    a, d = merged
+    return merged
+
+
+def _site_gram(site: Site, saved, delta):
+    """A site's ghost norm over every token of every step: the steps' factors stacked into one token axis."""
+    a, d = _merged_factors(site, saved, delta)
     if site.kind == "dense":
         return _gram(a, d)
     if site.kind == "conv":

@@ -171,3 +171,21 @@ def test_a_layer_applied_twice_takes_the_summed_rule():
 def test_unknown_method_is_rejected():
     with pytest.raises(ValueError, match="method"):
         engine.per_example_norms(losses.mse, models.Linear(2, "scalar", key=KEY), jnp.ones((2, 2)), jnp.ones(2), method="fast")
+
+
+def test_a_matrix_used_three_ways_takes_pairwise_ghost_products():
+    """One matrix as an embedding table, as `h @ W` and as `W @ h`: ‖Σₖ gₖ‖² from the uses' pairwise ghost inner
+    products (both orientations of a dense use against one-hot lookups), against a loop of jax.grad."""
+    w = 0.2 * jax.random.normal(KEY, (32, 32))
+
+    def loss(w, ids, y):
+        h = jnp.tanh(w[ids] @ w)
+        return jnp.sum((w @ h.mean(0) - y) ** 2)
+
+    ids = jax.random.randint(KEY, (5, 4), 0, 32).at[:, 1].set(3)
+    ys = jax.random.normal(KEY, (5, 32))
+    (row,) = engine.explain(loss, w, ids, ys)
+    assert row["path"] == "rule" and "ghost inner products" in row["why"], row
+    want = np.stack([jax.grad(loss)(w, ids[i], ys[i]) for i in range(5)])
+    np.testing.assert_allclose(engine.per_example_norms(loss, w, ids, ys),
+                               np.linalg.norm(want.reshape(5, -1), axis=1), rtol=1e-5)
