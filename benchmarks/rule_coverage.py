@@ -1,8 +1,8 @@
 """Rule coverage: which leaves of user-written models take a per-layer rule, and why the others fall back.
 
     python -m benchmarks.rule_coverage            # one row per model, then the total and the fallback reasons
-    python -m benchmarks.rule_coverage --timing   # also: a GPT block's norms and clipped sum / one batch gradient,
-                                                  # with and without the bias and scale rules (one run, CPU)
+    python -m benchmarks.rule_coverage --timing   # also: norms and clipped sum / one batch gradient on a GPT block
+                                                  # (with and without the bias and scale rules), an LSTM and a GRU
     python -m benchmarks.rule_coverage --zoo-timing lstm_zoo gru_zoo   # per zoo model (N = 256 by repeating its
                                                   # examples): norms and clipped sum / one batch gradient
 
@@ -80,19 +80,39 @@ def _best(f, reps=15) -> float:
     return min(times)
 
 
+def rnn(cell: str, n=256, t=16, d=16, hd=32):
+    """The zoo's LSTM or GRU (`lstm_loss`, `gru_loss`) at a working size: N sequences of t steps."""
+    zoo_mod = _module("test_engine_zoo")
+    k = jax.random.split(jax.random.key(1), 6)
+    g = 4 if cell == "lstm" else 3
+    p = {"w_ih": 0.3 * jax.random.normal(k[0], (d, g * hd)), "w_hh": 0.3 * jax.random.normal(k[1], (hd, g * hd)),
+         "b": 0.1 * jax.random.normal(k[2], (g * hd,)),
+         "head": 0.3 * jax.random.normal(k[3], (hd, 2) if cell == "lstm" else (hd,))}
+    xs = jax.random.normal(k[4], (n, t, d))
+    if cell == "lstm":
+        return zoo_mod.lstm_loss, p, xs, jnp.arange(n) % 2
+    return zoo_mod.gru_loss, p, xs, jax.random.normal(k[5], (n,))
+
+
+def _ratios(label, loss, p, xs, ys) -> None:
+    f = lambda p, x, y: loss(p, x, y)  # noqa: E731 - a fresh object: compiled afresh
+    ruled = sum(r["path"] == "rule" for r in engine.explain(f, p, xs, ys))
+    tb = _best(lambda: engine.batch_grad(f, p, xs, ys))
+    tn = _best(lambda: engine.per_example_norms(f, p, xs, ys))
+    tc = _best(lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0))
+    print(f"{label:34s} ruled {ruled:2d}/{len(p)}  batch grad {tb * 1e3:6.1f} ms  "
+          f"norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x", flush=True)
+
+
 def timing() -> None:
     loss, p, xs, ys = gpt_block()
     on = dict(rules.ELEMENTWISE)
-    for label, elementwise in [("dense/embedding rules only", {}), ("+ bias and scale rules", on)]:
+    for label, elementwise in [("GPT block, dense/embedding only", {}), ("GPT block, + bias and scale rules", on)]:
         rules.ELEMENTWISE = elementwise  # switches the family off for this comparison only
-        f = lambda p, x, y: loss(p, x, y)  # noqa: E731 - a fresh object: compiled afresh
-        ruled = sum(r["path"] == "rule" for r in engine.explain(f, p, xs, ys))
-        tb = _best(lambda: engine.batch_grad(f, p, xs, ys))
-        tn = _best(lambda: engine.per_example_norms(f, p, xs, ys))
-        tc = _best(lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0))
-        print(f"{label:28s} ruled {ruled:2d}/{len(p)}  batch grad {tb * 1e3:6.1f} ms  "
-              f"norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x")
+        _ratios(label, loss, p, xs, ys)
     rules.ELEMENTWISE = on
+    for cell in ("lstm", "gru"):
+        _ratios(f"{cell.upper()}, 16 steps, hidden 32", *rnn(cell))
 
 
 def zoo_timing(names, n=256) -> None:
@@ -131,7 +151,7 @@ def main() -> None:
     for why, count in reasons.most_common():
         print(f"  {count:3d}  {why}")
     if args.timing:
-        print(f"\na GPT block, N = 256 sequences of 16 tokens, on {jax.devices()[0].device_kind}:")
+        print(f"\nN = 256 sequences of 16 tokens or steps, on {jax.devices()[0].device_kind}:")
         timing()
 
 

@@ -15,15 +15,27 @@ gives every such leaf's per-example gradient, and its norm needs no gradient at 
 - a parameter added to the activations (a bias, a position embedding) or scaling them (LayerNorm,
   BatchNorm, GroupNorm affine): δ, or δ ⊙ a, summed over the axes it was broadcast along.
 
+The same rules hold wherever the op sits, and for every use of a leaf (a *site*):
+
+- inside `lax.scan` (an RNN's weights, `fori_loop`): the op runs once per step, so (a, δ) gain a leading
+  step axis and the rule is the dense layer's over T steps × tokens (the ghost norm or the outer product);
+- inside `lax.cond` / `lax.switch` branches: each example's gradient is the taken branch's rule (the other
+  branches' (a, δ) are zero), so the squared norms of the branches' sites add up;
+- a leaf used K ≥ 2 times (a tied embedding and head, a layer applied twice): gᵢ = Σₖ gᵢₖ, and
+  ‖gᵢ‖² = Σₖ,ₗ ⟨gᵢₖ, gᵢₗ⟩ from the uses' pairwise ghost inner products (a matrix used by dense layers and row
+  lookups, when cheaper), else from the summed gradients.
+
 Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
 shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
-before an elementwise add or multiply) to its uses. A leaf with exactly one use as a weight, bias or
-scale gets a rule; every other leaf (tied weights, a penalty term inside the loss, a leaf entering a
-custom_jvp, a scan or a cond) *falls back*: it is differentiated the ordinary way inside the
-per-example backward pass, which is exact and costs chunk × that leaf's size. `run` evaluates the
-jaxpr with the ruled weights held constant, a zero probe added to each ruled output (its gradient
-is δ) and the other operand `a` saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
+before an elementwise add or multiply), into scan bodies (as a loop constant) and cond branches, to its
+uses. A leaf all of whose uses are weights, biases or scales gets a rule; every other leaf (a penalty term
+inside the loss, a leaf entering a custom_jvp, a while_loop or a nonlinearity, a transposed convolution)
+*falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is exact and
+costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held constant, a zero probe
+added to each site's output (its gradient is δ) and the other operand `a` saved; a scan or cond holding
+sites is rebuilt with the probes as extra inputs and the saved operands as extra outputs. The idea of
+matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
 """
 
 from __future__ import annotations

@@ -179,39 +179,45 @@ def _lstm_cell(p, carry, x_proj):
     return (h, c), h
 
 
+def lstm_loss(p, x, y):
+    """An LSTM over the steps of `x (T, d)` by `lax.scan`, the input weight inside the step (as most users write
+    it), then a classifier on the last hidden state. Shared with benchmarks/rule_coverage.py."""
+    hd = p["w_hh"].shape[0]
+    step = lambda carry, xt: _lstm_cell(p, carry, xt @ p["w_ih"])  # noqa: E731
+    (h, _), _ = lax.scan(step, (jnp.zeros(hd), jnp.zeros(hd)), x)
+    return -jax.nn.log_softmax(h @ p["head"])[y]
+
+
+def gru_loss(p, x, y):
+    """A GRU over the steps of `x (T, d)` by `lax.scan`, the input projection hoisted out of the loop (a dense
+    layer on every step), then a regression head on the mean hidden state. Shared with benchmarks/rule_coverage.py."""
+    hd = p["w_hh"].shape[0]
+
+    def step(h, xp):
+        r, z, n = jnp.split(xp + p["b"], 3)
+        hr, hz, hn = jnp.split(h @ p["w_hh"], 3)
+        r, z = jax.nn.sigmoid(r + hr), jax.nn.sigmoid(z + hz)
+        h = (1 - z) * jnp.tanh(n + r * hn) + z * h
+        return h, h
+
+    _, hs = lax.scan(step, jnp.zeros(hd), x @ p["w_ih"])
+    return (hs.mean(0) @ p["head"] - y) ** 2
+
+
 def lstm_zoo():
-    """An LSTM over 5 steps by `lax.scan`, the input weight inside the step (as most users write it)."""
+    """An LSTM over 5 steps (`lstm_loss`): every weight, the gate bias included, is used on every step."""
     d, hd = 3, 4
     p = {"w_ih": _normal(0, (d, 4 * hd)), "w_hh": _normal(1, (hd, 4 * hd)), "b": _normal(2, (4 * hd,)),
          "head": _normal(3, (hd, 2))}
-
-    def loss(p, x, y):
-        step = lambda carry, xt: _lstm_cell(p, carry, xt @ p["w_ih"])  # noqa: E731
-        (h, _), _ = lax.scan(step, (jnp.zeros(hd), jnp.zeros(hd)), x)
-        return -jax.nn.log_softmax(h @ p["head"])[y]
-
-    return loss, p, _normal(4, (N, 5, d), 1.0), jnp.arange(N) % 2, set(engine.leaf_names(p))
+    return lstm_loss, p, _normal(4, (N, 5, d), 1.0), jnp.arange(N) % 2, set(engine.leaf_names(p))
 
 
 def gru_zoo():
-    """A GRU over 5 steps by `lax.scan`, the input projection hoisted out of the loop (a dense layer on every
-    step), then a regression head on the mean hidden state."""
+    """A GRU over 5 steps (`gru_loss`), the input projection hoisted out of the loop."""
     d, hd = 3, 4
     p = {"w_ih": _normal(5, (d, 3 * hd)), "w_hh": _normal(6, (hd, 3 * hd)), "b": _normal(7, (3 * hd,)),
          "head": _normal(8, (hd,))}
-
-    def loss(p, x, y):
-        def step(h, xp):
-            r, z, n = jnp.split(xp + p["b"], 3)
-            hr, hz, hn = jnp.split(h @ p["w_hh"], 3)
-            r, z = jax.nn.sigmoid(r + hr), jax.nn.sigmoid(z + hz)
-            h = (1 - z) * jnp.tanh(n + r * hn) + z * h
-            return h, h
-
-        _, hs = lax.scan(step, jnp.zeros(hd), x @ p["w_ih"])
-        return (hs.mean(0) @ p["head"] - y) ** 2
-
-    return loss, p, _normal(9, (N, 5, d), 1.0), _normal(10, (N,), 1.0), set(engine.leaf_names(p))
+    return gru_loss, p, _normal(9, (N, 5, d), 1.0), _normal(10, (N,), 1.0), set(engine.leaf_names(p))
 
 
 def batchnorm_inference_zoo():
