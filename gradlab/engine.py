@@ -6,9 +6,10 @@ carry the example axis first.
 
 Two paths compute the same numbers (up to float32 rounding):
 - `"ghost"` (what `method="auto"` takes whenever the traced loss has a layer with a rule): the
-  loss's jaxpr is read (`gradlab.rules`), every weight used once by a dense layer, convolution or
-  embedding, and every bias or scale used once on the activations, gets its per-layer rule; every
-  other leaf is differentiated per example; one backward pass per chunk of examples. Norms need no
+  loss's jaxpr is read (`gradlab.rules`), every weight used by dense layers, convolutions or
+  embeddings, and every bias or scale on the activations, gets its per-layer rule (also inside
+  `lax.scan` and `lax.cond`, and for a leaf used several times); every other leaf is differentiated
+  per example; one backward pass per chunk of examples. Norms need no
   per-example weight gradient of a dense layer, convolution or embedding at all.
 - `"vmap"`: the reference `vmap(grad)`.
 Norms, dot products and clipped sums accumulate in float32 (or wider) whatever the parameters' or the
@@ -469,8 +470,10 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
 
     **Returns** one dict per leaf, in tree order: `leaf` (name as in `per_example_layer_norms`),
     `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"`,
-    `"added"` (a bias or position embedding), `"scale"` (an elementwise scale) or `"—"`), `why` (how
-    its per-example gradient or norm is computed, or why it has no rule).
+    `"added"` (a bias or position embedding), `"scale"` (an elementwise scale), several joined by "+"
+    for a leaf used in several ways (a tied embedding: `"embedding+dense"`), or `"—"`), `why` (how
+    its per-example gradient or norm is computed, where: inside a scan or a cond branch, how the
+    norms of a leaf used several times combine; or why it has no rule).
     Every row says `"fallback"` with the reason if the loss cannot be traced.
     """
     params = as_params(params)
