@@ -17,8 +17,9 @@ loss's dtype: formed in bfloat16 a norm is off by ~2⁻⁸, and a clipped contri
 Everything that needs only a reduction of the per-example gradients (norms, dot products, clipped
 sums) streams over chunks of examples (`jax.lax.map(..., batch_size=chunk)`), never the N x P
 matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take about
-`CHUNK_BYTES`. The clipped sum is a weighted batch gradient (ghost clipping): norms by the rules,
-then the gradient of Σᵢ cᵢ·ℓᵢ with cᵢ = min(1, C/‖gᵢ‖) held constant.
+`CHUNK_BYTES`. The clipped sum is book-keeping ghost clipping (Bu et al. 2023): per chunk, the rules'
+(aᵢ, δᵢ) give the norms, hence cᵢ = min(1, C/‖gᵢ‖), and then Σᵢ cᵢ·aᵢᵀδᵢ, one matmul per ruled op,
+with no second backward pass.
 
 Every public function is compiled once per (loss_fn, parameter structure, shapes): pass the same
 `loss_fn` object again (not a fresh lambda) and nothing is re-traced. `TRACES` counts traces.
@@ -778,10 +779,11 @@ def clipped_grad_sum(
 ) -> PyTree:
     """Sum of per-example gradients, each clipped to global L2 norm at most C: Σᵢ wᵢ·min(1, C/‖gᵢ‖)·gᵢ.
 
-    The DP-SGD aggregate before noise (Abadi et al. 2016, Algorithm 1). Ghost clipping (Li et al.
-    2022): the norms ‖gᵢ‖ come from the per-layer rules in one streamed pass, then the sum is ONE
-    backward pass of Σᵢ cᵢ·ℓᵢ with cᵢ = wᵢ·min(1, C/‖gᵢ‖) held constant: no per-example gradient
-    is built. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference).
+    The DP-SGD aggregate before noise (Abadi et al. 2016, Algorithm 1). Book-keeping ghost clipping
+    (Li et al. 2022; Bu et al. 2023): per chunk of examples, one backward pass to the layer outputs
+    gives each ruled op's (aᵢ, δᵢ), hence the norms ‖gᵢ‖ and cᵢ = wᵢ·min(1, C/‖gᵢ‖), and the sum is
+    the op's VJP with cᵢ·δᵢ (one matmul): no second backward pass, no per-example gradient built
+    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference).
 
     **Arguments** as `per_example_grads`, plus
     - `clip_norm`: C > 0 (same units as the gradient norm); `inf` gives the plain gradient sum.
