@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from gradlab import engine, losses, models, rules
 
@@ -189,3 +190,30 @@ def test_a_matrix_used_three_ways_takes_pairwise_ghost_products():
     want = np.stack([jax.grad(loss)(w, ids[i], ys[i]) for i in range(5)])
     np.testing.assert_allclose(engine.per_example_norms(loss, w, ids, ys),
                                np.linalg.norm(want.reshape(5, -1), axis=1), rtol=1e-5)
+
+
+@pytest.mark.slow  # nested loops compile slowly
+def test_rules_through_a_cond_and_a_scan_inside_a_scan():
+    """A scan whose step holds a `lax.cond` (two dense layers, one per branch) and an inner `fori_loop`
+    (a scan applying `u` twice): sites two loops deep, zeros from the branch not taken, against a loop of grad."""
+    k = jax.random.split(KEY, 4)
+    p = {"a": 0.5 * jax.random.normal(k[0], (3, 3)), "b": 0.5 * jax.random.normal(k[1], (3, 3)),
+         "u": 0.5 * jax.random.normal(k[2], (3, 3)), "c": jnp.ones(3)}
+
+    def loss(p, x, y):
+        def step(h, xt):
+            h = lax.cond(xt[0] > 0, lambda h: jnp.tanh(h @ p["a"]), lambda h: jnp.sin(h @ p["b"]), h + xt)
+            h = lax.fori_loop(0, 2, lambda _, h: jnp.tanh(h @ p["u"] * p["c"]), h)
+            return h, h
+
+        _, hs = lax.scan(step, jnp.zeros(3), x)
+        return jnp.sum((hs.mean(0) - y) ** 2)
+
+    xs, ys = jax.random.normal(k[3], (5, 4, 3)), jax.random.normal(k[0], (5, 3))
+    assert all(r["path"] == "rule" for r in engine.explain(loss, p, xs, ys))
+    want = _oracle(loss, p, xs, ys)
+    for g, w in zip(jax.tree.leaves(engine.per_example_grads(loss, p, xs, ys, chunk_size=3)), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(engine.per_example_norms(loss, p, xs, ys, chunk_size=3),
+                               np.sqrt(sum(np.sum(np.reshape(w, (5, -1)) ** 2, 1) for w in jax.tree.leaves(want))),
+                               rtol=1e-4)
