@@ -70,14 +70,18 @@ def gpt_block(n=256, v=64, t=16, d=32):
     return loss, p, ids[:, :-1], ids[:, 1:]
 
 
-def _best(f, reps=15) -> float:
-    jax.block_until_ready(f())
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
+def _best(fns, rounds=20) -> list:
+    """The best time of each function, measured in interleaved rounds (one call of each per round), so that a
+    shared machine's changing load falls on all of them alike."""
+    for f in fns:
         jax.block_until_ready(f())
-        times.append(time.perf_counter() - start)
-    return min(times)
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for j, f in enumerate(fns):
+            start = time.perf_counter()
+            jax.block_until_ready(f())
+            best[j] = min(best[j], time.perf_counter() - start)
+    return best
 
 
 def rnn(cell: str, n=256, t=16, d=16, hd=32):
@@ -97,9 +101,8 @@ def rnn(cell: str, n=256, t=16, d=16, hd=32):
 def _ratios(label, loss, p, xs, ys) -> None:
     f = lambda p, x, y: loss(p, x, y)  # noqa: E731 - a fresh object: compiled afresh
     ruled = sum(r["path"] == "rule" for r in engine.explain(f, p, xs, ys))
-    tb = _best(lambda: engine.batch_grad(f, p, xs, ys))
-    tn = _best(lambda: engine.per_example_norms(f, p, xs, ys))
-    tc = _best(lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0))
+    tb, tn, tc = _best([lambda: engine.batch_grad(f, p, xs, ys), lambda: engine.per_example_norms(f, p, xs, ys),
+                        lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0)])
     print(f"{label:34s} ruled {ruled:2d}/{len(p)}  batch grad {tb * 1e3:6.1f} ms  "
           f"norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x", flush=True)
 
@@ -117,7 +120,7 @@ def timing() -> None:
 
 def zoo_timing(names, n=256) -> None:
     """Per zoo model: batch gradient time, and norms, clipped sum (C = median norm) and vmap's clipped sum as
-    ratios to it; N examples by repeating the model's own (one run each, best of 15)."""
+    ratios to it; N examples by repeating the model's own (best of 20 interleaved rounds)."""
     print(f"{'model':28s} {'batch grad':>10s} {'norms':>6s} {'clipped':>8s} {'vmap clipped':>12s}")
     for name, make in zoo():
         if names != ["all"] and name not in names:
@@ -125,10 +128,10 @@ def zoo_timing(names, n=256) -> None:
         loss, p, xs, ys = make()[:4]
         xs, ys = engine.pad_examples((xs, ys), n - jax.tree.leaves(xs)[0].shape[0])
         c = float(jnp.median(engine.per_example_norms(loss, p, xs, ys)))
-        tb = _best(lambda: engine.batch_grad(loss, p, xs, ys))
-        tn = _best(lambda: engine.per_example_norms(loss, p, xs, ys))
-        tc = _best(lambda: engine.clipped_grad_sum(loss, p, xs, ys, c))
-        tv = _best(lambda: engine.clipped_grad_sum(loss, p, xs, ys, c, method="vmap"))
+        tb, tn, tc, tv = _best([lambda: engine.batch_grad(loss, p, xs, ys),
+                                lambda: engine.per_example_norms(loss, p, xs, ys),
+                                lambda: engine.clipped_grad_sum(loss, p, xs, ys, c),
+                                lambda: engine.clipped_grad_sum(loss, p, xs, ys, c, method="vmap")])
         print(f"{name:28s} {tb * 1e3:7.1f} ms {tn / tb:5.2f}x {tc / tb:7.2f}x {tv / tb:11.2f}x", flush=True)
 
 
