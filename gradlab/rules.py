@@ -735,10 +735,26 @@ def _gram(a, d):
     return jnp.sum((a @ a.T) * (d @ d.T))
 
 
+def _out_bytes(graph: Graph) -> int:
+    return sum(_size(a.shape) * np.dtype(a.dtype).itemsize
+               for e in graph.eqns for a in e.out_avals if hasattr(a, "shape"))
+
+
+def loop_bytes(graph: Graph) -> int:
+    """Bytes per example the loss's loops compute inside their bodies: every step of a scan (its backward pass
+    keeps them), the largest branch of a cond. Unseen in the top-level equations, they size chunks too."""
+    total = 0
+    for e in graph.eqns:
+        bodies = jaxprs.loop_bodies(e, INLINE) if e.prim.name in ("scan", "cond") else []
+        sizes = [_out_bytes(b) + loop_bytes(b) for b in bodies]
+        if sizes:
+            total += max(sizes) * (e.params["length"] if e.prim.name == "scan" else 1)
+    return total
+
+
 def saved_bytes(pl: Plan) -> int:
-    """Bytes per example of everything the loss computes (a guide for chunk sizes)."""
-    total = sum(_size(a.shape) * np.dtype(a.dtype).itemsize
-                for e in pl.graph.eqns for a in e.out_avals if hasattr(a, "shape"))
+    """Bytes per example of everything the loss computes, loops' steps included (a guide for chunk sizes)."""
+    total = _out_bytes(pl.graph) + loop_bytes(pl.graph)
     for s in _sites(pl):
         if s.kind == "conv":
             total += 4 * _size(s.stack) * _size(s.saved.shape) * 2
