@@ -1,11 +1,13 @@
 """Rule coverage: which leaves of user-written models take a per-layer rule, and why the others fall back.
 
     python -m benchmarks.rule_coverage            # one row per model, then the total and the fallback reasons
-    python -m benchmarks.rule_coverage --timing   # also: a GPT block's norms and clipped sum / one batch gradient,
-                                                  # with and without the bias and scale rules (one run, CPU)
+    python -m benchmarks.rule_coverage --timing   # also: norms and clipped sum / one batch gradient on a GPT block
+                                                  # (with and without the bias and scale rules), an LSTM and a GRU
+    python -m benchmarks.rule_coverage --zoo-timing lstm_zoo gru_zoo   # per zoo model (N = 256 by repeating its
+                                                  # examples): norms and clipped sum / one batch gradient
 
 The models are the engine's test zoo (tests/test_engine_zoo.py: dict params, lax calls, Equinox, an LSTM and a
-GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint) and its low-precision models
+GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint, Flax linen and NNX models) and its low-precision models
 (tests/test_engine_precision.py). A *weight-like* leaf is a differentiable leaf with at least one axis (Python
 floats and 0-d scalars excluded). Only tracing runs (`engine.explain`), nothing is compiled.
 """
@@ -68,35 +70,80 @@ def gpt_block(n=256, v=64, t=16, d=32):
     return loss, p, ids[:, :-1], ids[:, 1:]
 
 
-def _best(f, reps=15) -> float:
-    jax.block_until_ready(f())
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
+def _best(fns, rounds=20) -> list:
+    """The best time of each function, measured in interleaved rounds (one call of each per round), so that a
+    shared machine's changing load falls on all of them alike."""
+    for f in fns:
         jax.block_until_ready(f())
-        times.append(time.perf_counter() - start)
-    return min(times)
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for j, f in enumerate(fns):
+            start = time.perf_counter()
+            jax.block_until_ready(f())
+            best[j] = min(best[j], time.perf_counter() - start)
+    return best
+
+
+def rnn(cell: str, n=256, t=16, d=16, hd=32):
+    """The zoo's LSTM or GRU (`lstm_loss`, `gru_loss`) at a working size: N sequences of t steps."""
+    zoo_mod = _module("test_engine_zoo")
+    k = jax.random.split(jax.random.key(1), 6)
+    g = 4 if cell == "lstm" else 3
+    p = {"w_ih": 0.3 * jax.random.normal(k[0], (d, g * hd)), "w_hh": 0.3 * jax.random.normal(k[1], (hd, g * hd)),
+         "b": 0.1 * jax.random.normal(k[2], (g * hd,)),
+         "head": 0.3 * jax.random.normal(k[3], (hd, 2) if cell == "lstm" else (hd,))}
+    xs = jax.random.normal(k[4], (n, t, d))
+    if cell == "lstm":
+        return zoo_mod.lstm_loss, p, xs, jnp.arange(n) % 2
+    return zoo_mod.gru_loss, p, xs, jax.random.normal(k[5], (n,))
+
+
+def _ratios(label, loss, p, xs, ys) -> None:
+    f = lambda p, x, y: loss(p, x, y)  # noqa: E731 - a fresh object: compiled afresh
+    ruled = sum(r["path"] == "rule" for r in engine.explain(f, p, xs, ys))
+    tb, tn, tc = _best([lambda: engine.batch_grad(f, p, xs, ys), lambda: engine.per_example_norms(f, p, xs, ys),
+                        lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0)])
+    print(f"{label:34s} ruled {ruled:2d}/{len(p)}  batch grad {tb * 1e3:6.1f} ms  "
+          f"norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x", flush=True)
 
 
 def timing() -> None:
     loss, p, xs, ys = gpt_block()
     on = dict(rules.ELEMENTWISE)
-    for label, elementwise in [("dense/embedding rules only", {}), ("+ bias and scale rules", on)]:
+    for label, elementwise in [("GPT block, dense/embedding only", {}), ("GPT block, + bias and scale rules", on)]:
         rules.ELEMENTWISE = elementwise  # switches the family off for this comparison only
-        f = lambda p, x, y: loss(p, x, y)  # noqa: E731 - a fresh object: compiled afresh
-        ruled = sum(r["path"] == "rule" for r in engine.explain(f, p, xs, ys))
-        tb = _best(lambda: engine.batch_grad(f, p, xs, ys))
-        tn = _best(lambda: engine.per_example_norms(f, p, xs, ys))
-        tc = _best(lambda: engine.clipped_grad_sum(f, p, xs, ys, 1.0))
-        print(f"{label:28s} ruled {ruled:2d}/{len(p)}  batch grad {tb * 1e3:6.1f} ms  "
-              f"norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x")
+        _ratios(label, loss, p, xs, ys)
     rules.ELEMENTWISE = on
+    for cell in ("lstm", "gru"):
+        _ratios(f"{cell.upper()}, 16 steps, hidden 32", *rnn(cell))
+
+
+def zoo_timing(names, n=256) -> None:
+    """Per zoo model: batch gradient time, and norms, clipped sum (C = median norm) and vmap's clipped sum as
+    ratios to it; N examples by repeating the model's own (best of 20 interleaved rounds)."""
+    print(f"{'model':28s} {'batch grad':>10s} {'norms':>6s} {'clipped':>8s} {'vmap clipped':>12s}")
+    for name, make in zoo():
+        if names != ["all"] and name not in names:
+            continue
+        loss, p, xs, ys = make()[:4]
+        xs, ys = engine.pad_examples((xs, ys), n - jax.tree.leaves(xs)[0].shape[0])
+        c = float(jnp.median(engine.per_example_norms(loss, p, xs, ys)))
+        tb, tn, tc, tv = _best([lambda: engine.batch_grad(loss, p, xs, ys),
+                                lambda: engine.per_example_norms(loss, p, xs, ys),
+                                lambda: engine.clipped_grad_sum(loss, p, xs, ys, c),
+                                lambda: engine.clipped_grad_sum(loss, p, xs, ys, c, method="vmap")])
+        print(f"{name:28s} {tb * 1e3:7.1f} ms {tn / tb:5.2f}x {tc / tb:7.2f}x {tv / tb:11.2f}x", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timing", action="store_true", help="also time a GPT block with and without bias rules")
+    parser.add_argument("--zoo-timing", nargs="+", metavar="MODEL", help="time these zoo models ('all': every one)")
     args = parser.parse_args()
+    if args.zoo_timing:
+        print(f"N = 256, on {jax.devices()[0].device_kind}:")
+        zoo_timing(args.zoo_timing)
+        return
     rows, reasons = coverage(zoo())
     print(f"{'model':28s} {'ruled':>5s} / {'weight-like':<11s}")
     for name, ruled, total in rows:
@@ -107,7 +154,7 @@ def main() -> None:
     for why, count in reasons.most_common():
         print(f"  {count:3d}  {why}")
     if args.timing:
-        print(f"\na GPT block, N = 256 sequences of 16 tokens, on {jax.devices()[0].device_kind}:")
+        print(f"\nN = 256 sequences of 16 tokens or steps, on {jax.devices()[0].device_kind}:")
         timing()
 
 

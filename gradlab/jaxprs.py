@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import jax
 from jax.extend import core as jcore
 
-__all__ = ["Const", "Eqn", "Graph", "flatten", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
+__all__ = ["Const", "Eqn", "Graph", "flatten", "graph_of", "loop_bodies", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
            "walk_jaxprs", "dtypes", "is_tracer"]
 
 
@@ -88,6 +88,11 @@ def bind(prim: Any, params: dict, vals: list) -> list:
 def flatten(fn: Callable, *args, inline: frozenset = frozenset()) -> Graph:
     """Trace `fn(*args)` (arrays or ShapeDtypeStructs, flattened in order) into a `Graph`: one flat list of
     equations, the bodies of call primitives named in `inline` (`jit`, `checkpoint`, ...) inlined."""
+    return graph_of(make(fn, *args), inline)
+
+
+def graph_of(closed: Any, inline: frozenset = frozenset()) -> Graph:
+    """A closed (or open) jaxpr as a flat `Graph`, the bodies of call primitives named in `inline` inlined."""
     counter = itertools.count()
     eqns, avals = [], {}
 
@@ -110,9 +115,19 @@ def flatten(fn: Callable, *args, inline: frozenset = frozenset()) -> Graph:
             env.update(zip(e.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
 
-    top, consts = body(make(fn, *args))
+    top, consts = body(closed)
     inputs = [fresh(v.aval) for v in top.invars]
     return Graph(eqns, inputs, walk(top, consts, inputs), avals)
+
+
+def loop_bodies(eqn: Eqn, inline: frozenset = frozenset()) -> list[Graph]:
+    """The bodies of a `scan` (one: inputs consts, carry, xs; outputs carry, ys) or of a `cond` (one per branch:
+    inputs the operands after the index) as `Graph`s; [] for any other equation."""
+    if eqn.prim.name == "scan":
+        return [graph_of(eqn.params["jaxpr"], inline)]
+    if eqn.prim.name == "cond":
+        return [graph_of(b, inline) for b in eqn.params["branches"]]
+    return []
 
 
 def walk_jaxprs(j: Any) -> Iterator[Any]:

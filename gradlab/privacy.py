@@ -187,8 +187,9 @@ def noisy_clipped_sum(
 ) -> tuple[PyTree, Float[Array, "B"], Float[Array, "B"]]:
     """The privatized sum of one batch: Σᵢ wᵢ·min(1, C/‖gᵢ‖)·gᵢ + N(0, σ²C² I) (Abadi et al. 2016, Algorithm 1).
 
-    The clipped sum is ghost clipping (`engine.clipped_sum_core`: norms by the per-layer rules,
-    then one weighted backward pass, no per-example gradient built); the noise is `gaussian_noise`.
+    The clipped sum is book-keeping ghost clipping (`engine.clipped_sum_core`: one pass per chunk, the
+    per-layer rules' (aᵢ, δᵢ) give the norms and then Σᵢ cᵢ aᵢᵀδᵢ, no per-example gradient built); the
+    noise is `gaussian_noise`.
     Traceable: called inside the jitted DP-SGD step.
 
     **Arguments**

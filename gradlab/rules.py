@@ -15,20 +15,33 @@ gives every such leaf's per-example gradient, and its norm needs no gradient at 
 - a parameter added to the activations (a bias, a position embedding) or scaling them (LayerNorm,
   BatchNorm, GroupNorm affine): δ, or δ ⊙ a, summed over the axes it was broadcast along.
 
+The same rules hold wherever the op sits, and for every use of a leaf (a *site*):
+
+- inside `lax.scan` (an RNN's weights, `fori_loop`): the op runs once per step, so (a, δ) gain a leading
+  step axis and the rule is the dense layer's over T steps × tokens (the ghost norm or the outer product);
+- inside `lax.cond` / `lax.switch` branches: each example's gradient is the taken branch's rule (the other
+  branches' (a, δ) are zero), so the squared norms of the branches' sites add up;
+- a leaf used K ≥ 2 times (a tied embedding and head, a layer applied twice): gᵢ = Σₖ gᵢₖ, and
+  ‖gᵢ‖² = Σₖ,ₗ ⟨gᵢₖ, gᵢₗ⟩ from the uses' pairwise ghost inner products (a matrix used by dense layers and row
+  lookups, when cheaper), else from the summed gradients.
+
 Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
 shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
-before an elementwise add or multiply) to its uses. A leaf with exactly one use as a weight, bias or
-scale gets a rule; every other leaf (tied weights, a penalty term inside the loss, a leaf entering a
-custom_jvp, a scan or a cond) *falls back*: it is differentiated the ordinary way inside the
-per-example backward pass, which is exact and costs chunk × that leaf's size. `run` evaluates the
-jaxpr with the ruled weights held constant, a zero probe added to each ruled output (its gradient
-is δ) and the other operand `a` saved. The idea of matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
+before an elementwise add or multiply), into scan bodies (as a loop constant) and cond branches, to its
+uses. A leaf all of whose uses are weights, biases or scales gets a rule; every other leaf (a penalty term
+inside the loss, a leaf entering a custom_jvp, a while_loop or a nonlinearity, a transposed convolution)
+*falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is exact and
+costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held constant, a zero probe
+added to each site's output (its gradient is δ) and the other operand `a` saved; a scan or cond holding
+sites is rebuilt with the probes as extra inputs and the saved operands as extra outputs. The idea of
+matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -76,27 +89,6 @@ def _size(shape) -> int:
 
 
 # ------------------------------------------------------------------ the layer ops and their rules
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """A leaf's per-layer rule: `kind` in dense | conv | embedding | added | scale, at equation `eqn`.
-
-    `pos`: the weight's operand position; `chain`: the shape-only equations from the leaf to it;
-    `norm`: how its per-example norm is computed ("gram": the ghost norm, "outer": the weight
-    gradient formed per example); `tokens`: T, the positions the weight is applied to.
-    """
-
-    leaf: int
-    eqn: int
-    kind: str
-    pos: int
-    chain: tuple
-    norm: str
-    tokens: int
-    why: str
-    other_shape: tuple = ()
-    weight_shape: tuple = ()
 
 
 def _conv_geometry(e: Eqn, lhs_shape, rhs_shape):
@@ -173,50 +165,224 @@ def _shape(graph: Graph, atom) -> tuple:
     return tuple(graph.avals[atom].shape) if isinstance(atom, int) else tuple(np.shape(atom.val))
 
 
-def _other(e: Eqn, rule) -> Any:
-    """The operand that is not the weight: the layer input (or the ids of an embedding); None for an add."""
-    if rule.kind == "added":
-        return None
-    return e.ins[1] if rule.kind in ("embedding",) else e.ins[1 - rule.pos]
+def _aval(graph: Graph, atom) -> jax.ShapeDtypeStruct:
+    if isinstance(atom, int):
+        return jax.ShapeDtypeStruct(graph.avals[atom].shape, graph.avals[atom].dtype)
+    v = np.asarray(atom.val)
+    return jax.ShapeDtypeStruct(v.shape, v.dtype)
 
 
-def _make_rule(graph: Graph, leaf: int, k: int, pos: int, chain: tuple):
-    """The rule for a leaf whose only use is operand `pos` of equation `k`, or (None, why)."""
-    e = graph.eqns[k]
+# ------------------------------------------------------------------ sites and rules
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Site:
+    """One use of a leaf as a layer's weight, bias or scale: `kind` in dense | conv | embedding | added | scale.
+
+    `op`: the layer equation; `pos`: the weight's operand position; `chain`: the shape-only equations from
+    the leaf to it; `where`: the loops around it, outermost first, each `(equation index, branch, bodies,
+    steps)` (branch -1 and `steps` = T for a `scan`, the branch and None for a `cond`/`switch`); `stack`: the
+    lengths of the enclosing scans (the op runs once per step: (a, δ) carry these leading axes); `norm`: how
+    its norm is formed ("gram": the ghost norm over all tokens of all steps, "outer": the gradient itself);
+    `saved`: the aval of what one step keeps (the other operand, patches for a convolution).
+    """
+
+    op: Eqn
+    kind: str
+    pos: int
+    chain: tuple
+    where: tuple
+    norm: str
+    why: str
+    saved: jax.ShapeDtypeStruct
+    weight_shape: tuple
+    other_shape: tuple = ()
+    tokens: int = 1  # positions the op runs on, over all steps
+
+    @property
+    def stack(self) -> tuple:
+        return tuple(w[3] for w in self.where if w[3] is not None)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rule:
+    """A leaf's rule: its uses (`sites`, one or more) and how its per-example norm is formed: "sites" (the
+    sum of the sites' squared norms: one site, or one per branch of a cond, of which one runs), "pairs" (a
+    matrix used twice or more, as a tied embedding: ‖Σₖ gₖ‖² from the uses' pairwise ghost inner products) or
+    "outer" (the uses' gradients summed per example, then the norm)."""
+
+    leaf: int
+    sites: tuple
+    norm: str
+    why: str
+
+    @property
+    def kind(self) -> str:
+        kinds = sorted({s.kind for s in self.sites}, key=[s.kind for s in self.sites].index)
+        return "+".join(kinds)
+
+    @property
+    def layer(self) -> bool:
+        """Whether a use is a dense layer, convolution or embedding (the rules that save work)."""
+        return any(s.kind in LAYER_KINDS for s in self.sites)
+
+
+class _NoRule(Exception):
+    """Why a leaf has no rule."""
+
+
+def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Site:
+    """The site for operand `pos` of the layer op `e`, or raise `_NoRule`."""
     name = e.prim.name
+    steps = _size([w[3] for w in where if w[3] is not None])
     if name in ELEMENTWISE:
         kind = ELEMENTWISE[name]
         t = _size(e.out_avals[0].shape) // max(_size(graph.avals[e.ins[pos]].shape), 1)
         how = "δ" if kind == "added" else "δ·a"
         why = (f"{'added to' if kind == 'added' else 'scales'} the activations: {how} summed over "
                f"{'the broadcast axes' if t > 1 else 'nothing (same shape)'}")
-        return Rule(leaf, k, kind, pos, chain, "outer", t, why), None
-    if any(graph.eqns[c].prim.name in SPREAD_OPS for c in chain):
-        return None, f"broadcast or sliced before `{name}`: no per-layer rule"
+        saved = (jax.ShapeDtypeStruct((0,), jnp.float32) if kind == "added" else _aval(graph, e.ins[1 - pos]))
+        return Site(e, kind, pos, chain, where, "outer", why, saved, tuple(_shape(graph, e.ins[pos])))
+    if any(c.prim.name in SPREAD_OPS for c in chain):
+        raise _NoRule(f"broadcast or sliced before `{name}`: no per-layer rule")
     other = e.ins[1 - pos] if name != "gather" else e.ins[1]
-    other_shape = graph.avals[other].shape if isinstance(other, int) else np.shape(other.val)
-    w_shape = graph.avals[e.ins[pos]].shape
+    other_shape = _shape(graph, other)
+    w_shape = tuple(_shape(graph, e.ins[pos]))
+    site = functools.partial(Site, e, pos=pos, chain=chain, where=where, saved=_aval(graph, other),
+                             weight_shape=w_shape, other_shape=tuple(other_shape))
     if name == "dot_general":
         free, ca, ba, t, i, o = _dense_dims(e, pos, other_shape)
         if ba:
-            return Rule(leaf, k, "dense", pos, chain, "outer", t, "dense layer with batch dims: weight gradient per example"), None
+            return site(kind="dense", norm="outer", why="dense layer with batch dims: weight gradient per example")
+        t *= steps
         gram = t > 1 and t * t * (i + o) < t * i * o
         how = f"ghost norm over {t} tokens" if gram else ("‖δ‖·‖a‖" if t == 1 else f"outer product over {t} tokens")
-        return Rule(leaf, k, "dense", pos, chain, "gram" if gram or t == 1 else "outer", t, f"dense layer: {how}"), None
+        return site(kind="dense", norm="gram" if gram or t == 1 else "outer", why=f"dense layer: {how}", tokens=t)
     if name == "conv_general_dilated" and pos == 1:
         if any(d != 1 for d in e.params["lhs_dilation"]) or e.params["batch_group_count"] != 1:
-            return None, "transposed convolution (lhs_dilation) or batch groups: no rule"
+            raise _NoRule("transposed convolution (lhs_dilation) or batch groups: no rule")
         g = _conv_geometry(e, other_shape, w_shape)
-        t, j, o = g["b"] * g["pos"], g["cg"] * g["k"], g["og"]
+        t, j, o = g["b"] * g["pos"] * steps, g["cg"] * g["k"], g["og"]
         gram = t * t * (j + o) < t * j * o
         how = f"ghost norm over {t} positions" if gram else f"patches ⊗ δ over {t} positions"
-        return Rule(leaf, k, "conv", pos, chain, "gram" if gram else "outer", t, f"convolution (im2col): {how}"), None
+        patches = jax.ShapeDtypeStruct((g["b"], g["groups"], j, g["pos"]), site.keywords["saved"].dtype)
+        return site(kind="conv", norm="gram" if gram else "outer", why=f"convolution (im2col): {how}", saved=patches)
     if name == "gather" and pos == 0:
         t, d = _gather_rows(e, w_shape, other_shape)
+        t *= steps
         gram = _gather_simple(e, w_shape) and t * t * d < _size(w_shape)
         how = f"rows with equal ids over {t} lookups" if gram else "row gradients scattered per example"
-        return Rule(leaf, k, "embedding", pos, chain, "gram" if gram else "outer", t, f"embedding lookup: {how}"), None
-    return None, f"enters `{name}`" + (" as its input" if name == "conv_general_dilated" else "") + ": no per-layer rule"
+        return site(kind="embedding", norm="gram" if gram else "outer", why=f"embedding lookup: {how}", tokens=t)
+    raise _NoRule(f"enters `{name}`" + (" as its input" if name == "conv_general_dilated" else "") + ": no per-layer rule")
+
+
+LAYER_OPS = frozenset({"dot_general", "conv_general_dilated", "gather", *ELEMENTWISE})
+
+
+class _Walker:
+    """Follows a leaf through a graph and the bodies of its scans and conds to every use (memoized per graph)."""
+
+    def __init__(self):
+        self._uses, self._bodies = {}, {}
+
+    def uses(self, graph: Graph) -> dict:
+        if id(graph) not in self._uses:
+            uses = defaultdict(list)
+            for k, e in enumerate(graph.eqns):
+                for p, a in enumerate(e.ins):
+                    if isinstance(a, int):
+                        uses[a].append((k, p))
+            for o in graph.outputs:
+                if isinstance(o, int):
+                    uses[o].append((None, None))
+            self._uses[id(graph)] = (graph, uses)
+        return self._uses[id(graph)][1]
+
+    def bodies(self, graph: Graph, k: int) -> list:
+        key = (id(graph), k)
+        if key not in self._bodies:
+            self._bodies[key] = (graph, jaxprs.loop_bodies(graph.eqns[k], INLINE))
+        return self._bodies[key][1]
+
+    def sites(self, graph: Graph, ref, chain=(), where=()) -> list:
+        """Every use of `ref` as a layer's weight (through shape ops, into scans and cond branches), or raise."""
+        out = []
+        for k, p in self.uses(graph)[ref]:
+            if k is None:
+                raise _NoRule("returned by the loss itself" if not where else "passed through a loop body")
+            e = graph.eqns[k]
+            name = e.prim.name
+            if name in SHAPE_OPS | SPREAD_OPS:
+                out += self.sites(graph, e.outs[0], chain + (e,), where)
+            elif name in LAYER_OPS:
+                out.append(_make_site(graph, e, p, chain, where))
+            elif name == "scan" and p < e.params["num_consts"]:
+                bodies = self.bodies(graph, k)
+                out += self.sites(bodies[0], bodies[0].inputs[p], chain, where + ((k, -1, bodies, e.params["length"]),))
+            elif name == "cond" and p > 0:
+                bodies = self.bodies(graph, k)
+                for b, body in enumerate(bodies):
+                    out += self.sites(body, body.inputs[p - 1], chain, where + ((k, b, bodies, None),))
+            elif name == "scan":
+                raise _NoRule("carried through `scan` (not a constant of the loop): no per-layer rule")
+            else:
+                raise _NoRule(f"enters `{name}`: no per-layer rule")
+        return out
+
+
+def _exclusive(s: Site, r: Site) -> bool:
+    """Whether two sites sit in different branches of one cond (one of them is zero for every example)."""
+    for a, b in zip(s.where, r.where):
+        if a[0] != b[0]:
+            return False
+        if a[1] != b[1]:
+            return True
+    return False
+
+
+def _rule(leaf: int, sites: list) -> Rule:
+    loops = sites[0].where
+    where = ""
+    if any(w[3] is not None for w in loops):
+        where = f", inside a scan of {'×'.join(str(n) for n in sites[0].stack)} steps"
+    if len(sites) == 1:
+        if any(w[3] is None for w in loops):
+            where += ", inside a cond branch (zero when another branch runs)"
+        return Rule(leaf, tuple(sites), "sites", sites[0].why + where)
+    if all(_exclusive(s, r) for s, r in itertools.combinations(sites, 2)):
+        return Rule(leaf, tuple(sites), "sites",
+                    f"one use per branch of a cond ({', '.join(s.kind for s in sites)}): the taken branch's rule{where}")
+    uses = f"used {len(sites)} times ({' + '.join(s.kind for s in sites)})"
+    if all(_orientation(s) for s in sites):
+        m, n = sites[0].weight_shape if _orientation(sites[0]) != "da" else sites[0].weight_shape[::-1]
+        t = sum(s.tokens for s in sites)
+        if t * t * (m + n) < t * m * n + m * n:
+            return Rule(leaf, tuple(sites), "pairs", f"{uses}: ghost inner products of every pair of uses over {t} tokens")
+    return Rule(leaf, tuple(sites), "outer", f"{uses}: the uses' gradients from (a, δ), summed per example")
+
+
+def _orientation(site: Site) -> str | None:
+    """For a matrix leaf used by a plain dense layer (through transposes only) or a row lookup: "ad" when the
+    site's factors (A, D) of `_factors` run along the leaf's (rows, columns), "da" when along (columns, rows),
+    else None (no pairwise ghost product: its gradient is formed instead)."""
+    if len(site.weight_shape) != 2 or any(c.prim.name != "transpose" for c in site.chain):
+        return None
+    e = site.op
+    if site.kind == "embedding":
+        dn = e.params["dimension_numbers"]
+        ok = (not site.chain and tuple(dn.start_index_map) == (0,) and tuple(dn.collapsed_slice_dims) == (0,)
+              and tuple(e.params["slice_sizes"]) == (1, site.weight_shape[1]))
+        return "ad" if ok else None
+    if site.kind != "dense":
+        return None
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    wc, wb = (rc, rb) if site.pos == 1 else (lc, lb)
+    if wb or len(wc) != 1:
+        return None
+    perm = [0, 1]
+    for c in site.chain:
+        perm = [perm[p] for p in c.params["permutation"]]
+    return "ad" if perm[wc[0]] == 0 else "da"
 
 
 @dataclasses.dataclass
@@ -228,62 +394,34 @@ class Plan:
     rules: dict
     fallback: dict  # leaf index -> reason
 
-    @property
-    def by_eqn(self) -> dict:
-        return {r.eqn: r for r in self.rules.values()}
-
 
 def plan(graph: Graph, diff_refs: list) -> Plan:
     """Match each differentiable leaf (input ref in `diff_refs`) to a rule, or say why it falls back."""
-    uses = defaultdict(list)
-    for k, e in enumerate(graph.eqns):
-        for p, a in enumerate(e.ins):
-            if isinstance(a, int):
-                uses[a].append((k, p))
-    for o in graph.outputs:
-        if isinstance(o, int):
-            uses[o].append((None, None))
+    walker = _Walker()
     rules, fallback = {}, {}
     for leaf, ref in enumerate(diff_refs):
-        chain = []
-        while True:
-            us = uses[ref]
-            if not us:
-                fallback[leaf] = "not used by the loss (gradient zero)"
-                break
-            if len(us) > 1:
-                fallback[leaf] = f"used {len(us)} times (tied weights, a penalty term, a bias or scale …)"
-                break
-            k, p = us[0]
-            if k is None:
-                fallback[leaf] = "returned by the loss itself"
-                break
-            e = graph.eqns[k]
-            if e.prim.name in SHAPE_OPS | SPREAD_OPS:
-                chain.append(k)
-                ref = e.outs[0]
-                continue
-            if e.prim.name in ("dot_general", "conv_general_dilated", "gather", *ELEMENTWISE):
-                rule, why = _make_rule(graph, leaf, k, p, tuple(chain))
-            else:
-                rule, why = None, f"enters `{e.prim.name}`: no per-layer rule (a bias, scale or elementwise use)"
-            if rule is None:
-                fallback[leaf] = why
-            else:
-                rules[leaf] = dataclasses.replace(rule, other_shape=tuple(_shape(graph, _other(e, rule))),
-                                                  weight_shape=tuple(_shape(graph, e.ins[p])))
-            break
-    # two weights of one op (W1 @ W2): neither is a layer weight with a fixed input
-    count = defaultdict(list)
+        n_uses = len(walker.uses(graph)[ref])
+        try:
+            sites = walker.sites(graph, ref)
+        except _NoRule as err:
+            fallback[leaf] = (f"used {n_uses} times; one use " if n_uses > 1 else "") + str(err)
+            continue
+        if not sites:
+            fallback[leaf] = "not used by the loss (gradient zero)"
+            continue
+        rules[leaf] = _rule(leaf, sites)
+    # two weights of one op (W1 @ W2, or W @ W): neither is a layer weight with a fixed input
+    at = defaultdict(list)
     for r in rules.values():
-        count[r.eqn].append(r.leaf)
-    for leaves in count.values():
+        for s in r.sites:
+            at[id(s.op)].append(r.leaf)
+    for leaves in at.values():
         if len(leaves) > 1:
-            for leaf in leaves:
+            for leaf in set(leaves) & set(rules):
                 del rules[leaf]
                 fallback[leaf] = "both operands of one product are parameters"
     # biases and scales alone gain nothing over vmap(grad) (their gradients are as small as their rules)
-    if not any(r.kind in LAYER_KINDS for r in rules.values()):
+    if not any(r.layer for r in rules.values()):
         for leaf, r in rules.items():
             fallback[leaf] = f"{r.kind}, but no dense, conv or embedding layer in the loss has a rule"
         rules = {}
@@ -293,24 +431,24 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
 # ------------------------------------------------------------------ evaluation with probes
 
 
-def _fold_transposes(graph: Graph, rule: Rule):
+def _fold_transposes(site: Site):
     """dot_general dimension numbers on the leaf itself when its chain is only transposes that
     keep the weight's free dims in order (`x @ W.T`); else None. Saves a transpose of the N x P
     per-example gradients."""
-    if not rule.chain or any(graph.eqns[k].prim.name != "transpose" for k in rule.chain):
+    if not site.chain or any(c.prim.name != "transpose" for c in site.chain):
         return None
-    perm = list(range(len(rule.weight_shape)))
-    for k in rule.chain:  # W' = transpose(leaf, perm): W' dim i is leaf dim perm[i]
-        perm = [perm[p] for p in graph.eqns[k].params["permutation"]]
-    (lc, rc), (lb, rb) = graph.eqns[rule.eqn].params["dimension_numbers"]
-    wc, wb = (rc, rb) if rule.pos == 1 else (lc, lb)
+    perm = list(range(len(site.weight_shape)))
+    for c in site.chain:  # W' = transpose(leaf, perm): W' dim i is leaf dim perm[i]
+        perm = [perm[p] for p in c.params["permutation"]]
+    (lc, rc), (lb, rb) = site.op.params["dimension_numbers"]
+    wc, wb = (rc, rb) if site.pos == 1 else (lc, lb)
     if wb:
         return None
     free = [d for d in range(len(perm)) if d not in wc]
     if [perm[d] for d in free] != sorted(perm[d] for d in free):
         return None
     wc = tuple(perm[d] for d in wc)
-    return ((lc, wc), (lb, rb)) if rule.pos == 1 else ((wc, rc), (lb, rb))
+    return ((lc, wc), (lb, rb)) if site.pos == 1 else ((wc, rc), (lb, rb))
 
 
 def acc_dtype(dtype) -> np.dtype:
@@ -325,120 +463,269 @@ def _acc(x, dtype):
     return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
-def apply_rule(graph: Graph, rule: Rule, w, saved):
-    """The ruled op as a function of its (leaf) weight, computed in `w`'s dtype: the chain of shape ops,
-    then the layer op. Linear in `w`; callers pass `w` in `acc_dtype`, so the VJP (the per-example
-    gradient) is exact in float32 even for bfloat16 layers (the chain's dtype casts are skipped: a
-    cast does not change a linear op's VJP except by rounding it)."""
+def _over_steps(site: Site, f: Callable) -> Callable:
+    """`f` of one step's (a, δ, …) mapped over the site's enclosing scans (its leading axes)."""
+    for _ in site.stack:
+        f = jax.vmap(f)
+    return f
+
+
+def _apply_site(site: Site, w, saved):
+    """One use as a function of the leaf `w` (in `w`'s dtype): the chain of shape ops, then the layer op on
+    every step's saved operand. Linear in `w`; its VJP given δ is this use's per-example gradient (the
+    chain's dtype casts are skipped: a cast changes a linear op's VJP only by rounding it)."""
     dtype = w.dtype
     w0 = w
-    for k in rule.chain:
-        if graph.eqns[k].prim.name != "convert_element_type":
-            w = _bind(graph.eqns[k], [w])[0]
-    e = graph.eqns[rule.eqn]
-    if rule.kind == "conv":
-        return _conv_from_patches(e, w, saved, rule.other_shape, dtype)
+    for c in site.chain:
+        if c.prim.name != "convert_element_type":
+            w = _bind(c, [w])[0]
+    e = site.op
     shape = e.out_avals[0].shape
-    if rule.kind == "added":
-        return jnp.broadcast_to(-w if e.prim.name == "sub" and rule.pos == 1 else w, shape)
-    saved = _acc(saved, dtype)
-    if rule.kind == "scale":
-        return jnp.broadcast_to(w * saved, shape)
-    if rule.kind == "embedding":
-        return _bind(e, [w, saved])[0]
-    dims = e.params["dimension_numbers"]
-    folded = _fold_transposes(graph, rule)
-    if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
-        w, dims = w0, folded
-    ins = [saved, w] if rule.pos == 1 else [w, saved]
-    return lax.dot_general(*ins, dims, precision=e.params.get("precision"), preferred_element_type=dtype)
+
+    def op(a):
+        if site.kind == "conv":
+            return _conv_from_patches(e, w, a, site.other_shape, dtype)
+        if site.kind == "added":
+            return jnp.broadcast_to(-w if e.prim.name == "sub" and site.pos == 1 else w, shape)
+        a = _acc(a, dtype)
+        if site.kind == "scale":
+            return jnp.broadcast_to(w * a, shape)
+        if site.kind == "embedding":
+            return _bind(e, [w, a])[0]
+        dims, wt = e.params["dimension_numbers"], w
+        folded = _fold_transposes(site)
+        if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
+            wt, dims = w0, folded
+        ins = [a, wt] if site.pos == 1 else [wt, a]
+        return lax.dot_general(*ins, dims, precision=e.params.get("precision"), preferred_element_type=dtype)
+
+    return _over_steps(site, op)(saved)
 
 
-def run(graph: Graph, pl: Plan, values: list, diff_refs: list, probes: list):
+def apply_rule(rule: Rule, w, saved) -> tuple:
+    """Every use of the leaf as a function of it: one output per site (see `_apply_site`)."""
+    return tuple(_apply_site(s, w, a) for s, a in zip(rule.sites, saved))
+
+
+def _sites(pl: Plan) -> list:
+    """Every site of every ruled leaf, in probe order (leaves sorted, then their sites)."""
+    return [s for leaf in sorted(pl.rules) for s in pl.rules[leaf].sites]
+
+
+def _group(pl: Plan, flat: list) -> list:
+    """A flat per-site list regrouped as one tuple per ruled leaf."""
+    out, it = [], iter(flat)
+    for leaf in sorted(pl.rules):
+        out.append(tuple(next(it) for _ in pl.rules[leaf].sites))
+    return out
+
+
+def zero_probes(pl: Plan) -> list:
+    """One tuple per ruled leaf (sorted) of zeros shaped like each site's output, with its scans' steps first."""
+    return _group(pl, [jnp.zeros(s.stack + tuple(s.op.out_avals[0].shape), s.op.out_avals[0].dtype)
+                       for s in _sites(pl)])
+
+
+def run(graph: Graph, pl: Plan, values: list, probes: list):
     """Evaluate the loss: `values` for the graph's inputs (ruled leaves as held constants).
 
-    **Returns** `(loss, saved)`: `saved[j]` is the j-th ruled op's other operand (patches for a
-    convolution), in the order of `sorted(pl.rules)`; `probes[j]` was added to its output.
+    **Returns** `(loss, saved)`: `saved[j]` holds, per site of the j-th ruled leaf (`sorted(pl.rules)`), the
+    op's other operand (patches for a convolution) with its scans' steps first; `probes[j]` (as
+    `zero_probes`) was added to each site's output, so their gradients are the sites' δ.
     """
+    sites = list(enumerate(_sites(pl)))
+    flat = [p for group in probes for p in group]
+    outs, saved = _eval(graph, values, sites, 0, dict(enumerate(flat)))
+    return outs[0], _group(pl, [saved[s] for s, _ in sites])
+
+
+def _eval(graph: Graph, values: list, sites: list, depth: int, probes: dict):
+    """Evaluate `graph`; the ops of `sites` ((id, Site) pairs at or below this depth) get their probe added and
+    their other operand saved. **Returns** (outputs, {site id: saved})."""
     env = dict(zip(graph.inputs, values))
-    order = sorted(pl.rules)
-    slot = {pl.rules[leaf].eqn: j for j, leaf in enumerate(order)}
-    saved = [None] * len(order)
+    here = {id(site.op): (s, site) for s, site in sites if len(site.where) == depth}
+    nested = defaultdict(list)
+    for s, site in sites:
+        if len(site.where) > depth:
+            nested[site.where[depth][0]].append((s, site))
+    saved = {}
     read = lambda a: a.val if isinstance(a, Const) else env[a]  # noqa: E731
     for k, e in enumerate(graph.eqns):
         ins = [read(a) for a in e.ins]
-        j = slot.get(k)
-        if j is None:
-            outs = _bind(e, ins)
-        else:
-            rule = pl.rules[order[j]]
-            if rule.kind == "conv":
+        if id(e) in here:
+            s, site = here[id(e)]
+            if site.kind == "conv":
                 a = _patches(e, ins[0], ins[1].shape)
                 out = _conv_from_patches(e, ins[1], a, ins[0].shape)
-            elif rule.kind == "added":  # δ alone gives the gradient: nothing to keep
+            elif site.kind == "added":  # δ alone gives the gradient: nothing to keep
                 a, out = jnp.zeros((0,), jnp.float32), _bind(e, ins)[0]
             else:
-                a = ins[1] if rule.kind == "embedding" else ins[1 - rule.pos]
+                a = ins[1] if site.kind == "embedding" else ins[1 - site.pos]
                 out = _bind(e, ins)[0]
-            saved[j] = jnp.asarray(a)
-            outs = [out + probes[j].astype(out.dtype)]
+            saved[s] = jnp.asarray(a, site.saved.dtype)
+            outs = [out + probes[s].astype(out.dtype)]
+        elif k in nested:
+            outs = _eval_loop(e, ins, nested[k], depth, probes, saved)
+        else:
+            outs = _bind(e, ins)
         env.update(zip(e.outs, outs))
-    return read(graph.outputs[0]), saved
+    return [read(o) for o in graph.outputs], saved
 
 
-def probe_avals(pl: Plan) -> list:
-    return [pl.graph.eqns[pl.rules[leaf].eqn].out_avals[0] for leaf in sorted(pl.rules)]
+def _saved_zeros(site: Site, depth: int):
+    steps = tuple(w[3] for w in site.where[depth:] if w[3] is not None)
+    return jnp.zeros(steps + tuple(site.saved.shape), site.saved.dtype)
 
 
-def weight_grad(graph: Graph, rule: Rule, leaf_val, saved, delta):
-    """One example's gradient for the ruled leaf, in `acc_dtype` (float32 for a bfloat16 leaf): the VJP
-    of its op in the weight, given (a, δ)."""
+def _eval_loop(e: Eqn, ins: list, sites: list, depth: int, probes: dict, saved: dict) -> list:
+    """A scan or cond holding sites, rebuilt so that its body adds their probes and returns what they save
+    (stacked over a scan's steps; zeros from a cond branch that does not hold the site)."""
+    ids = [s for s, _ in sites]
+    bodies = sites[0][1].where[depth][2]
+    if e.prim.name == "scan":
+        p = e.params
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+
+        def step(c, x):
+            xt, pt = x
+            outs, sv = _eval(bodies[0], list(consts) + list(c) + list(xt), sites, depth + 1, dict(zip(ids, pt)))
+            return outs[:ncarry], (outs[ncarry:], [sv[s] for s in ids])
+
+        c, (ys, sv) = lax.scan(step, list(carry), (list(xs), [probes[s] for s in ids]), length=p["length"],
+                               reverse=p["reverse"], unroll=p["unroll"])
+        saved.update(zip(ids, sv))
+        return list(c) + list(ys)
+
+    def branch(b):
+        mine = [(s, site) for s, site in sites if site.where[depth][1] == b]
+
+        def f(ops, pr):
+            outs, sv = _eval(bodies[b], list(ops), mine, depth + 1, pr)
+            return outs, [sv[s] if s in sv else _saved_zeros(site, depth + 1) for s, site in sites]
+
+        return f
+
+    outs, sv = lax.switch(ins[0], [branch(b) for b in range(len(bodies))], list(ins[1:]),
+                          {s: probes[s] for s in ids})
+    saved.update(zip(ids, sv))
+    return list(outs)
+
+
+# ------------------------------------------------------------------ per-example gradients, dots and norms
+
+
+def weight_grad(rule: Rule, leaf_val, saved, delta):
+    """One example's gradient for the ruled leaf, in `acc_dtype` (float32 for a bfloat16 leaf): the VJP of its
+    uses in the weight, given each use's (a, δ) (`saved`, `delta`: one per site)."""
     dtype = acc_dtype(leaf_val.dtype)
-    _, vjp = jax.vjp(lambda w: apply_rule(graph, rule, w, saved), leaf_val.astype(dtype))
-    return vjp(delta.astype(dtype))[0]
+    _, vjp = jax.vjp(lambda w: apply_rule(rule, w, saved), leaf_val.astype(dtype))
+    return vjp(tuple(d.astype(dtype) for d in delta))[0]
 
 
-def weight_dot(graph: Graph, rule: Rule, v, saved, delta):
-    """⟨per-example weight gradient, v⟩ = ⟨δ, op(v, a)⟩ (the op is linear in the weight), in float32 or wider."""
+def weight_dot(rule: Rule, v, saved, delta):
+    """⟨per-example weight gradient, v⟩ = Σ over uses ⟨δ, op(v, a)⟩ (each op is linear in the weight), in
+    float32 or wider."""
     dtype = acc_dtype(v.dtype)
-    return jnp.vdot(delta.astype(dtype), apply_rule(graph, rule, v.astype(dtype), saved))
+    outs = apply_rule(rule, v.astype(dtype), saved)
+    return sum(jnp.vdot(d.astype(dtype), o) for d, o in zip(delta, outs))
 
 
-def weight_sq_norm(graph: Graph, rule: Rule, leaf_val, saved, delta):
-    """‖per-example weight gradient‖² from (a, δ) by the rule's cheaper form (see module doc), in `acc_dtype`."""
+def weight_sq_norm(rule: Rule, leaf_val, saved, delta):
+    """‖per-example weight gradient‖² from (a, δ), in `acc_dtype`: the sum of the sites' squared norms (one
+    site, or cond branches of which one runs), each by its cheaper form (see module doc), or the norm of
+    the summed gradients of a leaf used twice or more."""
     if rule.norm == "outer":
-        return jnp.sum(jnp.square(weight_grad(graph, rule, leaf_val, saved, delta)))
-    e = graph.eqns[rule.eqn]
+        return jnp.sum(jnp.square(weight_grad(rule, leaf_val, saved, delta)))
     dtype = acc_dtype(leaf_val.dtype)
-    saved, delta = _acc(saved, dtype), delta.astype(dtype)
-    if rule.kind == "dense":
-        free, ca, _, t, i, o = _dense_dims(e, rule.pos, saved.shape)
-        a = jnp.transpose(saved, free + ca).reshape(t, i)
-        d = delta.reshape(t, o) if rule.pos == 1 else delta.reshape(o, t).T
+    if rule.norm == "pairs":
+        return _pairs_sq_norm(rule, [_acc(a, dtype) for a in saved], [d.astype(dtype) for d in delta])
+    total = jnp.zeros((), dtype)
+    for site, a, d in zip(rule.sites, saved, delta):
+        if site.norm == "outer":
+            one = Rule(rule.leaf, (site,), "sites", "")
+            total = total + jnp.sum(jnp.square(weight_grad(one, leaf_val, (a,), (d,))))
+        else:
+            total = total + _site_gram(site, _acc(a, dtype), d.astype(dtype))
+    return total
+
+
+def _pairs_sq_norm(rule: Rule, saved, delta):
+    """‖Σₖ gₖ‖² = Σₖ,ₗ ⟨gₖ, gₗ⟩ for a matrix used several times, each use gₖ = Σₜ xₜ yₜᵀ along the leaf's
+    (rows, columns): ⟨gₖ, gₗ⟩ = Σ (XₖXₗᵀ)⊙(YₖYₗᵀ), a lookup's X being one-hot rows (its ids)."""
+    xy = []
+    for site, a, d in zip(rule.sites, saved, delta):
+        x, y = _merged_factors(site, a, d)
+        if site.kind == "embedding":
+            x = x[:, 0]  # the looked-up row: X is one-hot
+        xy.append((x, y) if _orientation(site) == "ad" else (y, x))
+    total = 0.0
+    for k, (site_k, (xk, yk)) in enumerate(zip(rule.sites, xy)):
+        for m, (site_m, (xm, ym)) in enumerate(zip(rule.sites, xy)):
+            if m < k:
+                continue
+            ids_k, ids_m = site_k.kind == "embedding", site_m.kind == "embedding"
+            if ids_k and ids_m:
+                kx = (xk[:, None] == xm[None, :]).astype(yk.dtype)
+            elif ids_k:
+                kx = xm.T[xk]
+            elif ids_m:
+                kx = xk[:, xm]
+            else:
+                kx = xk @ xm.T
+            total = total + (1 if m == k else 2) * jnp.sum(kx * (yk @ ym.T))
+    return total
+
+
+def _merged_factors(site: Site, saved, delta):
+    """`_factors` of every step, the steps stacked into the one token axis."""
+    axis = 1 if site.kind == "conv" else 0  # the token axis of `_factors` (conv: after the groups)
+    k = len(site.stack)
+    merged = []
+    for x in _over_steps(site, lambda a, d: _factors(site, a, d))(saved, delta):
+        x = jnp.moveaxis(x, tuple(range(k)), tuple(range(axis, axis + k)))
+        merged.append(x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + k + 1:]))
+    return merged
+
+
+def _site_gram(site: Site, saved, delta):
+    """A site's ghost norm over every token of every step: the steps' factors stacked into one token axis."""
+    a, d = _merged_factors(site, saved, delta)
+    if site.kind == "dense":
         return _gram(a, d)
-    if rule.kind == "conv":
-        g = _conv_geometry(e, rule.other_shape, rule.weight_shape)
+    if site.kind == "conv":
+        return jax.vmap(_gram)(a, d).sum()
+    same = jnp.all(a[:, None, :] == a[None, :, :], axis=-1)  # embedding: Σ over lookups of one row of δₜ·δₛ
+    return jnp.sum(same * (d @ d.T))
+
+
+def _factors(site: Site, saved, delta):
+    """One step's (A, D), tokens on axis 0 (conv: axis 1, after the groups), with ‖gradient‖² = Σ (AAᵀ)⊙(DDᵀ):
+    dense (T, I), (T, O); conv patches (G, T, J), (G, T, O); embedding (ids (T, M), δ rows (T, D))."""
+    e = site.op
+    if site.kind == "dense":
+        free, ca, _, t, i, o = _dense_dims(e, site.pos, saved.shape)
+        a = jnp.transpose(saved, free + ca).reshape(t, i)
+        d = delta.reshape(t, o) if site.pos == 1 else delta.reshape(o, t).T
+        return a, d
+    if site.kind == "conv":
+        g = _conv_geometry(e, site.other_shape, site.weight_shape)
         a = jnp.moveaxis(saved, 1, 0)  # (G, B, J, P)
         a = jnp.swapaxes(a, 2, 3).reshape(g["groups"], -1, g["cg"] * g["k"])
         d = jnp.transpose(delta, g["out_spec"]).reshape(g["b"], g["groups"], g["og"], g["pos"])
         d = jnp.swapaxes(jnp.moveaxis(d, 1, 0), 2, 3).reshape(g["groups"], -1, g["og"])
-        return jax.vmap(_gram)(a, d).sum()
-    # embedding: Σ over lookups with the same row of δₜ·δₛ
+        return a, d
     dn = e.params["dimension_numbers"]
-    table_shape = leaf_val.shape
-    for k in rule.chain:
-        table_shape = graph.eqns[k].out_avals[0].shape
     sizes = e.params["slice_sizes"]
     ids = saved.reshape(-1, saved.shape[-1])
-    hi = jnp.asarray([table_shape[d] - sizes[d] for d in dn.start_index_map])
+    hi = jnp.asarray([site.weight_shape[d] - sizes[d] for d in dn.start_index_map])
     valid = jnp.all((ids >= 0) & (ids <= hi), axis=1)
     ids = jnp.clip(ids, 0, hi)
     batch = [d for d in range(delta.ndim) if d not in dn.offset_dims]
     d = jnp.transpose(delta, batch + list(dn.offset_dims)).reshape(ids.shape[0], -1)
     if e.params["mode"] == lax.GatherScatterMode.FILL_OR_DROP:
         d = d * valid[:, None]
-    same = jnp.all(ids[:, None, :] == ids[None, :, :], axis=-1)
-    return jnp.sum(same * (d @ d.T))
+    return ids, d
 
 
 def _gram(a, d):
@@ -448,24 +735,32 @@ def _gram(a, d):
     return jnp.sum((a @ a.T) * (d @ d.T))
 
 
+def _out_bytes(graph: Graph) -> int:
+    return sum(_size(a.shape) * np.dtype(a.dtype).itemsize
+               for e in graph.eqns for a in e.out_avals if hasattr(a, "shape"))
+
+
+def loop_bytes(graph: Graph) -> int:
+    """Bytes per example the loss's loops compute inside their bodies: every step of a scan (its backward pass
+    keeps them), the largest branch of a cond. Unseen in the top-level equations, they size chunks too."""
+    total = 0
+    for e in graph.eqns:
+        bodies = jaxprs.loop_bodies(e, INLINE) if e.prim.name in ("scan", "cond") else []
+        sizes = [_out_bytes(b) + loop_bytes(b) for b in bodies]
+        if sizes:
+            total += max(sizes) * (e.params["length"] if e.prim.name == "scan" else 1)
+    return total
+
+
 def saved_bytes(pl: Plan) -> int:
-    """Bytes per example of everything the loss computes (a guide for chunk sizes)."""
-    total = sum(_size(a.shape) * np.dtype(a.dtype).itemsize
-                for e in pl.graph.eqns for a in e.out_avals if hasattr(a, "shape"))
-    for r in pl.rules.values():
-        if r.kind == "conv":
-            e = pl.graph.eqns[r.eqn]
-            g = _conv_geometry(e, r.other_shape, r.weight_shape)
-            total += 4 * g["b"] * g["groups"] * g["cg"] * g["k"] * g["pos"] * 2
+    """Bytes per example of everything the loss computes, loops' steps included (a guide for chunk sizes)."""
+    total = _out_bytes(pl.graph) + loop_bytes(pl.graph)
+    for s in _sites(pl):
+        if s.kind == "conv":
+            total += 4 * _size(s.stack) * _size(s.saved.shape) * 2
     return int(total)
 
 
 def factor_bytes(pl: Plan, leaf: int) -> int:
     """Elements of (a, δ) kept for a ruled leaf: expanding after the chunked pass pays when small."""
-    r = pl.rules[leaf]
-    e = pl.graph.eqns[r.eqn]
-    a = _size(r.other_shape)
-    if r.kind == "conv":
-        g = _conv_geometry(e, r.other_shape, r.weight_shape)
-        a = g["b"] * g["groups"] * g["cg"] * g["k"] * g["pos"]
-    return a + _size(e.out_avals[0].shape)
+    return sum(_size(s.stack) * (_size(s.saved.shape) + _size(s.op.out_avals[0].shape)) for s in pl.rules[leaf].sites)

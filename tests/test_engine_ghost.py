@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from gradlab import engine, losses, models, rules
 
@@ -145,7 +146,8 @@ def test_penalty_inside_the_loss_falls_back_for_that_leaf():
     np.testing.assert_allclose(got.layer.weight, want.layer.weight, rtol=1e-5, atol=1e-6)
 
 
-def test_weight_sharing_is_detected_and_auto_falls_back():
+def test_a_layer_applied_twice_takes_the_summed_rule():
+    """One Linear applied twice: each leaf has two uses, whose gradients from (a, δ) are summed per example."""
     class Twice(eqx.Module):
         lin: eqx.nn.Linear
 
@@ -155,15 +157,63 @@ def test_weight_sharing_is_detected_and_auto_falls_back():
     net = Twice(eqx.nn.Linear(3, 3, key=KEY))
     loss = losses.cross_entropy
     xs, ys = _data(4, 3, 3)
-    with pytest.raises(rules.RulesUnsupported, match="no parameter leaf"):
-        engine.per_example_grads(loss, net, xs, ys, method="ghost")
-    got = engine.per_example_norms(loss, net, xs, ys)  # auto: falls back to vmap
+    rows = engine.explain(loss, net, xs, ys)
+    assert [r["path"] for r in rows] == ["rule", "rule"] and all("used 2 times" in r["why"] for r in rows), rows
     want = _oracle(loss, net, xs, ys)
+    got = engine.per_example_grads(loss, net, xs, ys, method="ghost")
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
-        got, np.sqrt(sum(np.sum(np.reshape(b, (4, -1)) ** 2, 1) for b in jax.tree.leaves(want))), rtol=1e-5
+        engine.per_example_norms(loss, net, xs, ys),
+        np.sqrt(sum(np.sum(np.reshape(b, (4, -1)) ** 2, 1) for b in jax.tree.leaves(want))), rtol=1e-5
     )
 
 
 def test_unknown_method_is_rejected():
     with pytest.raises(ValueError, match="method"):
         engine.per_example_norms(losses.mse, models.Linear(2, "scalar", key=KEY), jnp.ones((2, 2)), jnp.ones(2), method="fast")
+
+
+def test_a_matrix_used_three_ways_takes_pairwise_ghost_products():
+    """One matrix as an embedding table, as `h @ W` and as `W @ h`: ‖Σₖ gₖ‖² from the uses' pairwise ghost inner
+    products (both orientations of a dense use against one-hot lookups), against a loop of jax.grad."""
+    w = 0.2 * jax.random.normal(KEY, (32, 32))
+
+    def loss(w, ids, y):
+        h = jnp.tanh(w[ids] @ w)
+        return jnp.sum((w @ h.mean(0) - y) ** 2)
+
+    ids = jax.random.randint(KEY, (5, 4), 0, 32).at[:, 1].set(3)
+    ys = jax.random.normal(KEY, (5, 32))
+    (row,) = engine.explain(loss, w, ids, ys)
+    assert row["path"] == "rule" and "ghost inner products" in row["why"], row
+    want = np.stack([jax.grad(loss)(w, ids[i], ys[i]) for i in range(5)])
+    np.testing.assert_allclose(engine.per_example_norms(loss, w, ids, ys),
+                               np.linalg.norm(want.reshape(5, -1), axis=1), rtol=1e-5)
+
+
+@pytest.mark.slow  # nested loops compile slowly
+def test_rules_through_a_cond_and_a_scan_inside_a_scan():
+    """A scan whose step holds a `lax.cond` (two dense layers, one per branch) and an inner `fori_loop`
+    (a scan applying `u` twice): sites two loops deep, zeros from the branch not taken, against a loop of grad."""
+    k = jax.random.split(KEY, 4)
+    p = {"a": 0.5 * jax.random.normal(k[0], (3, 3)), "b": 0.5 * jax.random.normal(k[1], (3, 3)),
+         "u": 0.5 * jax.random.normal(k[2], (3, 3)), "c": jnp.ones(3)}
+
+    def loss(p, x, y):
+        def step(h, xt):
+            h = lax.cond(xt[0] > 0, lambda h: jnp.tanh(h @ p["a"]), lambda h: jnp.sin(h @ p["b"]), h + xt)
+            h = lax.fori_loop(0, 2, lambda _, h: jnp.tanh(h @ p["u"] * p["c"]), h)
+            return h, h
+
+        _, hs = lax.scan(step, jnp.zeros(3), x)
+        return jnp.sum((hs.mean(0) - y) ** 2)
+
+    xs, ys = jax.random.normal(k[3], (5, 4, 3)), jax.random.normal(k[0], (5, 3))
+    assert all(r["path"] == "rule" for r in engine.explain(loss, p, xs, ys))
+    want = _oracle(loss, p, xs, ys)
+    for g, w in zip(jax.tree.leaves(engine.per_example_grads(loss, p, xs, ys, chunk_size=3)), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(engine.per_example_norms(loss, p, xs, ys, chunk_size=3),
+                               np.sqrt(sum(np.sum(np.reshape(w, (5, -1)) ** 2, 1) for w in jax.tree.leaves(want))),
+                               rtol=1e-4)
