@@ -66,8 +66,8 @@ def test_child_environment_and_folder_are_empty():
         assert os.readlink(f"/proc/{child.proc.pid}/cwd") == child.folder
         assert set(os.listdir(child.folder)) <= {".out", ".err"}
         assert os.path.basename(child.folder).startswith("gradlab-practice-")
-        deadline = time.time() + 30  # it sets its limits first thing, before importing JAX
-        while "1073741824" not in open(f"/proc/{child.proc.pid}/limits").read() and time.time() < deadline:
+        deadline = time.time() + 60  # RLIMIT_NPROC is set last, after JAX's import (and the drop, as root)
+        while _limit(child.proc.pid, "Max processes") == _limit(os.getpid(), "Max processes") and time.time() < deadline:
             time.sleep(0.1)
         limits = {line[:26].strip(): line[26:].split()[:2] for line in open(f"/proc/{child.proc.pid}/limits")}
         assert limits["Max address space"] == [str(SMALL.memory_mb * 2**20)] * 2
@@ -78,6 +78,10 @@ def test_child_environment_and_folder_are_empty():
     finally:
         child.discard()
     assert not os.path.exists(child.folder)
+
+
+def _limit(pid: int, name: str) -> str:
+    return next(line for line in open(f"/proc/{pid}/limits") if line.startswith(name))
 
 
 def test_memory_bomb_is_stopped_and_the_server_does_not_grow():
@@ -101,10 +105,26 @@ def test_huge_output_is_capped():
     assert out.ran and len(out.output) == SMALL.output_chars and out.truncated > 10**7 - SMALL.output_chars
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="RLIMIT_NPROC does not bind root, and `nobody` cannot run this "
-                    "Python here: the AST check (test above) is the wall that refuses a fork bomb")
 def test_fork_bomb_past_the_ast_check_is_stopped_by_the_process_limit():
-    code = ("import os\nn = 0\ntry:\n    for _ in range(500):\n        if os.fork() == 0:\n            import time\n"
-            "            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('refused after', n)\n")
+    """The second wall: `os` reached by an attribute walk (the AST check off), then a fork bomb. RLIMIT_NPROC stops it;
+    as root it binds because the child dropped to `nobody` (root's processes are not counted against it)."""
+    code = ("import jax\nos = jax.version.os\nprint('uid', os.getuid())\nn = 0\ntry:\n    for _ in range(500):\n"
+            "        if os.fork() == 0:\n            import time\n            time.sleep(30)\n            os._exit(0)\n"
+            "        n += 1\nexcept Exception as e:\n    print('refused after', n)\n")
     out = execute(code, limits=SMALL, check=False)
-    assert "refused after" in out.output, (out.output, out.stopped)
+    assert f"refused after {SMALL.tasks}" in out.output, (out.output, out.stopped, out.exec_error)
+    if os.geteuid() == 0:
+        assert f"uid {sandbox._nobody()[0]}" in out.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the child drops to `nobody` only when the server runs as root")
+def test_as_root_the_child_runs_as_nobody_for_good():
+    """Started as root (so it can read a Python under /root), the child drops to `nobody` before student code runs:
+    root's files are unreadable and there is no way back."""
+    code = ("import jax\nos = jax.version.os\nprint('ids', os.getuid(), os.geteuid(), os.getgid(), os.getgroups())\n"
+            "for attempt in (lambda: os.listdir('/root'), lambda: os.setuid(0), lambda: os.seteuid(0)):\n"
+            "    try:\n        attempt()\n        print('ALLOWED')\n    except Exception as e:\n        print('refused:', e)\n")
+    out = execute(code, limits=SMALL, check=False)
+    uid, gid = sandbox._nobody()
+    assert f"ids {uid} {uid} {gid} []" in out.output, (out.output, out.stopped, out.exec_error)
+    assert out.output.count("refused:") == 3 and "ALLOWED" not in out.output

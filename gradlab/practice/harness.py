@@ -1,9 +1,11 @@
 """The program the sandbox's child process runs (`python -I -c <this file's text>`); never imported by the server.
 
 It sets its own resource limits (argv[1], JSON) before anything else (so the student's code runs under them, and
-cannot raise them: soft = hard), imports JAX, then reads one JSON payload on stdin (`code`, `fn`, `cases`,
-`output_chars`...): a spare child waits there, warm, until a run needs it. It executes the student's code with restricted builtins and an import allowlist (the second wall
-behind the AST check in `sandbox.refusals`), calls `fn` on every case and writes one JSON line to fd 1:
+cannot raise them: soft = hard), imports JAX and every module a student may import, drops for good to the
+unprivileged user named in argv[1] when started as root (then sets RLIMIT_NPROC, which binds only users that are not
+root), then reads one JSON payload on stdin (`code`, `fn`, `cases`, `output_chars`...): a spare child waits there,
+warm, until a run needs it. It executes the student's code with restricted builtins and an import allowlist (the
+second wall behind the AST check in `sandbox.refusals`), calls `fn` on every case and writes one JSON line to fd 1:
 `{"output", "truncated", "exec_error", "results": [{"leaves": [{"shape", "data"}], "error"}], "seconds"}`.
 Standard library only, besides JAX and NumPy: the child cannot import gradlab.
 """
@@ -31,8 +33,7 @@ def _tasks_of(uid):
 
 
 for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
-                    ("RLIMIT_NOFILE", limits["open_files"]), ("RLIMIT_CORE", 0),
-                    ("RLIMIT_NPROC", _tasks_of(os.getuid()) + limits["tasks"])):
+                    ("RLIMIT_NOFILE", limits["open_files"]), ("RLIMIT_CORE", 0)):
     resource.setrlimit(getattr(resource, name), (value, value))
 resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))  # SIGXCPU, then SIGKILL
 
@@ -44,7 +45,18 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+for _name in limits["imports"]:  # everything a student may import, loaded now: after the drop the files may be unreadable
+    __import__(_name)
 jnp.zeros(1).block_until_ready()  # start the backend while waiting (a spare child is warm when its code arrives)
+
+if limits["user"]:  # started as root: become the unprivileged user for good before any student code arrives
+    uid, gid = limits["user"]
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)  # real, effective and saved ids, every thread (glibc): no way back, and RLIMIT_NPROC now binds
+    if os.getuid() != uid or os.geteuid() != uid:
+        os._exit(3)
+resource.setrlimit(resource.RLIMIT_NPROC, (_tasks_of(os.getuid()) + limits["tasks"],) * 2)
 payload = json.loads(sys.stdin.read())
 ALLOWED = set(payload["allowed_imports"])
 SAFE_BUILTINS = payload["builtins"]

@@ -6,8 +6,8 @@ Two walls, each enough for the attacks the tests try (`tests/test_practice_sandb
    (the attribute walks to `__subclasses__`, `__globals__`, `__builtins__`); none of the names that reach files,
    code or frames (`open`, `eval`, `exec`, `compile`, `getattr`, `np.load`, `np.ctypeslib`, `gi_frame`...).
 2. `execute`: a fresh `python -I` child (no inherited environment: `env` holds only what JAX needs), in an empty
-   temporary folder, as the unprivileged user `nobody` when the server runs as root, under resource limits it sets
-   on itself before JAX is imported (`harness.py`): address space, CPU time, file size, open files, processes;
+   temporary folder, under resource limits it sets on itself before JAX is imported (`harness.py`); when the server
+   runs as root the child drops to the unprivileged user `nobody` after importing JAX, before it reads student code: address space, CPU time, file size, open files, processes;
    a wall-clock timeout kills its whole process group; its output is capped. The child sees restricted builtins
    and an import hook with the same allowlist.
 
@@ -20,7 +20,6 @@ import ast
 import atexit
 import dataclasses
 import json
-import logging
 import os
 import pwd
 import re
@@ -73,7 +72,6 @@ SAFE_BUILTINS = (
 )
 
 MAX_CODE_CHARS = 20_000
-log = logging.getLogger("gradlab")
 _DUNDER_TEXT = re.compile(r"__\w+__")
 
 
@@ -243,19 +241,20 @@ _SPARE_LOCK = threading.Lock()
 
 
 def _start(limits: Limits) -> _Child:
-    """Start a harness child under `limits` in a fresh empty folder (owned by `nobody` when we are root)."""
+    """Start a harness child under `limits` in a fresh empty folder (owned by `nobody` when we are root: the child
+    starts as root, so it can read this Python wherever it lives, imports JAX, then drops to `nobody` for good
+    before it reads any student code)."""
     folder = tempfile.mkdtemp(prefix="gradlab-practice-")
-    user = None if _CANNOT_DROP else _nobody()
+    user = _nobody()
     if user:
         os.chown(folder, *user)
+    config = json.dumps({"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
+                         "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
+                         "user": user, "imports": ALLOWED_IMPORTS})
     with open(os.path.join(folder, ".out"), "wb") as out, open(os.path.join(folder, ".err"), "wb") as err:
-        proc = _spawn(folder, user, _limits_json(limits), stdin=subprocess.PIPE, stdout=out, stderr=err)
+        proc = subprocess.Popen([sys.executable, "-I", "-c", HARNESS, config], cwd=folder, env=child_env(folder),
+                                start_new_session=True, close_fds=True, stdin=subprocess.PIPE, stdout=out, stderr=err)
     return _Child(proc, folder, limits)
-
-
-def _limits_json(limits: Limits) -> str:
-    return json.dumps({"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
-                       "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks})
 
 
 def _take(limits: Limits) -> _Child:
@@ -336,23 +335,6 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
     finally:
         child.discard()
         _refill(limits)
-
-
-_CANNOT_DROP: list = []
-
-
-def _spawn(folder: str, user, limits_json: str, **files) -> subprocess.Popen:
-    """Start the child in `folder`, as `user` (uid, gid) when given and that user can run this Python (a Python
-    under root's home cannot be run by `nobody`: then as this process's user, noted in the log once)."""
-    command = [sys.executable, "-I", "-c", HARNESS, limits_json]
-    common = dict(cwd=folder, env=child_env(folder), start_new_session=True, close_fds=True, **files)
-    if user and not _CANNOT_DROP:
-        try:
-            return subprocess.Popen(command, user=user[0], group=user[1], extra_groups=[], **common)
-        except PermissionError as err:
-            _CANNOT_DROP.append(err)
-            log.warning("practice: `nobody` cannot run %s (%s); student code runs as this server's user", sys.executable, err)
-    return subprocess.Popen(command, **common)
 
 
 def _wait(proc: subprocess.Popen, wall_seconds: float):
