@@ -158,14 +158,14 @@ def test_reference_solutions_pass_in_the_real_sandbox():
     for slug in ("dp_sgd_step",):
         p = practice.BY_SLUG[slug]
         v = practice.check(p, p.solution, SEED)
-        assert v.passed, (slug, v.stopped, v.exec_error, [(c.name, c.message) for c in v.cases])
+        assert v.passed, (slug, v.outcome.stopped, v.outcome.exec_error, [(c.name, c.message) for c in v.cases])
 
 
 def test_a_pitfall_is_diagnosed_in_the_real_sandbox():
     p = practice.BY_SLUG["fix_in_axes"]
     v = practice.run(p, p.starter)  # the starter's own print(...) call fails: an error of the code's top level
     assert [d.name for d in v.diagnoses] == ["in_axes"]
-    assert "rank should be at least 1" in v.exec_error["message"] and v.exec_error["line"] == 10, v.exec_error
+    assert "rank should be at least 1" in v.outcome.exec_error["message"] and v.outcome.exec_error["line"] == 10, v.outcome
 
 
 @pytest.mark.slow
@@ -174,4 +174,4 @@ def test_every_reference_passes_in_the_real_sandbox():
     and one pitfall goes through the sandbox in the quick tests: the diagnosis does not depend on where it ran)."""
     for p in practice.PROBLEMS:
         v = practice.check(p, p.solution, SEED)
-        assert v.passed, (p.slug, v.stopped, v.exec_error, [(c.name, c.message) for c in v.cases])
+        assert v.passed, (p.slug, v.outcome.stopped, v.outcome.exec_error, [(c.name, c.message) for c in v.cases])

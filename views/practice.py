@@ -79,9 +79,9 @@ b_reset.button("Back to the starter code", key="practice_reset", on_click=reset_
 if pressed_run or pressed_check:
     reasons = practice.refusals(code)
     if reasons:  # refused before it reaches the gate: nothing runs
-        verdict = practice.Verdict(passed=False, refused=reasons)
+        verdict = practice.Verdict(False, practice.Outcome(refused=reasons))
     else:
-        verdict = practice.Verdict(passed=False, stopped="Your code could not be run: see the message above.")
+        verdict = practice.Verdict(False, practice.Outcome(stopped="Your code could not be run: see the message above."))
         with ui.guard("Your code could not be run"):
             verdict = (check_code(slug, code, practice.HIDDEN_SEED) if pressed_check else run_code(slug, code))
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)
@@ -92,14 +92,15 @@ if pressed_run or pressed_check:
 
 def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
     """The outcome of a Run or a Check, diagnosis first."""
+    out = v.outcome
     if ran_code != code:
         st.caption("This is the result for an earlier version of your code.")
-    if v.refused:
+    if out.refused:
         st.error("**Your code was not run:** it uses what Practice does not allow.\n\n"
-                 + "\n".join(f"- {ui.inert(r)}" for r in v.refused), icon=":material/block:")
+                 + "\n".join(f"- {ui.inert(r)}" for r in out.refused), icon=":material/block:")
         return
-    if v.stopped:
-        st.error(ui.inert(v.stopped), icon=":material/timer_off:")
+    if out.stopped:
+        st.error(ui.inert(out.stopped), icon=":material/timer_off:")
     if kind == "check" and v.passed:
         st.success(f"**Correct** on the seed's input and {len(v.cases) - 1} hidden ones. Solved!",
                    icon=":material/check_circle:")
@@ -108,14 +109,14 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
                  icon=":material/close:")
     for d in v.diagnoses:
         st.warning(f"**{d.title}.** {d.explain}", icon=":material/lightbulb:")
-    if v.exec_error:
-        line = f" (line {v.exec_error['line']})" if v.exec_error.get("line") else ""
-        st.error(f"**{v.exec_error['type']}{line}:** {ui.inert(v.exec_error['message'])}", icon=":material/bug_report:")
+    if out.exec_error:
+        line = f" (line {out.exec_error['line']})" if out.exec_error.get("line") else ""
+        st.error(f"**{out.exec_error['type']}{line}:** {ui.inert(out.exec_error['message'])}", icon=":material/bug_report:")
     for note in v.notes:
         st.info(note, icon=":material/info:")
-    if v.output:
+    if out.output:
         st.markdown("**Output**")
-        st.code(v.output + (f"\n… {v.truncated:,} more characters not shown" if v.truncated else ""), language=None)
+        st.code(out.output + (f"\n… {out.truncated:,} more characters not shown" if out.truncated else ""), language=None)
     for c in v.cases:
         mark = ":green[:material/check:]" if c.passed else ":red[:material/close:]"
         with st.expander(f"{mark} {c.name}" + ("" if c.passed else f": {c.message}"), expanded=kind == "run"):
@@ -128,7 +129,7 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
     fig = practice.figure(problem, v)
     if fig is not None:
         ui.chart(fig)
-    st.caption(f"Ran in {v.seconds:.2f} s in a separate process.")
+    st.caption(f"Ran in {out.seconds:.2f} s in a separate process.")
 
 
 def _text(leaves) -> str:

@@ -36,22 +36,17 @@ class Verdict:
     """What Run or Check found.
 
     - `passed`: every case equals the oracle and the problem's `extra` condition holds (Check only means it);
-    - `refused` / `stopped` / `output` / `truncated` / `exec_error` / `seconds`: from the sandbox's `Outcome`;
+    - `outcome`: the sandbox's `Outcome` (refusals, a stop, the printed output, a top-level error, seconds);
     - `cases`: one `Case` per input; `diagnoses`: the pitfalls recognised (each at most once);
     - `notes`: what the problem adds (a mean check, a timing); `figure_leaves`: the outputs a figure is drawn from.
     """
 
     passed: bool
-    refused: list[str] = dataclasses.field(default_factory=list)
-    stopped: str | None = None
-    output: str = ""
-    truncated: int = 0
-    exec_error: dict | None = None
+    outcome: sandbox.Outcome = dataclasses.field(default_factory=sandbox.Outcome)
     cases: list[Case] = dataclasses.field(default_factory=list)
     diagnoses: list[Pitfall] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     figure_leaves: list | None = None
-    seconds: float = 0.0
 
 
 def encode(arg) -> dict:
@@ -149,8 +144,7 @@ def check(problem: Problem, code: str, seed: int = HIDDEN_SEED, *, limits: sandb
 
 def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits: sandbox.Limits, execute) -> Verdict:
     out = execute(code, problem.fn, [[encode(a) for a in args] for _, args in inputs], limits=limits)
-    verdict = Verdict(passed=False, refused=out.refused, stopped=out.stopped, output=out.output,
-                      truncated=out.truncated, exec_error=out.exec_error, seconds=out.seconds)
+    verdict = Verdict(passed=False, outcome=out)
     if out.exec_error is not None:
         verdict.diagnoses = _diagnose(problem, problem.args, None, out.exec_error)
     if not out.ran:
