@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-limits = json.loads(sys.argv[1])  # set before JAX is imported: a spare child imports it while it waits
+limits = json.loads(sys.argv[1])  # CPU, files and output set before JAX is imported; memory and processes after
 
 
 def _tasks_of(uid):
@@ -32,8 +32,8 @@ def _tasks_of(uid):
     return n
 
 
-for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
-                    ("RLIMIT_NOFILE", limits["open_files"]), ("RLIMIT_CORE", 0)):
+for name, value in (("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NOFILE", limits["open_files"]),
+                    ("RLIMIT_CORE", 0)):
     resource.setrlimit(getattr(resource, name), (value, value))
 resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))  # SIGXCPU, then SIGKILL
 
@@ -48,6 +48,17 @@ import numpy as np  # noqa: E402
 for _name in limits["imports"]:  # everything a student may import, loaded now: after the drop the files may be unreadable
     __import__(_name)
 jnp.zeros(1).block_until_ready()  # start the backend while waiting (a spare child is warm when its code arrives)
+
+
+def _mapped_bytes():
+    """Address space this process maps now (VmSize): JAX's import maps 500-600 MB, more on machines with more cores."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
+# The student's code gets `memory_bytes` of address space beyond what JAX's own import mapped (its private memory
+# can grow by at most that much), whatever the machine's core count makes JAX map.
+resource.setrlimit(resource.RLIMIT_AS, (_mapped_bytes() + limits["memory_bytes"],) * 2)
 
 if limits["user"]:  # started as root: become the unprivileged user for good before any student code arrives
     uid, gid = limits["user"]

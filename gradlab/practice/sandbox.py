@@ -77,17 +77,18 @@ _DUNDER_TEXT = re.compile(r"__\w+__")
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one run may use. Defaults fit a 2-core server: JAX's import alone maps about 580 MB of address space
-    (with `MALLOC_ARENA_MAX=2`) and holds about 220 MB resident, so 1,024 MB of address space leaves the code
-    about 450 MB.
+    """What one run may use. Defaults fit a 2-core server shared by a room on 690 MB: the child's own memory after
+    JAX's import is about 75 MB (private; the ~130 MB of JAX's libraries it maps are the server's pages too), and
+    every reference solution runs with 100 MB beyond it.
 
-    **Arguments** `memory_mb`: address space (RLIMIT_AS); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's import
-    included); `wall_seconds`: wall-clock timeout; `output_chars`: printed characters kept; `file_bytes`: largest
-    file the child may write (RLIMIT_FSIZE: its reply on stdout is such a file); `open_files`: RLIMIT_NOFILE;
-    `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC; JAX starts about 17).
+    **Arguments** `memory_mb`: address space the student's code may map beyond what JAX's import mapped (RLIMIT_AS,
+    set after the import: its private memory grows by at most this much); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's
+    import included); `wall_seconds`: wall-clock timeout; `output_chars`: printed characters kept; `file_bytes`:
+    largest file the child may write (RLIMIT_FSIZE: its reply on stdout is such a file); `open_files`:
+    RLIMIT_NOFILE; `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC).
     """
 
-    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "800"))
+    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "200"))
     cpu_seconds: int = int(os.environ.get("GRADLAB_PRACTICE_CPU_SECONDS", "20"))
     wall_seconds: float = float(os.environ.get("GRADLAB_PRACTICE_WALL_SECONDS", "30"))
     output_chars: int = 20_000
@@ -193,7 +194,7 @@ def child_env(home: str) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def _stopped(status: int, limits: Limits, timed_out: bool, peak_mb: float) -> str | None:
+def _stopped(status: int, limits: Limits, timed_out: bool) -> str | None:
     """A clear sentence for a child that did not end on its own, from its wait status."""
     if timed_out:
         return (f"Stopped: your code ran longer than {limits.wall_seconds:.0f} s (wall clock). "
@@ -201,11 +202,11 @@ def _stopped(status: int, limits: Limits, timed_out: bool, peak_mb: float) -> st
     if not os.WIFSIGNALED(status):
         return None
     sig = os.WTERMSIG(status)
-    if sig in (signal.SIGXCPU, signal.SIGKILL) and peak_mb < 0.9 * limits.memory_mb:
+    if sig in (signal.SIGXCPU, signal.SIGKILL):  # the CPU limit's soft, then hard signal (memory is RLIMIT_AS's)
         return f"Stopped: your code used more than {limits.cpu_seconds} s of CPU time. An endless loop?"
     if sig == signal.SIGXFSZ:
         return "Stopped: your code tried to write more output than the limit."
-    return (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB of address space, "
+    return (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB, "
             f"signal {signal.Signals(sig).name}). Is an array far larger than the problem needs?")
 
 
@@ -315,7 +316,7 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         status, usage, timed_out = _wait(child.proc, limits.wall_seconds)
         seconds = time.perf_counter() - started
         peak_mb = usage.ru_maxrss / 1024 if usage is not None else 0.0
-        outcome = Outcome(seconds=seconds, peak_rss_mb=peak_mb, stopped=_stopped(status, limits, timed_out, peak_mb))
+        outcome = Outcome(seconds=seconds, peak_rss_mb=peak_mb, stopped=_stopped(status, limits, timed_out))
         with open(os.path.join(child.folder, ".out"), "rb") as f:
             reply = _parse(f.read(limits.file_bytes))
         if reply is None:
@@ -329,8 +330,8 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         outcome.results = [{"leaves": None if r["leaves"] is None else [_array(leaf) for leaf in r["leaves"]],
                             "error": r["error"]} for r in reply["results"]]
         if outcome.exec_error and _out_of_memory(outcome.exec_error):
-            outcome.stopped = (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB of address "
-                               "space). Is an array far larger than the problem needs?")
+            outcome.stopped = (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB). Is an "
+                               "array far larger than the problem needs?")
         return outcome
     finally:
         child.discard()
