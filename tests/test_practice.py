@@ -175,3 +175,20 @@ def test_every_reference_passes_in_the_real_sandbox():
     for p in practice.PROBLEMS:
         v = practice.check(p, p.solution, SEED)
         assert v.passed, (p.slug, v.outcome.stopped, v.outcome.exec_error, [(c.name, c.message) for c in v.cases])
+
+
+def test_each_fix_it_problem_asks_for_its_cause_one_right_each_wrong_one_answered():
+    """The problems that ask to explain or fix offer causes: exactly one right, and every choice says why it is (or
+    is not) the reason, in its own words. The right cause is the mistake Check diagnoses on the starter."""
+    asking = [p for p in practice.PROBLEMS if "explain" in p.statement.lower()]
+    assert [p.slug for p in asking] == ["fix_in_axes", "fix_summed_loss", "fix_shape", "fix_mean"]
+    assert all(not p.causes for p in practice.PROBLEMS if p not in asking)
+    for p in asking:
+        assert p.question.endswith("?") and len(p.causes) >= 3, p.slug
+        assert sum(c.right for c in p.causes) == 1, p.slug
+        assert len({c.why for c in p.causes}) == len({c.text for c in p.causes}) == len(p.causes), p.slug
+        assert all(c.why.startswith("Right." if c.right else "No:") for c in p.causes), p.slug
+        (diagnosis,) = practice.check(p, p.starter, SEED, execute=in_process).diagnoses
+        right = next(c for c in p.causes if c.right)
+        shown = {"in_axes": "axis 0", "summed": "sum", "shape": "shape", "mean_for_sum": "mean"}[diagnosis.name]
+        assert shown in right.text, (p.slug, diagnosis.name)

@@ -140,6 +140,18 @@ def _text(leaves) -> str:
 if result_key in st.session_state:
     show(*st.session_state[result_key])
 
+# ---------------------------------------------------------------- explain it: choose the cause (a fix-it problem)
+if problem.causes:
+    st.markdown(f"**Explain it.** {problem.question}")
+    chosen = st.radio("The cause", [c.text for c in problem.causes], index=None, key=f"practice_cause_{slug}",
+                      label_visibility="collapsed")
+    cause = next((c for c in problem.causes if c.text == chosen), None)
+    if cause is not None and cause.right:
+        st.success(f"{cause.why} Explained: solved!", icon=":material/check_circle:")
+        done.add(slug)
+    elif cause is not None:
+        st.error(cause.why, icon=":material/close:")
+
 # ---------------------------------------------------------------- hints one at a time, the solution behind a button
 shown = st.session_state.get(hints_key, 0)
 

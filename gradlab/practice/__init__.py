@@ -10,7 +10,7 @@ Nothing here imports Streamlit: `views/practice.py` draws it.
 import os
 
 from gradlab.practice.checker import HIDDEN_SEED, Case, Verdict, check, figure, run
-from gradlab.practice.problems import BY_SLUG, PROBLEMS, Key, Pitfall, Problem
+from gradlab.practice.problems import BY_SLUG, PROBLEMS, Cause, Key, Pitfall, Problem
 from gradlab.practice.sandbox import LIMITS, Limits, Outcome, execute, refusals
 
 
@@ -19,5 +19,5 @@ def enabled() -> bool:
     return os.environ.get("GRADLAB_PRACTICE", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-__all__ = ["BY_SLUG", "HIDDEN_SEED", "LIMITS", "PROBLEMS", "Case", "Key", "Limits", "Outcome", "Pitfall", "Problem",
+__all__ = ["BY_SLUG", "HIDDEN_SEED", "LIMITS", "PROBLEMS", "Case", "Cause", "Key", "Limits", "Outcome", "Pitfall", "Problem",
            "Verdict", "check", "enabled", "execute", "figure", "refusals", "run"]
