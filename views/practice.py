@@ -37,6 +37,7 @@ def mirror_progress() -> None:
 
 
 done = solved()
+practice.prepare()  # a visitor is here: keep a child with JAX imported ready for their Run or Check
 slug = ui.choice(st.selectbox, "Problem", {p.slug: f"{i}. {p.title}" for i, p in enumerate(PROBLEMS, 1)}, "problem",
                  help="A link with `?problem=<name>` opens that problem.")
 number = [p.slug for p in PROBLEMS].index(slug) + 1

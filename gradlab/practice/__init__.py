@@ -2,7 +2,8 @@
 
 - `problems`: the problems in course order (`PROBLEMS`, `BY_SLUG`), each with its oracle and pitfalls;
 - `checker`: `run(problem, code)` and `check(problem, code)` return a `Verdict` (cases, diagnoses, output);
-- `sandbox`: the AST check (`refusals`) and the limited child process (`execute`) student code runs in.
+- `sandbox`: the AST check (`refusals`) and the limited child process (`execute`) student code runs in;
+  `prepare()` keeps a warm child ready while Practice has visitors.
 
 Nothing here imports Streamlit: `views/practice.py` draws it.
 """
@@ -11,7 +12,7 @@ import os
 
 from gradlab.practice.checker import HIDDEN_SEED, Case, Verdict, check, figure, run
 from gradlab.practice.problems import BY_SLUG, PROBLEMS, Cause, Key, Pitfall, Problem
-from gradlab.practice.sandbox import LIMITS, Limits, Outcome, execute, refusals
+from gradlab.practice.sandbox import LIMITS, Limits, Outcome, execute, prepare, refusals
 
 
 def enabled() -> bool:
@@ -19,5 +20,5 @@ def enabled() -> bool:
     return os.environ.get("GRADLAB_PRACTICE", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
-__all__ = ["BY_SLUG", "HIDDEN_SEED", "LIMITS", "PROBLEMS", "Case", "Cause", "Key", "Limits", "Outcome", "Pitfall", "Problem",
-           "Verdict", "check", "enabled", "execute", "figure", "refusals", "run"]
+__all__ = ["BY_SLUG", "HIDDEN_SEED", "LIMITS", "PROBLEMS", "Case", "Cause", "Key", "Limits", "Outcome", "Pitfall",
+           "Problem", "Verdict", "check", "enabled", "execute", "figure", "prepare", "refusals", "run"]

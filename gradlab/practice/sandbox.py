@@ -234,11 +234,16 @@ class _Child:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-#: One spare child kept warm (JAX imported) for the next run: Check answers without JAX's 1.5 s import.
-#: `GRADLAB_PRACTICE_WARM=0` turns it off (it holds about 220 MB while it waits).
-WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "0") != "0"
+#: One spare child kept warm (JAX imported, waiting for code) while Practice has visitors: Check then skips JAX's
+#: import (about 1 s idle, 2-3 s on a loaded machine). It holds about 75 MB of its own while it waits (JAX's
+#: libraries it maps are the server's pages too), and exists only from a visitor's `prepare()` until
+#: `SPARE_IDLE_SECONDS` pass without one. `GRADLAB_PRACTICE_WARM=0` turns it off.
+WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "1") != "0"
+SPARE_IDLE_SECONDS = float(os.environ.get("GRADLAB_PRACTICE_IDLE_SECONDS", "300"))
 _SPARE: list[_Child] = []
 _SPARE_LOCK = threading.Lock()
+_wanted_until = 0.0  # monotonic time until which a spare is kept (the last visitor's `prepare` + the idle time)
+_reaper: threading.Thread | None = None
 
 
 def _start(limits: Limits) -> _Child:
@@ -270,19 +275,46 @@ def _take(limits: Limits) -> _Child:
 
 
 def _refill(limits: Limits) -> None:
-    """Start the next spare (after a run, so its JAX import never competes with a run for the CPU)."""
+    """Start the next spare while a visitor is recent (after a run, so its JAX import never competes with one)."""
+    with _SPARE_LOCK:
+        if WARM and not _SPARE and time.monotonic() < _wanted_until:
+            _SPARE.append(_start(limits))
+
+
+def prepare(limits: Limits = LIMITS) -> None:
+    """A visitor is on Practice: keep a warm spare child (JAX imported) for their next run, until
+    `SPARE_IDLE_SECONDS` pass without a visitor calling this again. Returns at once; nothing when `WARM` is off."""
+    global _wanted_until, _reaper
     if not WARM:
         return
     with _SPARE_LOCK:
-        if not _SPARE:
-            _SPARE.append(_start(limits))
+        _wanted_until = time.monotonic() + SPARE_IDLE_SECONDS
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="practice-spare-reaper", daemon=True)
+            _reaper.start()
+    _refill(limits)
+
+
+def _reap() -> None:
+    """Discard the spare once no visitor wanted one for `SPARE_IDLE_SECONDS`; then end (`prepare` starts anew)."""
+    global _reaper
+    while True:
+        time.sleep(max(0.05, min(30.0, _wanted_until - time.monotonic())))
+        if time.monotonic() >= _wanted_until:
+            _discard_spares()
+            with _SPARE_LOCK:
+                if time.monotonic() >= _wanted_until:  # no visitor came while the spare went
+                    _reaper = None
+                    return
 
 
 @atexit.register
 def _discard_spares() -> None:
     with _SPARE_LOCK:
-        while _SPARE:
-            _SPARE.pop().discard()
+        spares = list(_SPARE)
+        _SPARE.clear()
+    for spare in spares:
+        spare.discard()
 
 
 def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMITS, check: bool = True,
