@@ -82,7 +82,8 @@ if pressed_run or pressed_check:
     if reasons:  # refused before it reaches the gate: nothing runs
         verdict = practice.Verdict(False, practice.Outcome(refused=reasons))
     else:
-        verdict = practice.Verdict(False, practice.Outcome(stopped="Your code could not be run: see the message above."))
+        failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
+        verdict = practice.Verdict(False, failed)
         with ui.guard("Your code could not be run"):
             verdict = (check_code(slug, code, practice.HIDDEN_SEED) if pressed_check else run_code(slug, code))
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)

@@ -45,7 +45,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-for _name in limits["imports"]:  # everything a student may import, loaded now: after the drop the files may be unreadable
+for _name in limits["imports"]:  # all a student may import, loaded now: after the drop its files may be unreadable
     __import__(_name)
 jnp.zeros(1).block_until_ready()  # start the backend while waiting (a spare child is warm when its code arrives)
 

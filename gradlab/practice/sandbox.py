@@ -6,10 +6,11 @@ Two walls, each enough for the attacks the tests try (`tests/test_practice_sandb
    (the attribute walks to `__subclasses__`, `__globals__`, `__builtins__`); none of the names that reach files,
    code or frames (`open`, `eval`, `exec`, `compile`, `getattr`, `np.load`, `np.ctypeslib`, `gi_frame`...).
 2. `execute`: a fresh `python -I` child (no inherited environment: `env` holds only what JAX needs), in an empty
-   temporary folder, under resource limits it sets on itself before JAX is imported (`harness.py`); when the server
-   runs as root the child drops to the unprivileged user `nobody` after importing JAX, before it reads student code: address space, CPU time, file size, open files, processes;
-   a wall-clock timeout kills its whole process group; its output is capped. The child sees restricted builtins
-   and an import hook with the same allowlist.
+   temporary folder, under resource limits it sets on itself (`harness.py`): CPU time, file size, open files, then
+   after JAX's import address space (the code's share beyond it) and processes; when the server runs as root the
+   child drops to the unprivileged user `nobody` after importing JAX, before it reads student code. A wall-clock
+   timeout kills its whole process group; its output is capped. The child sees restricted builtins and an import
+   hook with the same allowlist.
 
 Nothing here imports Streamlit; the page runs `execute` through the server's gate (at most a few at once).
 """
