@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -156,3 +157,20 @@ def test_a_warm_spare_waits_only_while_practice_has_visitors(monkeypatch):
     assert not sandbox._SPARE and second.proc.poll() is not None and not os.path.exists(second.folder)
     execute("print(3)", limits=SMALL)
     assert not sandbox._SPARE  # no visitor since: no new spare
+
+
+def test_no_spare_waits_beside_a_running_child(monkeypatch):
+    """A visitor arriving during a run starts no spare (the two children's memory would add up); the run's end does."""
+    monkeypatch.setattr(sandbox, "WARM", True)
+    monkeypatch.setattr(sandbox, "SPARE_IDLE_SECONDS", 60.0)
+    sandbox._discard_spares()
+    run = threading.Thread(target=execute, args=("import time\ntime.sleep(3)\n",), kwargs={"limits": SMALL})
+    run.start()
+    deadline = time.time() + 10
+    while not sandbox._running and time.time() < deadline:
+        time.sleep(0.01)
+    sandbox.prepare(SMALL)
+    assert sandbox._running == 1 and not sandbox._SPARE
+    run.join()
+    assert sandbox._running == 0 and len(sandbox._SPARE) == 1
+    sandbox._discard_spares()

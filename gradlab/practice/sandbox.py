@@ -89,7 +89,7 @@ class Limits:
     RLIMIT_NOFILE; `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC).
     """
 
-    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "200"))
+    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "150"))
     cpu_seconds: int = int(os.environ.get("GRADLAB_PRACTICE_CPU_SECONDS", "20"))
     wall_seconds: float = float(os.environ.get("GRADLAB_PRACTICE_WALL_SECONDS", "30"))
     output_chars: int = 20_000
@@ -244,6 +244,7 @@ SPARE_IDLE_SECONDS = float(os.environ.get("GRADLAB_PRACTICE_IDLE_SECONDS", "300"
 _SPARE: list[_Child] = []
 _SPARE_LOCK = threading.Lock()
 _wanted_until = 0.0  # monotonic time until which a spare is kept (the last visitor's `prepare` + the idle time)
+_running = 0  # runs under way (their children hold memory: no spare starts beside them)
 _reaper: threading.Thread | None = None
 
 
@@ -265,21 +266,39 @@ def _start(limits: Limits) -> _Child:
 
 
 def _take(limits: Limits) -> _Child:
-    """The warm spare child when it has these limits and still waits, else a freshly started one."""
+    """The warm spare child when it has these limits and still waits, else a freshly started one (counted as
+    running until `_done`)."""
+    global _running
     with _SPARE_LOCK:
+        _running += 1
         spare = _SPARE.pop() if _SPARE else None
     if spare is not None and spare.limits == limits and spare.alive:
         return spare
     if spare is not None:
         spare.discard()
-    return _start(limits)
+    try:
+        return _start(limits)
+    except BaseException:
+        with _SPARE_LOCK:
+            _running -= 1
+        raise
 
 
 def _refill(limits: Limits) -> None:
-    """Start the next spare while a visitor is recent (after a run, so its JAX import never competes with one)."""
+    """Start the next spare while a visitor is recent and no run is under way: its JAX import never competes with a
+    run for the CPU, and a spare never waits beside a running child (their memory would add up)."""
     with _SPARE_LOCK:
-        if WARM and not _SPARE and time.monotonic() < _wanted_until:
+        if WARM and not _SPARE and not _running and time.monotonic() < _wanted_until:
             _SPARE.append(_start(limits))
+
+
+def _done(child: _Child, limits: Limits) -> None:
+    """A run ended: discard its child, then start the next spare."""
+    global _running
+    child.discard()
+    with _SPARE_LOCK:
+        _running -= 1
+    _refill(limits)
 
 
 def prepare(limits: Limits = LIMITS) -> None:
@@ -367,8 +386,7 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
                                "array far larger than the problem needs?")
         return outcome
     finally:
-        child.discard()
-        _refill(limits)
+        _done(child, limits)
 
 
 def _wait(proc: subprocess.Popen, wall_seconds: float):
