@@ -167,10 +167,44 @@ def test_no_spare_waits_beside_a_running_child(monkeypatch):
     run = threading.Thread(target=execute, args=("import time\ntime.sleep(3)\n",), kwargs={"limits": SMALL})
     run.start()
     deadline = time.time() + 10
-    while not sandbox._running and time.time() < deadline:
+    while not sandbox._ONE_RUN.locked() and time.time() < deadline:
         time.sleep(0.01)
     sandbox.prepare(SMALL)
-    assert sandbox._running == 1 and not sandbox._SPARE
+    assert sandbox._ONE_RUN.locked() and not sandbox._SPARE
     run.join()
-    assert sandbox._running == 0 and len(sandbox._SPARE) == 1
+    assert not sandbox._ONE_RUN.locked() and len(sandbox._SPARE) == 1
     sandbox._discard_spares()
+
+
+def test_the_childrens_compilation_cache_is_written_by_the_server_and_read_by_students(tmp_path, monkeypatch):
+    """`fill_cache` compiles a reference solution into the children's own cache (never the server's); a student's
+    Check of the same code on other hidden values then compiles nothing new: every program is loaded. As root the
+    student's child (`nobody`) cannot write there at all."""
+    from gradlab import practice
+
+    cache = tmp_path / "practice-xla"
+    monkeypatch.setattr(sandbox, "XLA_CACHE", str(cache))
+    assert sandbox.child_env("/x")["JAX_COMPILATION_CACHE_DIR"] == str(cache)
+    assert sandbox.child_env("/x")["JAX_COMPILATION_CACHE_DIR"] != os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    p = practice.BY_SLUG["per_example_grads"]
+    assert practice.fill_cache(p, 1)
+    entries = set(os.listdir(cache))
+    assert sum(e.startswith("gradlab-filled-per_example_grads-") for e in entries) == 1 and len(entries) > 5
+    assert cache.stat().st_uid == os.geteuid() and cache.stat().st_mode & 0o777 == 0o755
+    v = practice.check(p, p.solution + "# a student's copy\n", 2)
+    assert v.passed and set(os.listdir(cache)) == entries  # all hits (as a user that could write, a miss would show)
+    if os.geteuid() == 0:
+        code = (f"import jax\nos = jax.version.os\ntry:\n    os.open({str(cache / 'x')!r}, os.O_CREAT | os.O_WRONLY)\n"
+                "    print('WROTE')\nexcept Exception as e:\n    print('refused:', e)\n")
+        out = execute(code, limits=SMALL, check=False)
+        assert "refused: [Errno 13] Permission denied" in out.output, out
+
+
+def test_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setattr(sandbox, "XLA_CACHE", str(shared))
+    assert sandbox.cache_dir() is None and "JAX_COMPILATION_CACHE_DIR" not in sandbox.child_env("/x")
+    monkeypatch.setattr(sandbox, "XLA_CACHE", "")
+    assert sandbox.cache_dir() is None

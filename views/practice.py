@@ -37,11 +37,11 @@ def mirror_progress() -> None:
 
 
 done = solved()
-practice.prepare()  # a visitor is here: keep a child with JAX imported ready for their Run or Check
 slug = ui.choice(st.selectbox, "Problem", {p.slug: f"{i}. {p.title}" for i, p in enumerate(PROBLEMS, 1)}, "problem",
                  help="A link with `?problem=<name>` opens that problem.")
 number = [p.slug for p in PROBLEMS].index(slug) + 1
 problem = practice.BY_SLUG[slug]
+practice.prepare(problem)  # a child with JAX imported waits for this visitor's run; the problem's compiled code cached
 progress_slot, heading_slot = st.empty(), st.empty()  # filled at the end: a Check below may solve this problem
 st.caption(f"From seed {problem.seed}" + (f" · expected on the seed's input: `{problem.expected}`" if problem.expected else ""))
 st.markdown(problem.statement)

@@ -2,17 +2,17 @@
 
 - `problems`: the problems in course order (`PROBLEMS`, `BY_SLUG`), each with its oracle and pitfalls;
 - `checker`: `run(problem, code)` and `check(problem, code)` return a `Verdict` (cases, diagnoses, output);
-- `sandbox`: the AST check (`refusals`) and the limited child process (`execute`) student code runs in;
-  `prepare()` keeps a warm child ready while Practice has visitors.
+  `prepare(problem)` readies a visitor's next run (a warm child, the reference compiled into the children's cache);
+- `sandbox`: the AST check (`refusals`) and the limited child process (`execute`) student code runs in.
 
 Nothing here imports Streamlit: `views/practice.py` draws it.
 """
 
 import os
 
-from gradlab.practice.checker import HIDDEN_SEED, Case, Verdict, check, figure, run
+from gradlab.practice.checker import HIDDEN_SEED, Case, Verdict, check, figure, fill_cache, prepare, run
 from gradlab.practice.problems import BY_SLUG, PROBLEMS, Cause, Key, Pitfall, Problem
-from gradlab.practice.sandbox import LIMITS, Limits, Outcome, execute, prepare, refusals
+from gradlab.practice.sandbox import LIMITS, Limits, Outcome, execute, refusals
 
 
 def enabled() -> bool:
@@ -21,4 +21,4 @@ def enabled() -> bool:
 
 
 __all__ = ["BY_SLUG", "HIDDEN_SEED", "LIMITS", "PROBLEMS", "Case", "Cause", "Key", "Limits", "Outcome", "Pitfall",
-           "Problem", "Verdict", "check", "enabled", "execute", "figure", "prepare", "refusals", "run"]
+           "Problem", "Verdict", "check", "enabled", "execute", "figure", "fill_cache", "prepare", "refusals", "run"]

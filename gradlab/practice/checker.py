@@ -5,9 +5,14 @@ ones; a wrong answer is matched against the problem's pitfalls to say what went 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import os
 import re
 import secrets
+import threading
 
+import jax
 import numpy as np
 
 from gradlab.practice import sandbox
@@ -179,3 +184,50 @@ def figure(problem: Problem, verdict: Verdict):
     if problem.figure is None or verdict.figure_leaves is None:
         return None
     return problem.figure(problem.args, verdict.figure_leaves)
+
+
+_filling: set[str] = set()
+_filling_lock = threading.Lock()
+
+
+def prepare(problem: Problem, seed: int = HIDDEN_SEED) -> None:
+    """A visitor opened `problem`: keep a warm child ready for their run (`sandbox.prepare`) and, once per
+    compilation cache, compile the problem's reference solution into the children's cache in the background
+    (`fill_cache`), while the visitor reads the statement. Returns at once."""
+    sandbox.prepare()
+    marker = _marker(problem)
+    if marker is None or os.path.exists(marker):
+        return
+    with _filling_lock:
+        if problem.slug in _filling:
+            return
+        _filling.add(problem.slug)
+    threading.Thread(target=fill_cache, args=(problem, seed), name=f"practice-cache-{problem.slug}",
+                     daemon=True).start()
+
+
+def fill_cache(problem: Problem, seed: int = HIDDEN_SEED) -> bool:
+    """Check `problem`'s reference solution (the seed's input and the hidden ones, whose shapes do not depend on
+    `seed`) in a child that keeps the server's user, so what it compiles lands in the children's compilation cache
+    (`sandbox.XLA_CACHE`): a student's Check then loads most of what it would compile. The server's own code only;
+    it waits its turn between students' runs. **Returns** whether the reference passed (then the cache is marked
+    filled for it)."""
+    try:
+        as_server = functools.partial(sandbox.execute, as_server=True)
+        passed = check(problem, problem.solution, seed, execute=as_server).passed
+        marker = _marker(problem)
+        if passed and marker:
+            open(marker, "w").close()
+        return passed
+    finally:
+        with _filling_lock:
+            _filling.discard(problem.slug)
+
+
+def _marker(problem: Problem) -> str | None:
+    """The file saying the cache holds `problem`'s reference for this JAX (None: no cache)."""
+    cache = sandbox.cache_dir()
+    if cache is None:
+        return None
+    digest = hashlib.sha256(problem.solution.encode()).hexdigest()[:12]
+    return os.path.join(cache, f"gradlab-filled-{problem.slug}-{digest}-jax{jax.__version__}")
