@@ -294,10 +294,10 @@ def _start(limits: Limits, drop: bool = True) -> _Child:
 
 def _take(limits: Limits, drop: bool = True) -> _Child:
     """The warm spare child when it has these limits and still waits, else a freshly started one. `drop=False`:
-    always a fresh child that keeps the server's user."""
+    a fresh child that keeps the server's user (a waiting spare goes: it would hold memory beside it)."""
     with _SPARE_LOCK:
-        spare = _SPARE.pop() if _SPARE and drop else None
-    if spare is not None and spare.limits == limits and spare.alive:
+        spare = _SPARE.pop() if _SPARE else None
+    if spare is not None and drop and spare.limits == limits and spare.alive:
         return spare
     if spare is not None:
         spare.discard()
