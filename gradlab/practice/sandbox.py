@@ -272,6 +272,7 @@ _wanted_until = 0.0  # monotonic time until which a spare is kept (the last visi
 #: Held while a child runs: one at a time in this process (the gate has one slot; `fill_cache` waits its turn too),
 #: and no spare starts beside a running child (their memory would add up).
 _ONE_RUN = threading.Lock()
+_RUNNING: list[_Child] = []  # the child running now (at most one)
 _reaper: threading.Thread | None = None
 
 
@@ -315,6 +316,7 @@ def _refill(limits: Limits) -> None:
 def _done(child: _Child, limits: Limits) -> None:
     """A run ended: discard its child, then start the next spare."""
     child.discard()
+    _RUNNING.clear()
     _ONE_RUN.release()
     _refill(limits)
 
@@ -346,13 +348,20 @@ def _reap() -> None:
                     return
 
 
-@atexit.register
 def _discard_spares() -> None:
     with _SPARE_LOCK:
         spares = list(_SPARE)
         _SPARE.clear()
     for spare in spares:
         spare.discard()
+
+
+@atexit.register
+def _discard_all() -> None:
+    """The server ends: its spare and the child running now (a background cache fill, say) end with it."""
+    _discard_spares()
+    for child in list(_RUNNING):
+        child.discard()
 
 
 def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMITS, check: bool = True,
@@ -380,6 +389,7 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
     _ONE_RUN.acquire()
     try:
         child = _take(limits, drop=not as_server)
+        _RUNNING.append(child)
     except BaseException:
         _ONE_RUN.release()
         raise
