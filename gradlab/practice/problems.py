@@ -217,18 +217,18 @@ FIX_IN_AXES = dataclasses.replace(
     pitfalls=(IN_AXES, SUMMED, MEAN),
     question="Why does JAX say the rank \"should be at least 1, but is only 0\"?",
     causes=(
-        Cause("`vmap` maps axis 0 of every argument by default, and `w` and `b` are scalars: they have no axis 0.",
-              "Right. `w` and `b` are the same for every example: `in_axes=(None, None, 0, 0)` broadcasts them and "
-              "maps the examples of `x_batch` and `y_batch`.", right=True),
-        Cause("`jax.grad` cannot differentiate with respect to a Python float: `w` must be a `jnp.array`.",
-              "No: `grad` differentiates with respect to a Python float (seed 000 passes `w = 1.0`). The error comes "
-              "from `vmap`, about an argument of rank 0."),
         Cause("`x_batch` and `y_batch` must be 2-D, shape (N, 1), for `vmap` to map them.",
               "No: `vmap` maps axis 0 of a 1-D array; each example is then a scalar, what `per_example_loss` expects. "
               "The arguments of rank 0 are `w` and `b`."),
         Cause("`per_example_loss` returns a vector, and `grad` needs a scalar.",
               "No: for one example, (w·x − y)² is a scalar. That mistake reads \"Gradient only defined for "
               "scalar-output functions\"; this error is about `vmap`'s axis 0."),
+        Cause("`vmap` maps axis 0 of every argument by default, and `w` and `b` are scalars: they have no axis 0.",
+              "Right. `w` and `b` are the same for every example: `in_axes=(None, None, 0, 0)` broadcasts them and "
+              "maps the examples of `x_batch` and `y_batch`.", right=True),
+        Cause("`jax.grad` cannot differentiate with respect to a Python float: `w` must be a `jnp.array`.",
+              "No: `grad` differentiates with respect to a Python float (seed 000 passes `w = 1.0`). The error comes "
+              "from `vmap`, about an argument of rank 0."),
     ))
 
 FIX_SUMMED = dataclasses.replace(
@@ -256,6 +256,9 @@ FIX_SUMMED = dataclasses.replace(
     pitfalls=(SUMMED, MEAN, IN_AXES),
     question="Why does one number (10) come back instead of one gradient per example?",
     causes=(
+        Cause("`jax.grad` needs `argnums=0` to return one gradient per example.",
+              "No: `argnums` picks which argument to differentiate (`w`, argument 0, is the default); it never "
+              "splits the batch."),
         Cause("`grad` of the summed loss differentiates one number, the total: its gradient is the sum of the "
               "per-example gradients (2 + 8 = 10).",
               "Right. The sum collapses the batch before differentiating. Differentiate the loss of ONE example and "
@@ -266,9 +269,6 @@ FIX_SUMMED = dataclasses.replace(
         Cause("The batch should be averaged with `jnp.mean`, not summed.",
               "No: the mean gives one number too (5 = 10 / 2). Any reduction of the batch before `grad` loses the "
               "examples."),
-        Cause("`jax.grad` needs `argnums=0` to return one gradient per example.",
-              "No: `argnums` picks which argument to differentiate (`w`, argument 0, is the default); it never "
-              "splits the batch."),
     ))
 
 
@@ -411,10 +411,6 @@ FIX_SHAPE = dataclasses.replace(
     pitfalls=(SHAPE, NOT_SCALAR, MEAN_FOR_SUM),
     question="Why can't JAX build `jnp.array([way_a, way_b])`?",
     causes=(
-        Cause("`way_a` holds the per-example gradients, shape (N,), while `way_b` is one number, shape (): the "
-              "two have different shapes.",
-              "Right. Sum the per-example gradients first (`way_a = ... .sum()`): then both are scalars, and "
-              "`jnp.array([way_a, way_b])` is shape (2,).", right=True),
         Cause("`way_a` and `way_b` hold different values, so they cannot go in one array.",
               "No: arrays of different values stack fine. It is their shapes that differ: print `way_a.shape` and "
               "`way_b.shape`."),
@@ -424,6 +420,10 @@ FIX_SHAPE = dataclasses.replace(
         Cause("`vmap` may not be used inside `grad`: way (b) fails.",
               "No: JAX's transformations compose in any order; way (b) alone runs and returns 10. The trouble is "
               "way (a)'s shape."),
+        Cause("`way_a` holds the per-example gradients, shape (N,), while `way_b` is one number, shape (): the "
+              "two have different shapes.",
+              "Right. Sum the per-example gradients first (`way_a = ... .sum()`): then both are scalars, and "
+              "`jnp.array([way_a, way_b])` is shape (2,).", right=True),
     ))
 
 FIX_MEAN = dataclasses.replace(
@@ -450,6 +450,9 @@ FIX_MEAN = dataclasses.replace(
     pitfalls=(MEAN_FOR_SUM, SHAPE, NOT_SCALAR),
     question="Why do the two ways give 10 and 5?",
     causes=(
+        Cause("Way (a) counts each example twice.",
+              "No: way (a) is 2 + 8 = 10, each example once: the sum asked for. Way (b) is off: `.mean()` divides by "
+              "N."),
         Cause("Way (b) averages the losses (`.mean()`) while way (a) sums the gradients: the mean is N = 2 times "
               "smaller.",
               "Right. Both ways must reduce the batch the same way; the problem asks for sums, so `.sum()` in way "
@@ -459,9 +462,6 @@ FIX_MEAN = dataclasses.replace(
         Cause("`vmap` and `grad` do not commute: differentiating first and summing first give different answers.",
               "No: they agree for any loss, by the linearity of the derivative (seed 002). Here the two ways reduce "
               "differently, a sum and a mean."),
-        Cause("Way (a) counts each example twice.",
-              "No: way (a) is 2 + 8 = 10, each example once: the sum asked for. Way (b) is off: `.mean()` divides by "
-              "N."),
     ))
 
 
