@@ -144,6 +144,7 @@ def test_a_link_to_an_unknown_problem_says_so():
     assert "problem=nonsense" in texts(at.warning), texts(at.warning)
 
 
+@pytest.mark.slow  # its own app session (~5 s)
 def test_a_fix_it_problem_is_solved_by_choosing_its_cause():
     """A wrong cause is answered with why it is not the reason (not solved); the right one solves the problem."""
     from streamlit.testing.v1 import AppTest

@@ -138,6 +138,7 @@ def test_as_root_the_child_runs_as_nobody_for_good():
     assert out.output.count("refused:") == 3 and "ALLOWED" not in out.output
 
 
+@pytest.mark.slow  # child processes, an idle timeout, compiling: 5-10 s
 def test_a_warm_spare_waits_only_while_practice_has_visitors(monkeypatch):
     """`prepare` (a visitor) starts a spare child; a run takes it and a new one waits for the next run; once no
     visitor came for the idle time, the spare is gone (its memory back) until the next `prepare`."""
@@ -160,6 +161,7 @@ def test_a_warm_spare_waits_only_while_practice_has_visitors(monkeypatch):
     assert not sandbox._SPARE  # no visitor since: no new spare
 
 
+@pytest.mark.slow  # child processes, an idle timeout, compiling: 5-10 s
 def test_no_spare_waits_beside_a_running_child(monkeypatch):
     """A visitor arriving during a run starts no spare (the two children's memory would add up); the run's end does."""
     monkeypatch.setattr(sandbox, "WARM", True)
@@ -177,6 +179,7 @@ def test_no_spare_waits_beside_a_running_child(monkeypatch):
     sandbox._discard_spares()
 
 
+@pytest.mark.slow  # child processes, an idle timeout, compiling: 5-10 s
 def test_the_childrens_compilation_cache_is_written_by_the_server_and_read_by_students(tmp_path, monkeypatch):
     """`fill_cache` compiles a reference solution into the children's own cache (never the server's); a student's
     Check of the same code on other hidden values then compiles nothing new: every program is loaded. As root the
