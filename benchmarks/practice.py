@@ -4,11 +4,12 @@
     python -m benchmarks.practice --warm 3     # fewer warm Checks
 
 Starts `streamlit run app.py` with GRADLAB_LOG_RUNS=1 (each script run logs its server time), opens /practice,
-types the reference solution and presses Check: the first Check is cold (no spare child waits: JAX is imported
-for it), the next ones warm (a spare child imported JAX after the previous run). Then every attack of `ATTACKS`
-is typed and Run, while the server's RSS (the streamlit process) and the whole tree's (server plus sandbox
-children, private pages) are sampled; each attack must end in a refusal or a stop message, never a traceback,
-and the server must still answer /_stcore/health.
+types the reference solution and presses Check: the first Check comes right after the page opened (its spare
+child, started by the visit, may still be importing JAX), the next ones warm (a spare child imported JAX after the
+previous run). Then `--concurrent` visitors press Check at once, and every attack of `REFUSED` and `STOPPED` is
+typed and Run. In each phase the server's RSS (the streamlit process) and the whole tree's (server plus sandbox
+children, private pages) are sampled; each attack must end in a refusal or a stop message, never a traceback, and
+the server must still answer /_stcore/health.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _last_run(log) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--warm", type=int, default=5, help="warm Checks to time")
+    ap.add_argument("--concurrent", type=int, default=3, help="visitors pressing Check at once")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -104,10 +106,7 @@ def main(argv=None) -> int:
     with sync_playwright() as p, streamlit_server(log_path=log, env={"GRADLAB_LOG_RUNS": "1"}) as (base, proc):
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        server, tree = Sampler(proc.pid), Sampler(proc.pid)
-        server_only = lambda: int(open(f"/proc/{proc.pid}/status").read().split("VmRSS:")[1].split()[0]) / 1024  # noqa: E731
-        server.run = lambda: _sample(server, server_only)
-        server.start(), tree.start()
+        server, tree = _samplers(proc.pid)
         page.goto(f"{base}/practice")
         wait_until_idle(page)
         _submit(page, solution, "Check")
@@ -121,6 +120,37 @@ def main(argv=None) -> int:
             warm.append(_last_run(log))
         print(f"Check, server time: cold {cold:.2f} s; warm median {statistics.median(warm):.2f} s, "
               f"max {max(warm):.2f} s over {len(warm)}")
+        print(f"  peak RSS so far: server {server.peak:.0f} MB, server + sandbox children {tree.peak:.0f} MB")
+
+        _stop(server, tree)
+        server, tree = _samplers(proc.pid)
+        pages = [page] + [browser.new_page(viewport={"width": 1280, "height": 1400})
+                          for _ in range(args.concurrent - 1)]
+        for i, other in enumerate(pages):
+            if other is not page:
+                other.goto(f"{base}/practice")
+                wait_until_idle(other)
+            editor = other.get_by_role("textbox", name="Your code")
+            editor.fill(solution + f"# visitor {i}\n")
+            editor.press("Control+Enter")
+            wait_until_idle(other)
+        time.sleep(8)
+        started = time.perf_counter()
+        for other in pages:
+            other.get_by_role("button", name="Check").click()
+        for other in pages:
+            other.wait_for_timeout(300)
+            wait_until_idle(other, timeout=180)
+            assert "Correct" in _main_text(other), _main_text(other)[:800]
+        last = [s for title, s in run_times(log) if title == "Practice"][-len(pages):]
+        print(f"{len(pages)} visitors press Check at once: all answered in {time.perf_counter() - started:.2f} s "
+              f"(server times {', '.join(f'{s:.2f}' for s in sorted(last))} s); peak RSS: server {server.peak:.0f} MB, "
+              f"server + sandbox children {tree.peak:.0f} MB")
+        for other in pages[1:]:
+            other.close()
+
+        _stop(server, tree)
+        server, tree = _samplers(proc.pid)
         contained = 0
         corpus = {**REFUSED, **STOPPED}
         for name, code in corpus.items():
@@ -131,11 +161,26 @@ def main(argv=None) -> int:
             print(f"  {'contained' if ok else 'NOT CONTAINED'}: {name} ({_last_run(log):.2f} s)")
         with urllib.request.urlopen(base + "/_stcore/health", timeout=10) as r:
             alive = r.status == 200
-        server.stop.set(), tree.stop.set()
+        _stop(server, tree)
         print(f"attack corpus: {contained}/{len(corpus)} contained; server alive: {alive}; peak RSS: server "
               f"{server.peak:.0f} MB, server + sandbox children {tree.peak:.0f} MB")
         browser.close()
     return 0
+
+
+def _samplers(pid: int) -> tuple[Sampler, Sampler]:
+    """Two running samplers: the server process alone, and the server plus its sandbox children (private pages)."""
+    server, tree = Sampler(pid), Sampler(pid)
+    server_only = lambda: int(open(f"/proc/{pid}/status").read().split("VmRSS:")[1].split()[0]) / 1024  # noqa: E731
+    server.run = lambda: _sample(server, server_only)
+    server.start(), tree.start()
+    return server, tree
+
+
+def _stop(*samplers: Sampler) -> None:
+    for sampler in samplers:
+        sampler.stop.set()
+        sampler.join()
 
 
 def _sample(sampler: Sampler, read) -> None:

@@ -1,5 +1,6 @@
 """Browser: a student solves two Practice problems by typing into the editor, fails one with a known pitfall and
-reads its diagnosis, in headless Chromium against a real server (the sandboxed child processes included)."""
+reads its diagnosis, then solves that one by choosing its cause, in headless Chromium against a real server (the
+sandboxed child processes included)."""
 
 from __future__ import annotations
 
@@ -59,4 +60,12 @@ def test_solve_two_problems_by_typing_and_fail_one_with_a_pitfall(browser, tmp_p
         assert "without `in_axes`" in text or "without in_axes" in text, text[:2000]
         assert "Solved 2 of 10" in text
         page.screenshot(path=str(SHOTS / "practice_pitfall.png"), full_page=True)
+
+        causes = practice.BY_SLUG["fix_in_axes"].causes  # or explain it: the right cause solves it
+        right = next(i for i, c in enumerate(causes) if c.right)
+        page.locator('.st-key-practice_cause_fix_in_axes [data-testid="stRadioOption"]').nth(right).click()
+        page.wait_for_timeout(500)
+        wait_until_idle(page)
+        text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
+        assert "Explained: solved!" in text and "Solved 3 of 10: 1, 2, 4" in text, text[-1500:]
         page.close()

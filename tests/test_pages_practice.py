@@ -142,3 +142,26 @@ def test_a_link_to_an_unknown_problem_says_so():
     assert_clean(at)
     assert at.selectbox(key="problem").value == "per_example_grads"
     assert "problem=nonsense" in texts(at.warning), texts(at.warning)
+
+
+@pytest.mark.slow  # its own app session (~5 s)
+def test_a_fix_it_problem_is_solved_by_choosing_its_cause():
+    """A wrong cause is answered with why it is not the reason (not solved); the right one solves the problem."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    p = practice.BY_SLUG["fix_mean"]
+    wrong, right = next(c for c in p.causes if not c.right), next(c for c in p.causes if c.right)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params["problem"] = "fix_mean"
+    at.switch_page("views/practice.py")
+    at.run()
+    assert_clean(at)
+    assert p.question in texts(at.markdown) and at.radio(key="practice_cause_fix_mean").value is None
+    at.radio(key="practice_cause_fix_mean").set_value(wrong.text).run()
+    assert wrong.why in texts(at.error) and "solved" not in at.query_params
+    at.radio(key="practice_cause_fix_mean").set_value(right.text).run()
+    assert_clean(at)
+    assert right.why in texts(at.success) and at.query_params["solved"] in ("6", ["6"])
+    assert at.get("progress")[0].proto.text == "Solved 1 of 10: 6"

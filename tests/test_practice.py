@@ -158,14 +158,14 @@ def test_reference_solutions_pass_in_the_real_sandbox():
     for slug in ("dp_sgd_step",):
         p = practice.BY_SLUG[slug]
         v = practice.check(p, p.solution, SEED)
-        assert v.passed, (slug, v.stopped, v.exec_error, [(c.name, c.message) for c in v.cases])
+        assert v.passed, (slug, v.outcome.stopped, v.outcome.exec_error, [(c.name, c.message) for c in v.cases])
 
 
 def test_a_pitfall_is_diagnosed_in_the_real_sandbox():
     p = practice.BY_SLUG["fix_in_axes"]
     v = practice.run(p, p.starter)  # the starter's own print(...) call fails: an error of the code's top level
     assert [d.name for d in v.diagnoses] == ["in_axes"]
-    assert "rank should be at least 1" in v.exec_error["message"] and v.exec_error["line"] == 10, v.exec_error
+    assert "rank should be at least 1" in v.outcome.exec_error["message"] and v.outcome.exec_error["line"] == 10, v.outcome
 
 
 @pytest.mark.slow
@@ -174,4 +174,22 @@ def test_every_reference_passes_in_the_real_sandbox():
     and one pitfall goes through the sandbox in the quick tests: the diagnosis does not depend on where it ran)."""
     for p in practice.PROBLEMS:
         v = practice.check(p, p.solution, SEED)
-        assert v.passed, (p.slug, v.stopped, v.exec_error, [(c.name, c.message) for c in v.cases])
+        assert v.passed, (p.slug, v.outcome.stopped, v.outcome.exec_error, [(c.name, c.message) for c in v.cases])
+
+
+def test_each_fix_it_problem_asks_for_its_cause_one_right_each_wrong_one_answered():
+    """The problems that ask to explain or fix offer causes: exactly one right, and every choice says why it is (or
+    is not) the reason, in its own words. The right cause is the mistake Check diagnoses on the starter."""
+    asking = [p for p in practice.PROBLEMS if "explain" in p.statement.lower()]
+    assert [p.slug for p in asking] == ["fix_in_axes", "fix_summed_loss", "fix_shape", "fix_mean"]
+    assert all(not p.causes for p in practice.PROBLEMS if p not in asking)
+    assert len({[c.right for c in p.causes].index(True) for p in asking}) >= 3  # the right one is not always first
+    for p in asking:
+        assert p.question.endswith("?") and len(p.causes) >= 3, p.slug
+        assert sum(c.right for c in p.causes) == 1, p.slug
+        assert len({c.why for c in p.causes}) == len({c.text for c in p.causes}) == len(p.causes), p.slug
+        assert all(c.why.startswith("Right." if c.right else "No:") for c in p.causes), p.slug
+        (diagnosis,) = practice.check(p, p.starter, SEED, execute=in_process).diagnoses
+        right = next(c for c in p.causes if c.right)
+        shown = {"in_axes": "axis 0", "summed": "sum", "shape": "shape", "mean_for_sum": "mean"}[diagnosis.name]
+        assert shown in right.text, (p.slug, diagnosis.name)

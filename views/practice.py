@@ -41,6 +41,7 @@ slug = ui.choice(st.selectbox, "Problem", {p.slug: f"{i}. {p.title}" for i, p in
                  help="A link with `?problem=<name>` opens that problem.")
 number = [p.slug for p in PROBLEMS].index(slug) + 1
 problem = practice.BY_SLUG[slug]
+practice.prepare(problem)  # a child with JAX imported waits for this visitor's run; the problem's compiled code cached
 progress_slot, heading_slot = st.empty(), st.empty()  # filled at the end: a Check below may solve this problem
 st.caption(f"From seed {problem.seed}" + (f" · expected on the seed's input: `{problem.expected}`" if problem.expected else ""))
 st.markdown(problem.statement)
@@ -79,9 +80,10 @@ b_reset.button("Back to the starter code", key="practice_reset", on_click=reset_
 if pressed_run or pressed_check:
     reasons = practice.refusals(code)
     if reasons:  # refused before it reaches the gate: nothing runs
-        verdict = practice.Verdict(passed=False, refused=reasons)
+        verdict = practice.Verdict(False, practice.Outcome(refused=reasons))
     else:
-        verdict = practice.Verdict(passed=False, stopped="Your code could not be run: see the message above.")
+        failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
+        verdict = practice.Verdict(False, failed)
         with ui.guard("Your code could not be run"):
             verdict = (check_code(slug, code, practice.HIDDEN_SEED) if pressed_check else run_code(slug, code))
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)
@@ -92,14 +94,15 @@ if pressed_run or pressed_check:
 
 def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
     """The outcome of a Run or a Check, diagnosis first."""
+    out = v.outcome
     if ran_code != code:
         st.caption("This is the result for an earlier version of your code.")
-    if v.refused:
+    if out.refused:
         st.error("**Your code was not run:** it uses what Practice does not allow.\n\n"
-                 + "\n".join(f"- {ui.inert(r)}" for r in v.refused), icon=":material/block:")
+                 + "\n".join(f"- {ui.inert(r)}" for r in out.refused), icon=":material/block:")
         return
-    if v.stopped:
-        st.error(ui.inert(v.stopped), icon=":material/timer_off:")
+    if out.stopped:
+        st.error(ui.inert(out.stopped), icon=":material/timer_off:")
     if kind == "check" and v.passed:
         st.success(f"**Correct** on the seed's input and {len(v.cases) - 1} hidden ones. Solved!",
                    icon=":material/check_circle:")
@@ -108,14 +111,14 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
                  icon=":material/close:")
     for d in v.diagnoses:
         st.warning(f"**{d.title}.** {d.explain}", icon=":material/lightbulb:")
-    if v.exec_error:
-        line = f" (line {v.exec_error['line']})" if v.exec_error.get("line") else ""
-        st.error(f"**{v.exec_error['type']}{line}:** {ui.inert(v.exec_error['message'])}", icon=":material/bug_report:")
+    if out.exec_error:
+        line = f" (line {out.exec_error['line']})" if out.exec_error.get("line") else ""
+        st.error(f"**{out.exec_error['type']}{line}:** {ui.inert(out.exec_error['message'])}", icon=":material/bug_report:")
     for note in v.notes:
         st.info(note, icon=":material/info:")
-    if v.output:
+    if out.output:
         st.markdown("**Output**")
-        st.code(v.output + (f"\n… {v.truncated:,} more characters not shown" if v.truncated else ""), language=None)
+        st.code(out.output + (f"\n… {out.truncated:,} more characters not shown" if out.truncated else ""), language=None)
     for c in v.cases:
         mark = ":green[:material/check:]" if c.passed else ":red[:material/close:]"
         with st.expander(f"{mark} {c.name}" + ("" if c.passed else f": {c.message}"), expanded=kind == "run"):
@@ -128,7 +131,7 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
     fig = practice.figure(problem, v)
     if fig is not None:
         ui.chart(fig)
-    st.caption(f"Ran in {v.seconds:.2f} s in a separate process.")
+    st.caption(f"Ran in {out.seconds:.2f} s in a separate process.")
 
 
 def _text(leaves) -> str:
@@ -138,6 +141,18 @@ def _text(leaves) -> str:
 
 if result_key in st.session_state:
     show(*st.session_state[result_key])
+
+# ---------------------------------------------------------------- explain it: choose the cause (a fix-it problem)
+if problem.causes:
+    st.markdown(f"**Explain it.** {problem.question}")
+    chosen = st.radio("The cause", [c.text for c in problem.causes], index=None, key=f"practice_cause_{slug}",
+                      label_visibility="collapsed")
+    cause = next((c for c in problem.causes if c.text == chosen), None)
+    if cause is not None and cause.right:
+        st.success(f"{cause.why} Explained: solved!", icon=":material/check_circle:")
+        done.add(slug)
+    elif cause is not None:
+        st.error(cause.why, icon=":material/close:")
 
 # ---------------------------------------------------------------- hints one at a time, the solution behind a button
 shown = st.session_state.get(hints_key, 0)

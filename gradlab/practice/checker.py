@@ -5,9 +5,14 @@ ones; a wrong answer is matched against the problem's pitfalls to say what went 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import os
 import re
 import secrets
+import threading
 
+import jax
 import numpy as np
 
 from gradlab.practice import sandbox
@@ -36,22 +41,17 @@ class Verdict:
     """What Run or Check found.
 
     - `passed`: every case equals the oracle and the problem's `extra` condition holds (Check only means it);
-    - `refused` / `stopped` / `output` / `truncated` / `exec_error` / `seconds`: from the sandbox's `Outcome`;
+    - `outcome`: the sandbox's `Outcome` (refusals, a stop, the printed output, a top-level error, seconds);
     - `cases`: one `Case` per input; `diagnoses`: the pitfalls recognised (each at most once);
     - `notes`: what the problem adds (a mean check, a timing); `figure_leaves`: the outputs a figure is drawn from.
     """
 
     passed: bool
-    refused: list[str] = dataclasses.field(default_factory=list)
-    stopped: str | None = None
-    output: str = ""
-    truncated: int = 0
-    exec_error: dict | None = None
+    outcome: sandbox.Outcome = dataclasses.field(default_factory=sandbox.Outcome)
     cases: list[Case] = dataclasses.field(default_factory=list)
     diagnoses: list[Pitfall] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     figure_leaves: list | None = None
-    seconds: float = 0.0
 
 
 def encode(arg) -> dict:
@@ -149,8 +149,7 @@ def check(problem: Problem, code: str, seed: int = HIDDEN_SEED, *, limits: sandb
 
 def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits: sandbox.Limits, execute) -> Verdict:
     out = execute(code, problem.fn, [[encode(a) for a in args] for _, args in inputs], limits=limits)
-    verdict = Verdict(passed=False, refused=out.refused, stopped=out.stopped, output=out.output,
-                      truncated=out.truncated, exec_error=out.exec_error, seconds=out.seconds)
+    verdict = Verdict(passed=False, outcome=out)
     if out.exec_error is not None:
         verdict.diagnoses = _diagnose(problem, problem.args, None, out.exec_error)
     if not out.ran:
@@ -185,3 +184,50 @@ def figure(problem: Problem, verdict: Verdict):
     if problem.figure is None or verdict.figure_leaves is None:
         return None
     return problem.figure(problem.args, verdict.figure_leaves)
+
+
+_filling: set[str] = set()
+_filling_lock = threading.Lock()
+
+
+def prepare(problem: Problem, seed: int = HIDDEN_SEED) -> None:
+    """A visitor opened `problem`: keep a warm child ready for their run (`sandbox.prepare`) and, once per
+    compilation cache, compile the problem's reference solution into the children's cache in the background
+    (`fill_cache`), while the visitor reads the statement. Returns at once."""
+    sandbox.prepare()
+    marker = _marker(problem)
+    if marker is None or os.path.exists(marker):
+        return
+    with _filling_lock:
+        if problem.slug in _filling:
+            return
+        _filling.add(problem.slug)
+    threading.Thread(target=fill_cache, args=(problem, seed), name=f"practice-cache-{problem.slug}",
+                     daemon=True).start()
+
+
+def fill_cache(problem: Problem, seed: int = HIDDEN_SEED) -> bool:
+    """Check `problem`'s reference solution (the seed's input and the hidden ones, whose shapes do not depend on
+    `seed`) in a child that keeps the server's user, so what it compiles lands in the children's compilation cache
+    (`sandbox.XLA_CACHE`): a student's Check then loads most of what it would compile. The server's own code only;
+    it waits its turn between students' runs. **Returns** whether the reference passed (then the cache is marked
+    filled for it)."""
+    try:
+        as_server = functools.partial(sandbox.execute, as_server=True)
+        passed = check(problem, problem.solution, seed, execute=as_server).passed
+        marker = _marker(problem)
+        if passed and marker:
+            open(marker, "w").close()
+        return passed
+    finally:
+        with _filling_lock:
+            _filling.discard(problem.slug)
+
+
+def _marker(problem: Problem) -> str | None:
+    """The file saying the cache holds `problem`'s reference for this JAX (None: no cache)."""
+    cache = sandbox.cache_dir()
+    if cache is None:
+        return None
+    digest = hashlib.sha256(problem.solution.encode()).hexdigest()[:12]
+    return os.path.join(cache, f"gradlab-filled-{problem.slug}-{digest}-jax{jax.__version__}")

@@ -1,9 +1,11 @@
 """The program the sandbox's child process runs (`python -I -c <this file's text>`); never imported by the server.
 
 It sets its own resource limits (argv[1], JSON) before anything else (so the student's code runs under them, and
-cannot raise them: soft = hard), imports JAX, then reads one JSON payload on stdin (`code`, `fn`, `cases`,
-`output_chars`...): a spare child waits there, warm, until a run needs it. It executes the student's code with restricted builtins and an import allowlist (the second wall
-behind the AST check in `sandbox.refusals`), calls `fn` on every case and writes one JSON line to fd 1:
+cannot raise them: soft = hard), imports JAX and every module a student may import, drops for good to the
+unprivileged user named in argv[1] when started as root (then sets RLIMIT_NPROC, which binds only users that are not
+root), then reads one JSON payload on stdin (`code`, `fn`, `cases`, `output_chars`...): a spare child waits there,
+warm, until a run needs it. It executes the student's code with restricted builtins and an import allowlist (the
+second wall behind the AST check in `sandbox.refusals`), calls `fn` on every case and writes one JSON line to fd 1:
 `{"output", "truncated", "exec_error", "results": [{"leaves": [{"shape", "data"}], "error"}], "seconds"}`.
 Standard library only, besides JAX and NumPy: the child cannot import gradlab.
 """
@@ -15,7 +17,7 @@ import sys
 import time
 import traceback
 
-limits = json.loads(sys.argv[1])  # set before JAX is imported: a spare child imports it while it waits
+limits = json.loads(sys.argv[1])  # CPU, files and output set before JAX is imported; memory and processes after
 
 
 def _tasks_of(uid):
@@ -30,9 +32,8 @@ def _tasks_of(uid):
     return n
 
 
-for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
-                    ("RLIMIT_NOFILE", limits["open_files"]), ("RLIMIT_CORE", 0),
-                    ("RLIMIT_NPROC", _tasks_of(os.getuid()) + limits["tasks"])):
+for name, value in (("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NOFILE", limits["open_files"]),
+                    ("RLIMIT_CORE", 0)):
     resource.setrlimit(getattr(resource, name), (value, value))
 resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))  # SIGXCPU, then SIGKILL
 
@@ -44,7 +45,29 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+for _name in limits["imports"]:  # all a student may import, loaded now: after the drop its files may be unreadable
+    __import__(_name)
 jnp.zeros(1).block_until_ready()  # start the backend while waiting (a spare child is warm when its code arrives)
+
+
+def _mapped_bytes():
+    """Address space this process maps now (VmSize): JAX's import maps 500-600 MB, more on machines with more cores."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
+# The student's code gets `memory_bytes` of address space beyond what JAX's own import mapped (its private memory
+# can grow by at most that much), whatever the machine's core count makes JAX map.
+resource.setrlimit(resource.RLIMIT_AS, (_mapped_bytes() + limits["memory_bytes"],) * 2)
+
+if limits["user"]:  # started as root: become the unprivileged user for good before any student code arrives
+    uid, gid = limits["user"]
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)  # real, effective and saved ids, every thread (glibc): no way back, and RLIMIT_NPROC now binds
+    if os.getuid() != uid or os.geteuid() != uid:
+        os._exit(3)
+resource.setrlimit(resource.RLIMIT_NPROC, (_tasks_of(os.getuid()) + limits["tasks"],) * 2)
 payload = json.loads(sys.stdin.read())
 ALLOWED = set(payload["allowed_imports"])
 SAFE_BUILTINS = payload["builtins"]
@@ -135,3 +158,4 @@ finally:
     data = json.dumps(reply).encode()
     while data:
         data = data[os.write(1, data):]
+    os._exit(0)  # the reply is written: skip the interpreter's teardown (JAX's threads and atexit take ~0.5 s)

@@ -51,11 +51,22 @@ class Pitfall:
 
 
 @dataclasses.dataclass(frozen=True)
+class Cause:
+    """One answer to a "fix it" problem's question (why is the starter wrong?): its `text`, whether it is `right`,
+    and `why`: what the student reads after choosing it (a wrong cause says why it is not the reason)."""
+
+    text: str
+    why: str
+    right: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     """One problem: `fn` is the function the student writes; `oracle(args)` its answer as a list of leaves (float64;
     None for a leaf that is not compared, such as a measured time); `hidden(rng)` a few random argument tuples;
     `extra(args, leaves)` returns (passed, notes) for what an oracle cannot say (a timing); `figure(args, leaves)`
-    a Plotly figure of the student's own output."""
+    a Plotly figure of the student's own output. A "fix it" problem also asks `question` (why is the starter
+    wrong?), answered by choosing among `causes` (one right): explaining the mistake solves it as fixing it does."""
 
     slug: str
     title: str
@@ -72,6 +83,8 @@ class Problem:
     expected: str = ""
     extra: Callable[[tuple, list], tuple[bool, list[str]]] | None = None
     figure: Callable[[tuple, list], go.Figure | None] | None = None
+    question: str = ""
+    causes: tuple[Cause, ...] = ()
 
 
 def _code(text: str) -> str:
@@ -182,7 +195,7 @@ PER_EXAMPLE = Problem(
 FIX_IN_AXES = dataclasses.replace(
     PER_EXAMPLE, slug="fix_in_axes", title="Fix it: the missing in_axes",
     statement="This code should return the per-example gradients of seed 000 (`[2., 8.]`), but it fails. **Run** "
-              "it and read JAX's error. Explain it in a comment, then fix it. " + _SCALAR_STATEMENT.split(". ", 1)[1],
+              "it and read JAX's error. Explain it (choose its cause below) or fix it. " + _SCALAR_STATEMENT.split(". ", 1)[1],
     starter=_code("""
         import jax
         import jax.numpy as jnp
@@ -201,13 +214,28 @@ FIX_IN_AXES = dataclasses.replace(
            "By default `vmap` maps axis 0 of every argument. `in_axes` says, per argument, which axis to map, or "
            "`None` for 'the same for every example'.",
            "`jax.vmap(grad_fn, in_axes=(None, None, 0, 0))`."),
-    pitfalls=(IN_AXES, SUMMED, MEAN))
+    pitfalls=(IN_AXES, SUMMED, MEAN),
+    question="Why does JAX say the rank \"should be at least 1, but is only 0\"?",
+    causes=(
+        Cause("`x_batch` and `y_batch` must be 2-D, shape (N, 1), for `vmap` to map them.",
+              "No: `vmap` maps axis 0 of a 1-D array; each example is then a scalar, what `per_example_loss` expects. "
+              "The arguments of rank 0 are `w` and `b`."),
+        Cause("`per_example_loss` returns a vector, and `grad` needs a scalar.",
+              "No: for one example, (w·x − y)² is a scalar. That mistake reads \"Gradient only defined for "
+              "scalar-output functions\"; this error is about `vmap`'s axis 0."),
+        Cause("`vmap` maps axis 0 of every argument by default, and `w` and `b` are scalars: they have no axis 0.",
+              "Right. `w` and `b` are the same for every example: `in_axes=(None, None, 0, 0)` broadcasts them and "
+              "maps the examples of `x_batch` and `y_batch`.", right=True),
+        Cause("`jax.grad` cannot differentiate with respect to a Python float: `w` must be a `jnp.array`.",
+              "No: `grad` differentiates with respect to a Python float (seed 000 passes `w = 1.0`). The error comes "
+              "from `vmap`, about an argument of rank 0."),
+    ))
 
 FIX_SUMMED = dataclasses.replace(
     PER_EXAMPLE, slug="fix_summed_loss", title="Fix it: grad of the summed loss",
     statement="This code runs, but returns one number where seed 000 asks for one gradient per example "
-              "(`[2., 8.]`). **Check** it and read the diagnosis; explain in a comment why the sum loses the "
-              "examples, then fix it. " + _SCALAR_STATEMENT.split(". ", 1)[1],
+              "(`[2., 8.]`). **Check** it and read the diagnosis; explain why the sum loses the examples (choose "
+              "the cause below) or fix it. " + _SCALAR_STATEMENT.split(". ", 1)[1],
     starter=_code("""
         import jax
         import jax.numpy as jnp
@@ -225,7 +253,23 @@ FIX_SUMMED = dataclasses.replace(
            "(10 here = 2 + 8).",
            "Write the loss of one example, differentiate it, and map it over the batch.",
            "`jax.vmap(jax.grad(per_example_loss), in_axes=(None, None, 0, 0))`."),
-    pitfalls=(SUMMED, MEAN, IN_AXES))
+    pitfalls=(SUMMED, MEAN, IN_AXES),
+    question="Why does one number (10) come back instead of one gradient per example?",
+    causes=(
+        Cause("`jax.grad` needs `argnums=0` to return one gradient per example.",
+              "No: `argnums` picks which argument to differentiate (`w`, argument 0, is the default); it never "
+              "splits the batch."),
+        Cause("`grad` of the summed loss differentiates one number, the total: its gradient is the sum of the "
+              "per-example gradients (2 + 8 = 10).",
+              "Right. The sum collapses the batch before differentiating. Differentiate the loss of ONE example and "
+              "map that over the batch: `vmap(grad(per_example_loss), in_axes=(None, None, 0, 0))`.", right=True),
+        Cause("`jnp.sum` is not differentiable, so JAX returns the gradient of the last example only.",
+              "No: a sum is linear and differentiable, and 10 is neither example's gradient (2 or 8): it is their "
+              "sum."),
+        Cause("The batch should be averaged with `jnp.mean`, not summed.",
+              "No: the mean gives one number too (5 = 10 / 2). Any reduction of the batch before `grad` loses the "
+              "examples."),
+    ))
 
 
 # ---------------------------------------------------------------- seed 002: two ways to the batch gradient
@@ -345,8 +389,8 @@ TWO_WAYS = Problem(
 FIX_SHAPE = dataclasses.replace(
     TWO_WAYS, slug="fix_shape", title="Fix it: a shape (N,) next to a scalar",
     statement="This code should return `[10., 10.]` (seed 002) but JAX refuses to build the array. **Run** it, "
-              "read the error, print the shapes of `way_a` and `way_b`, explain the mismatch in a comment and fix "
-              "it. " + _TWO_WAYS_STATEMENT,
+              "read the error, print the shapes of `way_a` and `way_b`; explain the mismatch (choose its cause "
+              "below) or fix it. " + _TWO_WAYS_STATEMENT,
     starter=_code("""
         import jax
         import jax.numpy as jnp
@@ -364,12 +408,28 @@ FIX_SHAPE = dataclasses.replace(
     hints=("`print(way_a.shape, way_b.shape)` before the return.",
            "`vmap(grad(f))` returns one gradient per example: shape (N,). Way (b) is one number: shape ().",
            "`way_a = ... .sum()`."),
-    pitfalls=(SHAPE, NOT_SCALAR, MEAN_FOR_SUM))
+    pitfalls=(SHAPE, NOT_SCALAR, MEAN_FOR_SUM),
+    question="Why can't JAX build `jnp.array([way_a, way_b])`?",
+    causes=(
+        Cause("`way_a` and `way_b` hold different values, so they cannot go in one array.",
+              "No: arrays of different values stack fine. It is their shapes that differ: print `way_a.shape` and "
+              "`way_b.shape`."),
+        Cause("`jax.grad` returns a tuple, and a tuple cannot go in an array.",
+              "No: with one differentiated argument, `grad` returns an array of that argument's shape: a scalar "
+              "here, like `w`."),
+        Cause("`vmap` may not be used inside `grad`: way (b) fails.",
+              "No: JAX's transformations compose in any order; way (b) alone runs and returns 10. The trouble is "
+              "way (a)'s shape."),
+        Cause("`way_a` holds the per-example gradients, shape (N,), while `way_b` is one number, shape (): the "
+              "two have different shapes.",
+              "Right. Sum the per-example gradients first (`way_a = ... .sum()`): then both are scalars, and "
+              "`jnp.array([way_a, way_b])` is shape (2,).", right=True),
+    ))
 
 FIX_MEAN = dataclasses.replace(
     TWO_WAYS, slug="fix_mean", title="Fix it: the two ways disagree",
     statement="This code returns `[10., 5.]`: the two ways disagree, yet seed 002 proves they are equal for any "
-              "loss. **Check** it, explain in a comment why they differ here, and fix it. " + _TWO_WAYS_STATEMENT,
+              "loss. **Check** it; explain why they differ here (choose the cause below) or fix it. " + _TWO_WAYS_STATEMENT,
     starter=_code("""
         import jax
         import jax.numpy as jnp
@@ -387,7 +447,22 @@ FIX_MEAN = dataclasses.replace(
     hints=("10 / 5 = 2 = N. What is N times smaller than a sum?",
            "The linearity argument needs the same reduction on both sides.",
            "The problem asks for sums: `.sum()` in way (b)."),
-    pitfalls=(MEAN_FOR_SUM, SHAPE, NOT_SCALAR))
+    pitfalls=(MEAN_FOR_SUM, SHAPE, NOT_SCALAR),
+    question="Why do the two ways give 10 and 5?",
+    causes=(
+        Cause("Way (a) counts each example twice.",
+              "No: way (a) is 2 + 8 = 10, each example once: the sum asked for. Way (b) is off: `.mean()` divides by "
+              "N."),
+        Cause("Way (b) averages the losses (`.mean()`) while way (a) sums the gradients: the mean is N = 2 times "
+              "smaller.",
+              "Right. Both ways must reduce the batch the same way; the problem asks for sums, so `.sum()` in way "
+              "(b). With `.mean()` in both they would agree too, at 5.", right=True),
+        Cause("The two ways agree only approximately: float32 rounding.",
+              "No: rounding moves the 7th significant digit, not a factor of 2. And 10 / 5 = 2 = N."),
+        Cause("`vmap` and `grad` do not commute: differentiating first and summing first give different answers.",
+              "No: they agree for any loss, by the linearity of the derivative (seed 002). Here the two ways reduce "
+              "differently, a sum and a mean."),
+    ))
 
 
 # ---------------------------------------------------------------- seed 001: a linear model, (N, D) gradients

@@ -6,10 +6,11 @@ Two walls, each enough for the attacks the tests try (`tests/test_practice_sandb
    (the attribute walks to `__subclasses__`, `__globals__`, `__builtins__`); none of the names that reach files,
    code or frames (`open`, `eval`, `exec`, `compile`, `getattr`, `np.load`, `np.ctypeslib`, `gi_frame`...).
 2. `execute`: a fresh `python -I` child (no inherited environment: `env` holds only what JAX needs), in an empty
-   temporary folder, as the unprivileged user `nobody` when the server runs as root, under resource limits it sets
-   on itself before JAX is imported (`harness.py`): address space, CPU time, file size, open files, processes;
-   a wall-clock timeout kills its whole process group; its output is capped. The child sees restricted builtins
-   and an import hook with the same allowlist.
+   temporary folder, under resource limits it sets on itself (`harness.py`): CPU time, file size, open files, then
+   after JAX's import address space (the code's share beyond it) and processes; when the server runs as root the
+   child drops to the unprivileged user `nobody` after importing JAX, before it reads student code. A wall-clock
+   timeout kills its whole process group; its output is capped. The child sees restricted builtins and an import
+   hook with the same allowlist.
 
 Nothing here imports Streamlit; the page runs `execute` through the server's gate (at most a few at once).
 """
@@ -20,7 +21,6 @@ import ast
 import atexit
 import dataclasses
 import json
-import logging
 import os
 import pwd
 import re
@@ -73,23 +73,23 @@ SAFE_BUILTINS = (
 )
 
 MAX_CODE_CHARS = 20_000
-log = logging.getLogger("gradlab")
 _DUNDER_TEXT = re.compile(r"__\w+__")
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one run may use. Defaults fit a 2-core server: JAX's import alone maps about 580 MB of address space
-    (with `MALLOC_ARENA_MAX=2`) and holds about 220 MB resident, so 1,024 MB of address space leaves the code
-    about 450 MB.
+    """What one run may use. Defaults fit a 2-core server shared by a room on 690 MB: the child's own memory after
+    JAX's import is about 75 MB (private; the ~130 MB of JAX's libraries it maps are the server's pages too), and
+    every reference solution runs with 100 MB beyond it.
 
-    **Arguments** `memory_mb`: address space (RLIMIT_AS); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's import
-    included); `wall_seconds`: wall-clock timeout; `output_chars`: printed characters kept; `file_bytes`: largest
-    file the child may write (RLIMIT_FSIZE: its reply on stdout is such a file); `open_files`: RLIMIT_NOFILE;
-    `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC; JAX starts about 17).
+    **Arguments** `memory_mb`: address space the student's code may map beyond what JAX's import mapped (RLIMIT_AS,
+    set after the import: its private memory grows by at most this much); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's
+    import included); `wall_seconds`: wall-clock timeout; `output_chars`: printed characters kept; `file_bytes`:
+    largest file the child may write (RLIMIT_FSIZE: its reply on stdout is such a file); `open_files`:
+    RLIMIT_NOFILE; `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC).
     """
 
-    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "800"))
+    memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "150"))
     cpu_seconds: int = int(os.environ.get("GRADLAB_PRACTICE_CPU_SECONDS", "20"))
     wall_seconds: float = float(os.environ.get("GRADLAB_PRACTICE_WALL_SECONDS", "30"))
     output_chars: int = 20_000
@@ -188,14 +188,40 @@ def _nobody() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
+#: XLA's persistent compilation cache of the sandbox children, never the server's own (the server never loads what a
+#: child may have written). `fill_cache` writes it from the reference solutions, in children that keep the server's
+#: user; when the server runs as root the children are `nobody` and only read it (it is the server's, mode 0755).
+#: A warm Check then compiles little: 2.1 -> 1.1 s (problem 1), 9.6 -> 2.3 s (the DP-SGD step) at load 15-20.
+#: As a normal user the children add what they compile (no eviction: small files). "" turns it off.
+XLA_CACHE = os.environ.get("GRADLAB_PRACTICE_XLA_CACHE",
+                           os.path.join(tempfile.gettempdir(), f"gradlab-practice-xla-{os.geteuid()}"))
+
+
+def cache_dir() -> str | None:
+    """`XLA_CACHE`, created private to this user and writable by no one else; None when off or not safely ours."""
+    if not XLA_CACHE:
+        return None
+    os.makedirs(XLA_CACHE, mode=0o755, exist_ok=True)
+    info = os.lstat(XLA_CACHE)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022 or not os.path.isdir(XLA_CACHE):
+        return None  # someone else's (or writable by others): its entries could be anyone's compiled code
+    return XLA_CACHE
+
+
 def child_env(home: str) -> dict[str, str]:
-    """The child's whole environment: only what JAX needs on a CPU (nothing inherited from the server)."""
-    return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "JAX_PLATFORMS": "cpu", "LANG": "C.UTF-8",
-            "MALLOC_ARENA_MAX": "2",  # glibc's per-thread arenas would map ~1 GB of address space for JAX's threads
-            "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    """The child's whole environment: only what JAX needs on a CPU (nothing inherited from the server), and the
+    children's own compilation cache (every compiled program cached, however quick to compile)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "JAX_PLATFORMS": "cpu", "LANG": "C.UTF-8",
+           "MALLOC_ARENA_MAX": "2",  # glibc's per-thread arenas would map ~1 GB of address space for JAX's threads
+           "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    cache = cache_dir()
+    if cache:
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return env
 
 
-def _stopped(status: int, limits: Limits, timed_out: bool, peak_mb: float) -> str | None:
+def _stopped(status: int, limits: Limits, timed_out: bool) -> str | None:
     """A clear sentence for a child that did not end on its own, from its wait status."""
     if timed_out:
         return (f"Stopped: your code ran longer than {limits.wall_seconds:.0f} s (wall clock). "
@@ -203,11 +229,11 @@ def _stopped(status: int, limits: Limits, timed_out: bool, peak_mb: float) -> st
     if not os.WIFSIGNALED(status):
         return None
     sig = os.WTERMSIG(status)
-    if sig in (signal.SIGXCPU, signal.SIGKILL) and peak_mb < 0.9 * limits.memory_mb:
+    if sig in (signal.SIGXCPU, signal.SIGKILL):  # the CPU limit's soft, then hard signal (memory is RLIMIT_AS's)
         return f"Stopped: your code used more than {limits.cpu_seconds} s of CPU time. An endless loop?"
     if sig == signal.SIGXFSZ:
         return "Stopped: your code tried to write more output than the limit."
-    return (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB of address space, "
+    return (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB, "
             f"signal {signal.Signals(sig).name}). Is an array far larger than the problem needs?")
 
 
@@ -235,58 +261,112 @@ class _Child:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-#: One spare child kept warm (JAX imported) for the next run: Check answers without JAX's 1.5 s import.
-#: `GRADLAB_PRACTICE_WARM=0` turns it off (it holds about 220 MB while it waits).
-WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "0") != "0"
+#: One spare child kept warm (JAX imported, waiting for code) while Practice has visitors: Check then skips JAX's
+#: import (about 1 s idle, 2-3 s on a loaded machine). It holds about 75 MB of its own while it waits (JAX's
+#: libraries it maps are the server's pages too), and exists only from a visitor's `prepare()` until
+#: `SPARE_IDLE_SECONDS` pass without one. `GRADLAB_PRACTICE_WARM=0` turns it off.
+WARM = os.environ.get("GRADLAB_PRACTICE_WARM", "1") != "0"
+SPARE_IDLE_SECONDS = float(os.environ.get("GRADLAB_PRACTICE_IDLE_SECONDS", "300"))
 _SPARE: list[_Child] = []
 _SPARE_LOCK = threading.Lock()
+_wanted_until = 0.0  # monotonic time until which a spare is kept (the last visitor's `prepare` + the idle time)
+#: Held while a child runs: one at a time in this process (the gate has one slot; `fill_cache` waits its turn too),
+#: and no spare starts beside a running child (their memory would add up).
+_ONE_RUN = threading.Lock()
+_RUNNING: list[_Child] = []  # the child running now (at most one)
+_reaper: threading.Thread | None = None
 
 
-def _start(limits: Limits) -> _Child:
-    """Start a harness child under `limits` in a fresh empty folder (owned by `nobody` when we are root)."""
+def _start(limits: Limits, drop: bool = True) -> _Child:
+    """Start a harness child under `limits` in a fresh empty folder (owned by `nobody` when we are root: the child
+    starts as root, so it can read this Python wherever it lives, imports JAX, then drops to `nobody` for good
+    before it reads any student code; `drop=False` keeps the server's user, for the server's own code only)."""
     folder = tempfile.mkdtemp(prefix="gradlab-practice-")
-    user = None if _CANNOT_DROP else _nobody()
+    user = _nobody() if drop else None
     if user:
         os.chown(folder, *user)
+    config = json.dumps({"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
+                         "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
+                         "user": user, "imports": ALLOWED_IMPORTS})
     with open(os.path.join(folder, ".out"), "wb") as out, open(os.path.join(folder, ".err"), "wb") as err:
-        proc = _spawn(folder, user, _limits_json(limits), stdin=subprocess.PIPE, stdout=out, stderr=err)
+        proc = subprocess.Popen([sys.executable, "-I", "-c", HARNESS, config], cwd=folder, env=child_env(folder),
+                                start_new_session=True, close_fds=True, stdin=subprocess.PIPE, stdout=out, stderr=err)
     return _Child(proc, folder, limits)
 
 
-def _limits_json(limits: Limits) -> str:
-    return json.dumps({"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
-                       "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks})
-
-
-def _take(limits: Limits) -> _Child:
-    """The warm spare child when it has these limits and still waits, else a freshly started one."""
+def _take(limits: Limits, drop: bool = True) -> _Child:
+    """The warm spare child when it has these limits and still waits, else a freshly started one. `drop=False`:
+    a fresh child that keeps the server's user (a waiting spare goes: it would hold memory beside it)."""
     with _SPARE_LOCK:
         spare = _SPARE.pop() if _SPARE else None
-    if spare is not None and spare.limits == limits and spare.alive:
+    if spare is not None and drop and spare.limits == limits and spare.alive:
         return spare
     if spare is not None:
         spare.discard()
-    return _start(limits)
+    return _start(limits, drop)
 
 
 def _refill(limits: Limits) -> None:
-    """Start the next spare (after a run, so its JAX import never competes with a run for the CPU)."""
-    if not WARM:
-        return
+    """Start the next spare while a visitor is recent and no run is under way: its JAX import never competes with a
+    run for the CPU, and a spare never waits beside a running child (their memory would add up)."""
     with _SPARE_LOCK:
-        if not _SPARE:
+        if WARM and not _SPARE and not _ONE_RUN.locked() and time.monotonic() < _wanted_until:
             _SPARE.append(_start(limits))
 
 
-@atexit.register
+def _done(child: _Child, limits: Limits) -> None:
+    """A run ended: discard its child, then start the next spare."""
+    child.discard()
+    _RUNNING.clear()
+    _ONE_RUN.release()
+    _refill(limits)
+
+
+def prepare(limits: Limits = LIMITS) -> None:
+    """A visitor is on Practice: keep a warm spare child (JAX imported) for their next run, until
+    `SPARE_IDLE_SECONDS` pass without a visitor calling this again. Returns at once; nothing when `WARM` is off."""
+    global _wanted_until, _reaper
+    if not WARM:
+        return
+    with _SPARE_LOCK:
+        _wanted_until = time.monotonic() + SPARE_IDLE_SECONDS
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="practice-spare-reaper", daemon=True)
+            _reaper.start()
+    _refill(limits)
+
+
+def _reap() -> None:
+    """Discard the spare once no visitor wanted one for `SPARE_IDLE_SECONDS`; then end (`prepare` starts anew)."""
+    global _reaper
+    while True:
+        time.sleep(max(0.05, min(30.0, _wanted_until - time.monotonic())))
+        if time.monotonic() >= _wanted_until:
+            _discard_spares()
+            with _SPARE_LOCK:
+                if time.monotonic() >= _wanted_until:  # no visitor came while the spare went
+                    _reaper = None
+                    return
+
+
 def _discard_spares() -> None:
     with _SPARE_LOCK:
-        while _SPARE:
-            _SPARE.pop().discard()
+        spares = list(_SPARE)
+        _SPARE.clear()
+    for spare in spares:
+        spare.discard()
+
+
+@atexit.register
+def _discard_all() -> None:
+    """The server ends: its spare and the child running now (a background cache fill, say) end with it."""
+    _discard_spares()
+    for child in list(_RUNNING):
+        child.discard()
 
 
 def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMITS, check: bool = True,
-            max_elements: int = 100_000) -> Outcome:
+            max_elements: int = 100_000, as_server: bool = False) -> Outcome:
     """Run student `code` in a sandboxed child process and call its function `fn` on each case.
 
     **Arguments**
@@ -296,8 +376,10 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
     - `cases`: a list of argument lists, each argument `{"kind": "float"|"int"|"key"|"array", "value", "dtype"}`
       (JSON; a "key" is `jax.random.PRNGKey(value)` built in the child).
     - `limits`: `Limits`; `max_elements`: the most numbers one returned leaf may hold.
+    - `as_server`: the child keeps the server's user (no drop to `nobody`), so it may write the children's compilation
+      cache: for the server's own code only (`fill_cache` runs the reference solutions so).
 
-    **Returns** an `Outcome` (never raises for anything the student's code does).
+    **Returns** an `Outcome` (never raises for anything the student's code does). Runs one child at a time.
     """
     reasons = refusals(code) if check else []
     if reasons:
@@ -305,7 +387,13 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
     payload = json.dumps({"code": code, "fn": fn, "cases": list(cases), "output_chars": limits.output_chars,
                           "allowed_imports": ALLOWED_IMPORTS, "builtins": SAFE_BUILTINS,
                           "max_elements": max_elements}).encode()
-    child = _take(limits)
+    _ONE_RUN.acquire()
+    try:
+        child = _take(limits, drop=not as_server)
+        _RUNNING.append(child)
+    except BaseException:
+        _ONE_RUN.release()
+        raise
     try:
         started = time.perf_counter()
         try:
@@ -316,7 +404,7 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         status, usage, timed_out = _wait(child.proc, limits.wall_seconds)
         seconds = time.perf_counter() - started
         peak_mb = usage.ru_maxrss / 1024 if usage is not None else 0.0
-        outcome = Outcome(seconds=seconds, peak_rss_mb=peak_mb, stopped=_stopped(status, limits, timed_out, peak_mb))
+        outcome = Outcome(seconds=seconds, peak_rss_mb=peak_mb, stopped=_stopped(status, limits, timed_out))
         with open(os.path.join(child.folder, ".out"), "rb") as f:
             reply = _parse(f.read(limits.file_bytes))
         if reply is None:
@@ -330,29 +418,11 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         outcome.results = [{"leaves": None if r["leaves"] is None else [_array(leaf) for leaf in r["leaves"]],
                             "error": r["error"]} for r in reply["results"]]
         if outcome.exec_error and _out_of_memory(outcome.exec_error):
-            outcome.stopped = (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB of address "
-                               "space). Is an array far larger than the problem needs?")
+            outcome.stopped = (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB). Is an "
+                               "array far larger than the problem needs?")
         return outcome
     finally:
-        child.discard()
-        _refill(limits)
-
-
-_CANNOT_DROP: list = []
-
-
-def _spawn(folder: str, user, limits_json: str, **files) -> subprocess.Popen:
-    """Start the child in `folder`, as `user` (uid, gid) when given and that user can run this Python (a Python
-    under root's home cannot be run by `nobody`: then as this process's user, noted in the log once)."""
-    command = [sys.executable, "-I", "-c", HARNESS, limits_json]
-    common = dict(cwd=folder, env=child_env(folder), start_new_session=True, close_fds=True, **files)
-    if user and not _CANNOT_DROP:
-        try:
-            return subprocess.Popen(command, user=user[0], group=user[1], extra_groups=[], **common)
-        except PermissionError as err:
-            _CANNOT_DROP.append(err)
-            log.warning("practice: `nobody` cannot run %s (%s); student code runs as this server's user", sys.executable, err)
-    return subprocess.Popen(command, **common)
+        _done(child, limits)
 
 
 def _wait(proc: subprocess.Popen, wall_seconds: float):

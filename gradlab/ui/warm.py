@@ -21,6 +21,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 from streamlit.web import cli
 
+from gradlab import practice
 from gradlab.ui import pages
 from gradlab.ui.presets import LECTURE
 
@@ -78,12 +79,17 @@ def run_page(page: str, *, press: bool = False, timeout: float = 600):
 
 def fill(*, pages: bool = True, log=print) -> float:
     """Compute every page's default view with its heavy sections (unless `pages=False`) and every lecture step once
-    into the results store;
-    prints one line per view (`page …`, `step …`). **Returns** the seconds it took."""
+    into the results store, and (with the pages) compile every Practice reference solution into the sandbox
+    children's compilation cache; prints one line per view (`page …`, `practice …`, `step …`). **Returns** the
+    seconds it took."""
     start = time.perf_counter()
     for page in PAGES if pages else ():
         seconds, _ = run_page(page, press=True)
         log(f"page {page:24s} {seconds:6.2f} s")
+    for problem in practice.PROBLEMS if pages and practice.enabled() else ():
+        began = time.perf_counter()
+        practice.fill_cache(problem)
+        log(f"practice {problem.slug:20s} {time.perf_counter() - began:6.2f} s")
     for i in range(1, len(LECTURE) + 1):
         seconds, _ = run_step(i, press=True)
         log(f"step {i:2d}          {seconds:6.2f} s  {LECTURE[i - 1].title}")
