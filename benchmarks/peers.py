@@ -376,6 +376,21 @@ def peak_rss_delta(fn, repeats: int = 3) -> int:
     return max(peak[0], _rss_bytes()) - base
 
 
+def breakdown(model: str, rounds: int = 7) -> dict[str, float]:
+    """Where gradlab's DP-SGD step spends its time: median seconds of one batch gradient, the norms pass
+    (`per_example_norms`), the clipped sum (norms and Σᵢ cᵢgᵢ in one pass) and the naive vmap clipped sum."""
+    w = build(model)
+    args = (w.loss_fn, w.params, w.xs, w.ys)
+    fns = {"batch_grad": lambda: engine.batch_grad(*args),
+           "per_example_norms": lambda: engine.per_example_norms(*args),
+           "clipped_grad_sum": lambda: engine.clipped_grad_sum(*args, w.clip_norm),
+           "naive vmap clipped sum": lambda: naive_jit(*args, w.clip_norm)}
+    return time_steps({k: (lambda f: lambda: jax.block_until_ready(f()))(f) for k, f in fns.items()}, rounds)
+
+
+naive_jit = eqx.filter_jit(naive_clipped_sum)
+
+
 WORKLOADS = {"gpt": gpt_workload, "gpt-untied": lambda: gpt_workload(tied=False), "cnn": cnn_workload}
 
 
@@ -459,6 +474,7 @@ def main(argv=None) -> int | None:
     ap.add_argument("--models", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--breakdown", action="store_true", help="time gradlab's parts (batch grad, norms, clipped sum)")
     ap.add_argument("--memory", nargs=2, metavar=("MODEL", "CONTENDER"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory:
@@ -470,6 +486,10 @@ def main(argv=None) -> int | None:
           + (f", torch {torch.__version__} ({torch.get_num_threads()} threads)" if HAS_TORCH else "")
           + (f", jax-privacy {jax_privacy.__version__}" if HAS_JAX_PRIVACY else ""))
     for model in args.models:
+        if args.breakdown:
+            t = breakdown(model, args.rounds)
+            print(f"{model}: " + ", ".join(f"{k} {v * 1e3:.1f} ms ({v / t['batch_grad']:.2f}x)" for k, v in t.items()))
+            continue
         print(report(run(model, args.rounds, not args.no_memory)), flush=True)
     return None
 
