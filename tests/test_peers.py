@@ -13,6 +13,7 @@ from benchmarks import peers
 SMALL = dict(vocab=32, d=16, layers=1, seq=8, batch=6)
 
 
+@pytest.mark.slow
 def test_reference_clipped_sum_is_a_loop_of_jax_grad():
     """The benchmark's reference: Σᵢ min(1, C/‖gᵢ‖)·gᵢ with gᵢ from a Python loop of jax.grad, in float64."""
     w = peers.with_median_clip(peers.gpt_workload(tied=True, **SMALL))
