@@ -449,13 +449,13 @@ def report(res: dict) -> str:
     med, mem = res["median"], res["memory"]
     lines = [f"{res['name']}: C = {res['clip_norm']:.3g} (median norm), sigma = {SIGMA}; median of "
              f"{res['rounds']} interleaved rounds; load average {res['load'][0]:.1f}",
-             f"  {'contender':34s} {'ms/step':>8s} {'/ best plain':>12s} {'/ gradlab':>9s} {'peak RSS MB':>12s} "
+             f"  {'contender':38s} {'ms/step':>8s} {'/ best plain':>12s} {'/ gradlab':>9s} {'peak RSS MB':>12s} "
              f"{'XLA MB':>7s} {'clipped sum: max rel diff vs naive vmap':>40s}"]
     for name, t in med.items():
         plain = med[PLAIN_TORCH] if "torch" in name or "Opacus" in name else min(med[PLAIN_JAX], med[PLAIN_MICRO])
         m = mem.get(name, {})
         diff = res["agreement"].get(name)
-        lines.append(f"  {name:34s} {t * 1e3:8.1f} {t / plain:11.2f}x {t / med[OURS]:8.2f}x {_mb(m.get('rss')):>12s} "
+        lines.append(f"  {name:38s} {t * 1e3:8.1f} {t / plain:11.2f}x {t / med[OURS]:8.2f}x {_mb(m.get('rss')):>12s} "
                      f"{_mb(m.get('xla')):>7s} {'' if diff is None else f'{diff:.1e}':>40s}"
                      + (f"  memory: {m['error']}" if "error" in m else ""))
     lines += [f"  {name}: refused this model ({diff})" for name, diff in res["agreement"].items() if isinstance(diff, str)]
