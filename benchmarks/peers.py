@@ -149,7 +149,8 @@ def gpt_workload(seed: int = 0, tied: bool = True, vocab=GPT["vocab"], d=GPT["d"
     if HAS_TORCH:
         model = peers_torch.build("gpt", seed, vocab=vocab, d=d, heads=HEADS, layers=layers, seq=seq, tied=tied)
         params = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}  # tied: wte only
-        tx, ty = torch.as_tensor(x), torch.as_tensor(y)
+        tx, ty = torch.as_tensor(np.ascontiguousarray(x)), torch.as_tensor(np.ascontiguousarray(y))  # Opacus ghost
+        # views its ids: a sliced (non-contiguous) batch fails with "view size is not compatible"
     else:
         model = tx = ty = None
         params = _random_gpt(seed, vocab, d, layers, seq, tied)
