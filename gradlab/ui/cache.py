@@ -19,6 +19,7 @@ Streamlit's own `clear_cache` (any visitor can send it) clears `st.cache_*` only
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -250,16 +251,28 @@ def _forward_macs(exp: Experiment, _upload: dict | None) -> int:
     return forward_macs(exp, load_data(exp, _upload))
 
 
+#: Settings that change how a model trains, never its shapes: P and the forward's multiply-adds do not depend on them,
+#: so a visitor who changes one (the seed, the learning rate…) reaches the queue without tracing the model again.
+_TRAINING_ONLY = ("optimizer", "lr", "steps", "batch_size", "l2", "label_noise", "seed", "checkpoint_every")
+
+
+def _shapes_only(exp: Experiment) -> Experiment:
+    return dataclasses.replace(exp, **{f: getattr(_SHAPES, f) for f in _TRAINING_ONLY})
+
+
+_SHAPES = Experiment()
+
+
 def num_params(exp: Experiment) -> int:
     """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
     refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
-    return _num_params(exp, require_upload(exp) if exp.is_upload else None)
+    return _num_params(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
 
 
 def macs(exp: Experiment) -> int:
     """Multiply-adds of one forward pass of `exp`'s model (`experiment.forward_macs`, stored): the work estimates
     of models whose convolutions reuse each weight. **Raises** `DataError` for impossible settings."""
-    return _forward_macs(exp, require_upload(exp) if exp.is_upload else None)
+    return _forward_macs(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
 
 
 def fitted(exp: Experiment) -> Fitted:
@@ -275,7 +288,7 @@ def fitted(exp: Experiment) -> Fitted:
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
         if not _fit.stored(exp):
-            check_training_work(exp, _num_params(exp, upload), _forward_macs(exp, upload))
+            check_training_work(exp, _num_params(_shapes_only(exp), upload), _forward_macs(_shapes_only(exp), upload))
         return _fit(exp, upload)
     raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
 
@@ -284,6 +297,6 @@ def fitted(exp: Experiment) -> Fitted:
 def _fit(exp: Experiment, _upload: dict | None, progress) -> Fitted:
     """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`, and then the
     model stays in memory only)."""
-    check_training_memory(exp, _num_params(exp, _upload))
+    check_training_memory(exp, _num_params(_shapes_only(exp), _upload))
     data = load_data(exp, _upload)
     return fit(exp, data=data, progress=lambda step, steps: progress(step / max(steps, 1), f"step {step} of {steps}"))
