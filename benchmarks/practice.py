@@ -2,6 +2,7 @@
 
     python -m benchmarks.practice              # one server, headless Chromium; prints a summary
     python -m benchmarks.practice --warm 3     # fewer warm Checks
+    python -m benchmarks.practice --every-problem   # Check on every problem, in-process, first and warm
 
 Starts `streamlit run app.py` with GRADLAB_LOG_RUNS=1 (each script run logs its server time), opens /practice,
 types the reference solution and presses Check: the first Check comes right after the page opened (its spare
@@ -91,11 +92,41 @@ def _last_run(log) -> float:
     return times[-1]
 
 
+def every_problem(rounds: int = 3, pause: float = 8.0) -> list[tuple[str, float, float, float]]:
+    """Check on every problem's reference solution as the page runs it, in this process (no browser): the problem
+    opens (`practice.prepare`: a spare child imports JAX, the reference is compiled into the children's cache),
+    then Check once cold and `rounds` times warm, `pause` s apart (the spare imports JAX after each run).
+    Returns `(slug, first s, warm median s, warm max s)` per problem; the times are the calls' wall time, which is
+    the page's server time for a Check."""
+    from gradlab import practice
+
+    rows = []
+    for problem in practice.PROBLEMS:
+        practice.prepare(problem)
+        time.sleep(pause)
+        times = []
+        for i in range(rounds + 1):
+            started = time.perf_counter()
+            verdict = practice.check(problem, problem.solution + f"\n# attempt {i}\n")
+            times.append(time.perf_counter() - started)
+            assert verdict.passed, (problem.slug, verdict.outcome)
+            time.sleep(pause)
+        rows.append((problem.slug, times[0], statistics.median(times[1:]), max(times[1:])))
+        print(f"{problem.slug:28s} first {times[0]:5.2f} s   warm median {rows[-1][2]:5.2f} s   max {rows[-1][3]:5.2f} s",
+              flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--warm", type=int, default=5, help="warm Checks to time")
     ap.add_argument("--concurrent", type=int, default=3, help="visitors pressing Check at once")
+    ap.add_argument("--every-problem", action="store_true",
+                    help="instead: Check every problem's reference solution in this process (no browser)")
     args = ap.parse_args(argv)
+    if args.every_problem:
+        every_problem()
+        return 0
     from playwright.sync_api import sync_playwright
 
     from gradlab.practice import BY_SLUG
