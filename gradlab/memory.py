@@ -235,7 +235,7 @@ def freeze_imported_heap() -> None:
     0.2–0.5 s under the GIL per run, half the server's time when 30 students follow a lecture (py-spy,
     `benchmarks/crowd.py` scenario 5). Frozen objects are still freed by reference counting; only a
     reference cycle among them would stay, and module-level objects live as long as the server anyway.
-    Called at the start of every script run; it collects and freezes only when `sys.modules` grew (a
+    Called at the end of every script run (app.py); it collects and freezes only when `sys.modules` grew (a
     page imported something new), so a session's own objects are frozen at most a few times per server.
     """
     global _FROZEN_MODULES
