@@ -55,7 +55,7 @@ norms = norms_at(exp, ckpt, fitted)
 median = float(np.median(norms))
 with c2:
     c_in = ui.control(st.number_input,
-        "Clipping norm C", value=None, format="%.4g", placeholder=f"median {median:.2g}", key="dp_clip_c",
+        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g} (median)", key="dp_clip_c",
         help="Empty: the median per-example gradient norm at this checkpoint (Abadi et al. 2016's advice).")
 with c3:
     sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
