@@ -60,3 +60,10 @@ def test_the_gates_relief_drops_shared_figures_and_stored_results(monkeypatch):
     cache._relieve()
     assert "relief-test" not in cache.STORE._memory
     assert plots.norm_histogram(norms) is not first  # rebuilt after the relief
+
+
+def test_image_titles_break_lines_on_newlines_and_keep_markup_as_text():
+    fig = library.image_grid(np.zeros((2, 4)), ["#7 y=cat\n0.5", "<b>x</b>"], image_shape=(2, 2))
+    texts = [a.text for a in fig.layout.annotations]
+    assert texts[0] == "#7 y=cat<br>0.5"
+    assert "<b>" not in texts[1] and "x" in texts[1]

@@ -82,7 +82,7 @@ def label(i):
 
 
 if data.image_shape is not None:
-    titles = [f"{label(i)}<br>‖g‖={s.norms[i]:.2g}" for i in top]
+    titles = [f"{label(i)}\n‖g‖={s.norms[i]:.2g}" for i in top]
     ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
     st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:
