@@ -32,7 +32,8 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
                                  line=dict(color="black", width=3), fill=None))
     fig.update_xaxes(type="log", range=[np.log10(floor), 0])
     fig.update_yaxes(type="log", range=[np.log10(FLOOR), 0])
-    fig.update_layout(legend=dict(orientation="h", y=-0.22))  # under the axes: never over the curves
+    # under the axis title, never over the curves: the same ~100 px below the axes at any height
+    fig.update_layout(legend=dict(orientation="h", y=-0.22 * 480 / max(int(height), 240), yanchor="top"))
     return style_figure(fig, title, *axes, height=height)
 
 
