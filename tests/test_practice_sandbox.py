@@ -97,8 +97,9 @@ def test_memory_bomb_is_stopped_and_the_server_does_not_grow():
     assert out.stopped and "memory limit" in out.stopped
     out = execute(STOPPED["memory bomb (growing)"], limits=SMALL)
     assert out.stopped and ("memory limit" in out.stopped or "CPU" in out.stopped or "longer" in out.stopped), out.stopped
-    # its RSS counts JAX's libraries and arenas (250-450 MB, more beside a busy suite); without the limit it grows by GBs a second
-    assert out.peak_rss_mb < 1000 + SMALL.memory_mb, out.peak_rss_mb
+    # its peak RSS (wait4's ru_maxrss) counts JAX's libraries and arenas (250-450 MB), or the pages a fork copied
+    # from this process when that is more; without the limit the bomb grows by GBs a second
+    assert out.peak_rss_mb < max(before, 600) + SMALL.memory_mb + 100, (out.peak_rss_mb, before)
     assert rss_mb() - before < 50  # the server only reads a small JSON reply
 
 
