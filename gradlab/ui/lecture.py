@@ -33,6 +33,8 @@ html { font-size: 21px; }
 h1 { font-size: 1.65rem !important; padding: 0.1rem 0 0.2rem 0 !important; }
 .stElementContainer:has(h1) ~ .stElementContainer:has(h1) { display: none; }
 h4 { font-size: 1.0rem !important; font-weight: 500 !important; padding: 0 !important; }
+/* the step's "Try it yourself" link is for students' own screens: on the projector it overlapped a long narration */
+[data-testid="stMainBlockContainer"] .stElementContainer:has([data-testid="stPageLink"]) { display: none; }
 h2 { font-size: 1.3rem !important; padding: 0.3rem 0 0.1rem 0 !important; }
 [data-testid="stPopover"] { display: none; }
 .st-key-presenter { position: fixed; bottom: 0.3rem; right: 1rem; z-index: 999991; width: auto !important;
