@@ -77,12 +77,12 @@ def label(i):
     if data.task != "classification":
         return f"y={data.y_train[i]:.2f}"
     name = data.class_names
-    tag = " (flipped)" if flipped[i] else ""
-    return f"#{data.row(i)} y={name[data.y_train[i]]}{tag} ŷ={name[int(s.predictions[i])]}"
+    return f"#{data.row(i)} y={name[data.y_train[i]]} ŷ={name[int(s.predictions[i])]}"
 
 
 if data.image_shape is not None:
-    titles = [f"{label(i)}\n‖g‖={s.norms[i]:.2g}" for i in top]
+    # two short lines: 8 tiles share a 1024 px projector
+    titles = [f"{label(i)}\n{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}" for i in top]
     ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
     st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:
