@@ -211,16 +211,21 @@ def limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
 MEMORY_BUDGET_MB = float(os.environ.get("GRADLAB_MEMORY_BUDGET_MB", "400"))
 
 
-def rss_mb() -> float:
-    """This process's resident set size in MB (Linux /proc; 0 elsewhere)."""
+def _status_mb(field: str) -> float:
+    """A memory field of /proc/self/status (`VmRSS`, `VmHWM`) in MB; 0 where /proc is missing."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
+
+
+def rss_mb() -> float:
+    """This process's resident set size in MB (Linux /proc; 0 elsewhere)."""
+    return _status_mb("VmRSS")
 
 
 _FROZEN_MODULES = 0
@@ -248,18 +253,14 @@ def freeze_imported_heap() -> None:
 def peak_rss_mb(reset: bool = False) -> float:
     """This process's peak resident set size in MB since start or the last `reset=True` (Linux `VmHWM`;
     resetting writes 5 to /proc/self/clear_refs). 0 where /proc is missing. For per-computation peaks in logs."""
-    try:
-        if reset:
+    if reset:
+        try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            return 0.0
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+        except OSError:
+            pass
+        return 0.0
+    return _status_mb("VmHWM")
 
 
 def _trim() -> None:
