@@ -250,11 +250,16 @@ def tree_rss_mb(pid: int) -> float:
     plus the *private* pages of each descendant. A child's RSS would count the pages it shares with
     its parent after `fork` (copy-on-write) a second time: a short-lived `fork` + `exec` of a 520 MB
     server read as a 1,046 MB peak, memory a container's cgroup never charged."""
-    total = _kb(f"/proc/{pid}/status", ("VmRSS",))
+    return _tree_mb(pid, ("VmRSS",), ("Private_Clean", "Private_Dirty"))
+
+
+def _tree_mb(pid: int, own: tuple[str, ...], descendants: tuple[str, ...]) -> float:
+    """MB of `pid`'s status fields `own` plus every descendant's smaps_rollup fields `descendants`."""
+    total = _kb(f"/proc/{pid}/status", own)
     todo = _children(pid)
     while todo:
         q = todo.pop()
-        total += _kb(f"/proc/{q}/smaps_rollup", ("Private_Clean", "Private_Dirty"))
+        total += _kb(f"/proc/{q}/smaps_rollup", descendants)
         todo += _children(q)
     return total / 1024
 
@@ -263,13 +268,7 @@ def tree_anon_mb(pid: int) -> float:
     """The part of `tree_rss_mb` a memory limit cannot reclaim: `pid`'s anonymous pages (`RssAnon`: heap, XLA's
     buffers and compiles) plus each descendant's private dirty pages. The rest of RSS is file pages (the shared
     libraries' code, ~200 MB for JAX, SciPy and the rest), which the kernel drops before it kills anything."""
-    total = _kb(f"/proc/{pid}/status", ("RssAnon",))
-    todo = _children(pid)
-    while todo:
-        q = todo.pop()
-        total += _kb(f"/proc/{q}/smaps_rollup", ("Private_Dirty",))
-        todo += _children(q)
-    return total / 1024
+    return _tree_mb(pid, ("RssAnon",), ("Private_Dirty",))
 
 
 class Sampler(threading.Thread):
