@@ -14,6 +14,10 @@ import pytest
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gradlab-test-xla-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
+# A test worker holds many tests' programs (well over the server's 400 MB default): dropping JAX's compiled
+# functions after every shared computation would make every later test trace and load its programs again.
+os.environ.setdefault("GRADLAB_MEMORY_BUDGET_MB", "0")
+
 # A fresh results store per test process: a test must compute, never read a result a previous run stored.
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
 

@@ -58,6 +58,7 @@ def test_subset_holds_debians_images_at_its_indices():
         np.testing.assert_array_equal(d[f"y_{split}"], labels[d[f"index_{split}"]])
 
 
+@pytest.mark.slow
 @needs_debian
 def test_script_reproduces_the_shipped_file_bit_for_bit(tmp_path):
     written = _script().main(["--out", str(tmp_path)])

@@ -186,6 +186,7 @@ def test_noise_multiplier_inverse_matches_opacus_and_accountant():
     assert privacy.dp_sgd_epsilon(sample_rate=0.04, noise_multiplier=sigma - 0.01, steps=2250, delta=1e-5) > 8
 
 
+@pytest.mark.slow
 def test_pld_calibration_is_tight_and_below_rdp():
     kw = dict(target_epsilon=3.0, sample_rate=0.178, steps=20, delta=1e-5)
     s_pld = privacy.noise_multiplier_for_epsilon(**kw, accountant="pld")

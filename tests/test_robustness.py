@@ -192,7 +192,7 @@ def test_a_crafted_chart_selection_is_ignored_never_a_traceback():
     assert picked_index({"selection": {"points": [{"point_index": 3}]}}, 10) == 3
 
 
-@pytest.mark.parametrize("page, key", [("geometry", "geo_pick"), ("influence", "infl_pick")])
+@pytest.mark.parametrize("page, key", [("geometry", "geo_pick"), pytest.param("influence", "infl_pick", marks=pytest.mark.slow)])
 def test_pages_survive_crafted_selections(page, key):
     from conftest import assert_clean, open_page
 

@@ -110,6 +110,7 @@ def _visitor(directory, log_path, out):
     out.put(gate.run("shared-key", "demo", compute))
 
 
+@pytest.mark.slow
 def test_two_processes_sharing_the_directory_compute_a_result_once(tmp_path):
     """Two servers behind a load balancer (here: two processes) ask for one result at once: the key's file
     lock makes the second wait and read the first's result from disk."""
