@@ -426,8 +426,8 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
 
 
     def lds_cost(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted):
-        e = _fitted.experiment
-        return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=e.steps, batch_size=e.batch_size,
+        r = _fitted.recipe
+        return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=r["steps"], batch_size=r["batch_size"],
                                  n_test=n_test_, n=len(_fitted.data.y_train))
 
 
@@ -469,7 +469,7 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
                                    "std over test points": [float(np.nanstd(res_lds[m_][1])) for m_ in names]})
         ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")
 else:
-    ui.needs_training_loop()
+    ui.needs_training_loop("The linear datamodeling score")
 
 
 ui.code_panel(
