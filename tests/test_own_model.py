@@ -288,6 +288,17 @@ def test_dp_sgd_on_a_served_model_with_init_fn(served):
     assert 0 < float(shown["ε spent (δ = 1e-05)"]) <= 3.01
 
 
+def test_accuracy_of_a_served_model_goes_through_its_predict_fn(examples):
+    """DP-SGD's and the audit's accuracies call the module's `predict_fn` on params that are not callable."""
+    from gradlab import privacy
+
+    m = examples["flax"]
+    logits = jax.vmap(lambda x: m.predict_fn(m.params, x))(m.data.x_test)
+    acc, per = privacy.accuracy_by_class(m.params, m.data.x_test, m.data.y_test, 10, m.predict_fn)
+    assert acc == pytest.approx(np.mean(np.argmax(logits, 1) == m.data.y_test))
+    assert per[3] == pytest.approx(np.mean(np.argmax(logits, 1)[m.data.y_test == 3] == 3))
+
+
 def test_tracin_follows_the_listed_checkpoints_or_says_what_it_needs(examples, served):
     from gradlab.influence import fitted as ifit
 
