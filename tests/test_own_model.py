@@ -132,7 +132,7 @@ def test_a_served_model_is_an_experiment_that_fits_without_training(examples, se
     assert Experiment(dataset=m.name, steps=25, model="cnn", lr=3.0).canonical() == exp
     assert exp.is_own and exp.in_memory_only and not Experiment().is_own
     f = fit(exp)
-    assert not f.trainable and f.run is m.run and f.loss_fn is m.loss_fn
+    assert f.trainable and f.run is m.run and f.loss_fn is m.loss_fn  # trainable: the module has init_fn
     assert load_data(exp) is m.data
     # no predict_fn: a classifier predicts the class whose label gives the lowest loss = argmax of the logits
     logits = jax.vmap(m.params)(m.data.x_test)

@@ -59,7 +59,7 @@ def tracin_run(fitted, fit: Callable | None = None):
     """The run TracIn follows: the experiment's own run under SGD, else the same experiment trained
     with SGD (TracIn is derived for SGD steps; Adam preconditions them). Returns `(TrainResult, note)`."""
     exp = fitted.experiment
-    if not fitted.trainable:  # a served model: the checkpoints its module lists, or nothing to follow
+    if exp.is_own:  # a served model: the checkpoints its module lists (its own run), or nothing to follow
         if len(fitted.run.checkpoints) < 2:
             raise ValueError("TracIn follows the checkpoints of a training run: list `checkpoints` (params at earlier "
                              "steps, ending with the trained ones) and `learning_rates` in your model's module")
