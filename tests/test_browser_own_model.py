@@ -89,6 +89,8 @@ def test_a_served_model_renders_the_applicable_pages(browser, name):
                     # to add unless the module gives one (the Equinox example's init_fn), and then offer the run
                     assert ("needs gradlab's training loop" in main) == (name == "flax"), path
                     assert ("init_fn" in main) == (name == "flax"), path
+                if path == "privacy_audit":  # with init_fn the attack on the user's model is offered
+                    assert ("Run the membership attack" in main) == (name == "equinox"), path
                 if path != "privacy_audit":
                     assert metrics(page), path
                 # the served model is the sidebar's dataset, named by its file: not a value of the URL
