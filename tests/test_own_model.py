@@ -92,6 +92,7 @@ def test_gradlabs_loops_with_the_modules_recipe_retrace_its_own_training(example
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_served_model_with_init_fn_trains_again_at_another_seed(examples, served):
     m = served(EQUINOX)
     f = fit(Experiment(dataset=m.name))
