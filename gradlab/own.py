@@ -250,9 +250,7 @@ def _recipe(params, init_fn, optimizer, train_steps, batch_size, where) -> dict:
         fresh = eqx.filter_eval_shape(init_fn, jax.random.key(0))
     except Exception as err:  # noqa: BLE001 - the user's init may raise anything
         raise OwnModelError(f"{where}: init_fn(jax.random.key(0)) failed: {type(err).__name__}: {err}") from None
-    shapes = lambda tree: [(getattr(a, "shape", None), str(getattr(a, "dtype", type(a).__name__)))
-                           for a in jax.tree.leaves(tree)]
-    if jax.tree.structure(fresh) != jax.tree.structure(params) or shapes(fresh) != shapes(params):
+    if jax.tree.structure(fresh) != jax.tree.structure(params) or _shapes(fresh) != _shapes(params):
         raise OwnModelError(f"{where}: init_fn(key) must return params of the same structure and shapes as params")
     optimizer = given.get("optimizer", DEFAULT_RECIPE["optimizer"])
     if not isinstance(optimizer, optax.GradientTransformation):
@@ -294,6 +292,11 @@ def _run(params, checkpoints, steps, lrs, where) -> TrainResult:
     if any(jax.tree.structure(c) != shape for c in checkpoints):
         raise OwnModelError(f"{where}: every checkpoint must have the structure of params")
     return TrainResult(checkpoints=checkpoints, steps=steps, losses=np.zeros(0), lrs=lrs)
+
+
+def _shapes(tree) -> list:
+    """(shape, dtype) of every leaf (a non-array leaf: its type's name)."""
+    return [(getattr(a, "shape", None), str(getattr(a, "dtype", type(a).__name__))) for a in jax.tree.leaves(tree)]
 
 
 def _check_loss(loss_fn, params, data: Dataset, where: str) -> None:
