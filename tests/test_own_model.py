@@ -104,6 +104,29 @@ def test_a_served_model_with_init_fn_trains_again_at_another_seed(examples, serv
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_lds_models_follow_the_modules_recipe():
+    """The LDS trains its models on random halves with a served model's recipe (an optax object, not a name) in one
+    vmapped scan; the oracle is `train` on each half alone with the same recipe and seed."""
+    import optax
+
+    from gradlab.influence import evaluation
+    from gradlab.train import train
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    m = own.from_objects(linear_loss, jnp.zeros(3), (x, x @ np.array([1.0, -1.0, 2.0], np.float32)),
+                         init_fn=lambda key: 0.1 * jax.random.normal(key, (3,)), optimizer=optax.sgd(0.05, momentum=0.5),
+                         train_steps=30, batch_size=8)
+    r = m.recipe()
+    xs, ys = m.data.x_train, m.data.y_train
+    subsets = evaluation.random_subsets(len(ys), 3, seed=0)
+    stacked = evaluation.train_on_subsets(m.init(0), m.loss_fn, xs, ys, subsets, optimizer=r["optimizer"], lr=r["lr"],
+                                          steps=r["steps"], batch_size=r["batch_size"], l2=r["l2"], seed=1)
+    for j, subset in enumerate(subsets):
+        alone = train(m.init(0), m.loss_fn, xs[subset], ys[subset], **r, seed=1 + j).final
+        np.testing.assert_allclose(np.asarray(stacked[j]), np.asarray(alone), rtol=1e-5, atol=1e-6)
+
+
 def test_trak_without_init_fn_takes_the_last_checkpoints_of_the_run(examples, served):
     from gradlab.influence import fitted as ifit
 
