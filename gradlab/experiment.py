@@ -182,9 +182,18 @@ class Fitted:
 
     @property
     def trainable(self) -> bool:
-        """Whether gradlab's training loop can train this experiment again (new seeds, DP-SGD, subsets):
-        not a served model, which brings trained params but no initialization."""
-        return not self.experiment.is_own
+        """Whether gradlab's training loop can train this experiment again (new seeds, DP-SGD, subsets): always
+        for gradlab's own models; for a served model when its module defines `init_fn` (`own.OwnModel.recipe`)."""
+        return not self.experiment.is_own or own.for_name(self.experiment.dataset).trainable
+
+    @property
+    def recipe(self) -> dict:
+        """How gradlab's loop trains this experiment again: the keyword arguments of `gradlab.train.train`
+        (`optimizer`, a name or an optax transformation, `lr`, `steps`, `batch_size`, `l2`, `checkpoint_every`):
+        the experiment's fields, or a served model's module's recipe."""
+        if self.experiment.is_own:
+            return own.for_name(self.experiment.dataset).recipe()
+        return recipe(self.experiment)
 
     def predict(self, params, xs):
         """Predictions `(N,)` of `params` on `xs (N, ...)`: class ids or real values; NaN for a served regression
@@ -213,11 +222,11 @@ def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
 def init_model(exp: Experiment, data: data_mod.Dataset):
     """The untrained model for `exp` on `data`, initialized from `exp.seed`.
 
-    **Raises** `DataError` for a served model (`exp.is_own`): it brings trained params, no initialization."""
+    A served model (`exp.is_own`) is initialized by its module's `init_fn(jax.random.key(exp.seed))`.
+
+    **Raises** `DataError` for a served model whose module has no `init_fn`, saying what to add."""
     if exp.is_own:
-        raise data_mod.DataError("This needs gradlab's training loop from an initialization; a model served with "
-                                 "`python -m gradlab serve` brings its trained params only. Choose one of "
-                                 "gradlab's datasets and models in the sidebar for it.")
+        return own.for_name(exp.dataset).init(exp.seed)
     return build_model(exp.spec, data.n_features, data.n_classes, key=jax.random.key(exp.seed), image_shape=data.image_shape)
 
 
@@ -277,18 +286,29 @@ def fit(exp: Experiment, data: data_mod.Dataset | None = None, progress=None) ->
     **Arguments** `exp`; `data` to train on instead of `load_data(exp)` (an uploaded CSV);
     `progress(step, steps)` called after each checkpoint.
 
-    A served model (`exp.is_own`) is not trained: its checkpoints are the ones its module lists.
+    A served model (`exp.is_own`) is not trained at seed 0 on its own data: its checkpoints are the ones its
+    module lists. At another seed, or on other `data` (a subset), its module's `init_fn` and recipe train it
+    with gradlab's loop.
 
-    **Raises** `DataError` / `TrainingError` (both ValueError) with a message that says what to change.
+    **Raises** `DataError` / `TrainingError` (both ValueError) with a message that says what to change (for a
+    served model without `init_fn`, what to add to its module).
     """
     if exp.is_own:
         m = own.for_name(exp.dataset)
-        return Fitted(exp, m.data, m.loss_fn, m.run, m.predict_fn)
+        if exp.seed == 0 and (data is None or data is m.data):
+            return Fitted(exp, m.data, m.loss_fn, m.run, m.predict_fn)
+        data = data if data is not None else m.data
+        run = train(m.init(exp.seed), m.loss_fn, data.x_train, data.y_train, **m.recipe(), seed=exp.seed,
+                    progress=progress)
+        return Fitted(exp, data, m.loss_fn, run, m.predict_fn)
     data = data if data is not None else load_data(exp)
     loss_fn = losses.loss_for(data.task)
-    run = train(
-        init_model(exp, data), loss_fn, data.x_train, data.y_train,
-        optimizer=exp.optimizer, lr=exp.lr, steps=exp.steps, batch_size=exp.batch_size,
-        l2=exp.l2, seed=exp.seed, checkpoint_every=exp.checkpoint_every, progress=progress,
-    )
+    run = train(init_model(exp, data), loss_fn, data.x_train, data.y_train, **recipe(exp), seed=exp.seed,
+                progress=progress)
     return Fitted(exp, data, loss_fn, run)
+
+
+def recipe(exp: Experiment) -> dict:
+    """The keyword arguments of `gradlab.train.train` that `exp`'s fields set (all but the seed)."""
+    return dict(optimizer=exp.optimizer, lr=exp.lr, steps=exp.steps, batch_size=exp.batch_size, l2=exp.l2,
+                checkpoint_every=exp.checkpoint_every)

@@ -152,14 +152,15 @@ ATTACKS = {"loss": "loss threshold (Yeom et al. 2018)", "lira": "offline LiRA (C
 def private_vs_nonprivate(model, loss_fn: Callable, xs, ys, *, sample_rate: float, noise_multiplier: float,
                           clip_norm: float, optimizer: str = "adam", lr: float = 0.01, steps: int = 200,
                           n_shadows: int = 4, seed: int = 0, progress: Callable[[float], None] | None = None,
-                          ) -> dict[str, MembershipResult]:
+                          predict_fn: Callable | None = None) -> dict[str, MembershipResult]:
     """Membership inference against DP-SGD and against the same training without clipping or noise.
 
     Both procedures are `gradlab.train.train_dp_sgd` from `model` with the same Poisson-sampled batches,
     optimizer and steps (the non-private one with σ = 0 and C = inf, as the DP clipping page compares them),
     on the same random halves of the pool `(xs, ys)`.
 
-    **Arguments** `model(x) -> logits (K,)` (an Equinox module or any callable pytree), `loss_fn(model, x, y)`,
+    **Arguments** `model(x) -> logits (K,)` (an Equinox module or any callable pytree; or params with
+    `predict_fn(params, x) -> logits (K,)`, a served model's), `loss_fn(model, x, y)`,
     `xs (N, D)`, `ys (N,)` int; the DP-SGD settings; `n_shadows` per procedure; `progress(fraction)`.
 
     **Returns** `{"non-private": MembershipResult, "DP-SGD": MembershipResult}`.
@@ -168,7 +169,7 @@ def private_vs_nonprivate(model, loss_fn: Callable, xs, ys, *, sample_rate: floa
     """
 
     def logits_fn(m, x):
-        return jax.vmap(m)(jnp.asarray(x))
+        return jax.vmap(m if predict_fn is None else (lambda one: predict_fn(m, one)))(jnp.asarray(x))
 
     out = {}
     for j, (name, sigma, c) in enumerate((("non-private", 0.0, float("inf")), ("DP-SGD", noise_multiplier, clip_norm))):

@@ -11,6 +11,11 @@ and optionally `predict_fn(params, x) -> output` (logits `(K,)` or a scalar), `t
 `image_shape`, `label` (a CSV's label column), and `checkpoints` (params at earlier training steps, oldest
 first, ending with `params`) with their `steps` and `learning_rates` (TracIn follows them).
 
+With `init_fn(key) -> params` (and optionally `optimizer`, an optax `GradientTransformation`, `train_steps` and
+`batch_size`: the recipe), gradlab's own training loop can train the model again from an initialization: DP-SGD
+(which must replace the gradient by the engine's clipped, noised sum, so a user's own training step could not be
+used for it), the audit's shadow models, the LDS's models on random halves and TRAK's ensemble.
+
 The module is named only by the server's own start-up setting (`GRADLAB_OWN_MODEL`, which
 `python -m gradlab serve` sets for the Streamlit process it starts): nothing a visitor sends (a URL, a
 widget) names a file, so a hosted app never runs a module a visitor chose. The experiment names the model
@@ -36,6 +41,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pandas as pd
 from sklearn.model_selection import train_test_split
 
@@ -48,6 +54,8 @@ ENV = "GRADLAB_OWN_MODEL"
 OWN = "own"
 #: The share of examples held out as test points when the data has no test split of its own (seeded).
 TEST_FRACTION = 0.2
+#: The recipe of a module with an `init_fn` but no `optimizer`, `train_steps` or `batch_size` of its own.
+DEFAULT_RECIPE = {"optimizer": optax.adam(1e-3), "train_steps": 300, "batch_size": 128}
 
 
 class OwnModelError(DataError):
@@ -64,6 +72,8 @@ class OwnModel:
     - `predict_fn(params, x) -> output` or None (regression without one has no predictions).
     - `data`: a `Dataset`, features as given (not standardized: the model was trained on them).
     - `run`: a `TrainResult` of the user's `checkpoints` (just `params` at step 0 without them); no losses.
+    - `init_fn(key) -> params` or None; `optimizer` (optax), `train_steps`, `batch_size`: the recipe with which
+      gradlab's loop trains the model again (`recipe`).
     """
 
     name: str
@@ -73,11 +83,40 @@ class OwnModel:
     predict_fn: Callable | None
     data: Dataset
     run: TrainResult
+    init_fn: Callable | None = None
+    optimizer: optax.GradientTransformation = DEFAULT_RECIPE["optimizer"]
+    train_steps: int = DEFAULT_RECIPE["train_steps"]
+    batch_size: int = DEFAULT_RECIPE["batch_size"]
 
     @property
     def has_run(self) -> bool:
         """Whether the module lists checkpoints of a training run (TracIn and the checkpoint picker need them)."""
         return len(self.run.checkpoints) > 1
+
+    @property
+    def trainable(self) -> bool:
+        """Whether gradlab's loop can train the model from an initialization (the module defines `init_fn`)."""
+        return self.init_fn is not None
+
+    def recipe(self) -> dict:
+        """The keyword arguments of `gradlab.train.train` that retrain this model as its module says: its optax
+        `optimizer`, `train_steps` minibatches of `batch_size`, no L2 term (the user's loss holds any), two
+        checkpoints (the initialization and the end). The learning rate is the optimizer's own (NaN: unknown)."""
+        return dict(optimizer=self.optimizer, lr=float("nan"), steps=self.train_steps, batch_size=self.batch_size,
+                    l2=0.0, checkpoint_every=max(self.train_steps, 1))
+
+    def init(self, seed: int):
+        """Fresh params from `init_fn(jax.random.key(seed))`. **Raises** `OwnModelError` saying what to add
+        when the module has no `init_fn`."""
+        if self.init_fn is None:
+            raise OwnModelError(NEEDS_INIT)
+        return self.init_fn(jax.random.key(seed))
+
+
+#: What a module adds so that gradlab's training loop can train it from an initialization.
+NEEDS_INIT = ("add `init_fn(key) -> params` to your model's module (a fresh initialization from a JAX PRNG key), and "
+              "optionally `optimizer` (an optax GradientTransformation), `train_steps` and `batch_size`: gradlab's "
+              "loop then trains your model from an initialization (docs/own-model.md)")
 
 
 def configured() -> bool:
@@ -139,7 +178,7 @@ def load(path: str | os.PathLike) -> OwnModel:
 
 #: The names a module may define: the three required ones first.
 CONTRACT = ("loss_fn", "params", "data", "predict_fn", "task", "class_names", "image_shape", "label", "checkpoints",
-            "steps", "learning_rates")
+            "steps", "learning_rates", "init_fn", "optimizer", "train_steps", "batch_size")
 
 
 def _run_module(path: Path) -> dict:
@@ -173,12 +212,14 @@ def save_spec(path: str | os.PathLike, **spec) -> None:
 
 
 def from_objects(loss_fn=None, params=None, data=None, *, predict_fn=None, task=None, class_names=None,
-                 image_shape=None, label=None, checkpoints=None, steps=None, learning_rates=None,
+                 image_shape=None, label=None, checkpoints=None, steps=None, learning_rates=None, init_fn=None,
+                 optimizer=None, train_steps=None, batch_size=None,
                  source="explore()", _salt: bytes = b"", _where: str = "your model") -> OwnModel:
     """Check the contract and build an `OwnModel` (see the module docstring for each argument).
 
     **Raises** `OwnModelError` naming the missing or wrong piece: no `loss_fn`/`params`/`data`, data of the
-    wrong shape, labels out of range, a loss that does not return a scalar on the first example."""
+    wrong shape, labels out of range, a loss that does not return a scalar on the first example, an `init_fn`
+    whose params differ in structure or shapes from `params`, an `optimizer` that is not an optax one."""
     missing = [n for n, v in (("loss_fn", loss_fn), ("params", params), ("data", data)) if v is None]
     if missing:
         raise OwnModelError(f"{_where} does not define {', '.join(missing)}: the explorer needs loss_fn(params, x, y) "
@@ -191,7 +232,37 @@ def from_objects(loss_fn=None, params=None, data=None, *, predict_fn=None, task=
     name = f"{OWN}:{_fingerprint(_salt, params, run.checkpoints, dataset)}"
     if predict_fn is None and dataset.task == "classification":
         predict_fn = _LossArgmin(loss_fn, dataset.n_classes)
-    return OwnModel(name, source, loss_fn, params, predict_fn, dataset, run)
+    recipe = _recipe(params, init_fn, optimizer, train_steps, batch_size, _where)
+    return OwnModel(name, source, loss_fn, params, predict_fn, dataset, run, **recipe)
+
+
+def _recipe(params, init_fn, optimizer, train_steps, batch_size, where) -> dict:
+    """The training recipe's fields of `OwnModel`, checked: `init_fn` traced once (never run) against `params`."""
+    given = {k: v for k, v in (("optimizer", optimizer), ("train_steps", train_steps), ("batch_size", batch_size))
+             if v is not None}
+    if init_fn is None:
+        if given:
+            raise OwnModelError(f"{where} sets {', '.join(given)} but no init_fn: {NEEDS_INIT}")
+        return {}
+    if not callable(init_fn):
+        raise OwnModelError(f"{where}: init_fn must be a function of a JAX PRNG key that returns fresh params")
+    try:
+        fresh = eqx.filter_eval_shape(init_fn, jax.random.key(0))
+    except Exception as err:  # noqa: BLE001 - the user's init may raise anything
+        raise OwnModelError(f"{where}: init_fn(jax.random.key(0)) failed: {type(err).__name__}: {err}") from None
+    if jax.tree.structure(fresh) != jax.tree.structure(params) or _shapes(fresh) != _shapes(params):
+        raise OwnModelError(f"{where}: init_fn(key) must return params of the same structure and shapes as params")
+    optimizer = given.get("optimizer", DEFAULT_RECIPE["optimizer"])
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise OwnModelError(f"{where}: optimizer must be an optax GradientTransformation (e.g. optax.adam(1e-3)), "
+                            f"got {type(optimizer).__name__}")
+    out = {"init_fn": init_fn, "optimizer": optimizer}
+    for key in ("train_steps", "batch_size"):
+        value = given.get(key, DEFAULT_RECIPE[key])
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise OwnModelError(f"{where}: {key} must be a whole number ≥ 1, got {value!r}")
+        out[key] = int(value)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +292,11 @@ def _run(params, checkpoints, steps, lrs, where) -> TrainResult:
     if any(jax.tree.structure(c) != shape for c in checkpoints):
         raise OwnModelError(f"{where}: every checkpoint must have the structure of params")
     return TrainResult(checkpoints=checkpoints, steps=steps, losses=np.zeros(0), lrs=lrs)
+
+
+def _shapes(tree) -> list:
+    """(shape, dtype) of every leaf (a non-array leaf: its type's name)."""
+    return [(getattr(a, "shape", None), str(getattr(a, "dtype", type(a).__name__))) for a in jax.tree.leaves(tree)]
 
 
 def _check_loss(loss_fn, params, data: Dataset, where: str) -> None:

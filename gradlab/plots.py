@@ -152,6 +152,31 @@ def _escape_traces(fig: go.Figure) -> None:
                     trace[field] = escaped
 
 
+def _identified(ids: dict | None, n: int) -> tuple[list, str]:
+    """Each point's `customdata` and the hover lines that name its example (issue 26, row identity).
+
+    **Arguments** `ids`: the columns of `export.example_columns` for the `n` points in order (`"example"`: the
+    position, then the row in the source under its name, e.g. `"CSV line"`, then input values), optionally more
+    (`"label"`); None: positions only.
+
+    **Returns** `customdata` (n rows: the position first, which a click reads back, then every other column) and a
+    hovertemplate fragment `"<row name> 42<br>x1 = 0.31<br>…"`; names and text values are HTML-escaped (a CSV's
+    column and class names are data, never markup)."""
+    ids = {"example": np.arange(n)} if ids is None else ids
+    position = np.asarray(ids.get("example", np.arange(n)), int)
+    names = [k for k in ids if k != "example"]
+    columns = [[html.escape(v, quote=False) if isinstance(v, str) else (v.item() if hasattr(v, "item") else v)
+                for v in ids[k]] for k in names]
+    custom = [[int(position[i]), *(c[i] for c in columns)] for i in range(n)]
+    if not names:
+        return custom, "example %{customdata[0]}"
+    lines = []
+    for j, name in enumerate(names, start=1):
+        numeric = j > 1 and isinstance(columns[j - 1][0], float) if n else False
+        lines.append(f"{html.escape(str(name), quote=False)}{' =' if j > 1 else ''} %{{customdata[{j}]{':.3g' if numeric else ''}}}")
+    return custom, "<br>".join(lines)
+
+
 def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
     """The house style on `fig`: title, axis titles, `TEMPLATE`, `height` pixels, margins, 15-pt dark text.
     Trace names, categories and texts are HTML-escaped (user data such as an upload's class names).
@@ -244,13 +269,14 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
 
 
 def scatter_2d(x: np.ndarray, color: np.ndarray, *, color_label: str, highlight: np.ndarray | None = None,
-               labels: np.ndarray | None = None, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
-    """Scatter of 2-D inputs coloured by a per-example value, `highlight` indices circled."""
-    custom = np.arange(len(x)) if labels is None else np.stack([np.arange(len(x)), labels], 1)
+               ids: dict | None = None, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
+    """Scatter of 2-D inputs coloured by a per-example value, `highlight` indices circled; a hover names each
+    example by `ids` (`_identified`: its row in the source and its input)."""
+    custom, who = _identified(ids, len(x))
     fig = go.Figure(go.Scattergl(
         x=x[:, 0], y=x[:, 1], mode="markers", customdata=custom,
         marker=dict(color=color, colorscale="Viridis", size=7, colorbar=dict(title=color_label)),
-        hovertemplate="example %{customdata[0]}<br>" + color_label + " %{marker.color:.3g}<extra></extra>",
+        hovertemplate=who + "<br>" + color_label + " %{marker.color:.3g}<extra></extra>",
         name="training examples"))
     if highlight is not None and len(highlight):
         fig.add_trace(go.Scatter(x=x[highlight, 0], y=x[highlight, 1], mode="markers", name="top-k",
@@ -259,11 +285,11 @@ def scatter_2d(x: np.ndarray, color: np.ndarray, *, color_label: str, highlight:
     return style_figure(fig, title, axis_names[0], axis_names[1], height=480)
 
 
-def scatter_1d(x: np.ndarray, y: np.ndarray, color: np.ndarray, *, color_label: str, highlight=None,
+def scatter_1d(x: np.ndarray, y: np.ndarray, color: np.ndarray, *, color_label: str, highlight=None, ids: dict | None = None,
                axis_names=("x", "y"), title: str = "") -> go.Figure:
-    """Regression data `y` against a single feature `x`, coloured by a per-example value."""
+    """Regression data `y` against a single feature `x`, coloured by a per-example value (`ids`: as `scatter_2d`)."""
     return scatter_2d(np.stack([np.asarray(x).ravel(), np.asarray(y)], 1), color, color_label=color_label,
-                      highlight=highlight, axis_names=axis_names, title=title)
+                      highlight=highlight, ids=ids, axis_names=axis_names, title=title)
 
 
 def roc_figure(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], title: str) -> go.Figure:
@@ -294,20 +320,21 @@ PROPONENT_COLOR = "#2ca02c"
 OPPONENT_COLOR = "#d62728"
 
 
-def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_names=("x₁", "x₂"),
+def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_names=("x₁", "x₂"), ids: dict | None = None,
                       title: str = "Test points: click one") -> go.Figure:
     """Clickable scatter of test points `xy (M, 2)` (inputs, or index vs loss), misclassified as crosses.
 
-    Each marker's `customdata` is its test index (read back from `st.plotly_chart(on_select=...)`).
+    Each marker's `customdata` starts with its test index (read back from `st.plotly_chart(on_select=...)`); a
+    hover names the test point by `ids` (`_identified`: its row in the source and its input).
     """
     xy = np.asarray(xy, np.float64)
-    idx = np.arange(len(xy))
     correct = np.asarray(correct, bool)
+    custom, who = _identified(ids, len(xy))
     fig = go.Figure(go.Scatter(
-        x=xy[:, 0], y=xy[:, 1], mode="markers", customdata=idx, name="test points",
+        x=xy[:, 0], y=xy[:, 1], mode="markers", customdata=custom, name="test points",
         marker=dict(size=8, color=np.where(correct, "#1f77b4", OPPONENT_COLOR),
                     symbol=np.where(correct, "circle", "x")),
-        hovertemplate="test point %{customdata}<extra></extra>"))
+        hovertemplate="test point " + who.removeprefix("example ") + "<extra></extra>"))
     fig.add_trace(go.Scatter(x=[xy[selected, 0]], y=[xy[selected, 1]], mode="markers", name="chosen test point",
                              marker=dict(size=20, symbol="star", color="gold", line=dict(color="black", width=1.5)),
                              hoverinfo="skip"))
@@ -316,17 +343,18 @@ def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_nam
 
 
 def influence_scatter_2d(x_train: np.ndarray, scores: np.ndarray, proponents, opponents, test_x: np.ndarray, *,
-                         score_label: str, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
+                         score_label: str, ids: dict | None = None, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
     """2-D training inputs coloured by an influence score (diverging, 0 = white), the top-k proponents
-    ringed green, the top-k opponents ringed red, and the test point as a star."""
+    ringed green, the top-k opponents ringed red, and the test point as a star; `ids` as `scatter_2d`."""
     x = np.asarray(x_train, np.float64)
     s = np.asarray(scores, np.float64)
     lim = float(np.quantile(np.abs(s), 0.98)) or 1.0
+    custom, who = _identified(ids, len(x))
     fig = go.Figure(go.Scattergl(
-        x=x[:, 0], y=x[:, 1], mode="markers", customdata=np.arange(len(x)), name="training examples",
+        x=x[:, 0], y=x[:, 1], mode="markers", customdata=custom, name="training examples",
         marker=dict(color=s, colorscale="RdBu", cmid=0, cmin=-lim, cmax=lim, size=7,
                     colorbar=dict(title=score_label), line=dict(width=0.3, color="gray")),
-        hovertemplate="example %{customdata}<br>score %{marker.color:.3g}<extra></extra>"))
+        hovertemplate=who + "<br>score %{marker.color:.3g}<extra></extra>"))
     for ids, color, name in ((proponents, PROPONENT_COLOR, "top proponents"), (opponents, OPPONENT_COLOR, "top opponents")):
         ids = np.asarray(ids, int)
         fig.add_trace(go.Scatter(x=x[ids, 0], y=x[ids, 1], mode="markers", name=name,
@@ -348,19 +376,21 @@ def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agr
 
 
 def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, *, pearson: float, spearman: float,
-                n_top: int | None = None, title: str | None = None) -> go.Figure:
+                n_top: int | None = None, ids: dict | None = None, title: str | None = None) -> go.Figure:
     """Predicted vs actual leave-one-out change in test loss, the y = x line (Koh & Liang 2017, Fig. 2).
 
-    The first `n_top` entries are the predicted proponents (green), the rest opponents (red).
+    The first `n_top` entries are the predicted proponents (green), the rest opponents (red); a hover names each
+    removed example by `ids` (the columns of `export.example_columns` for `indices`), else by its position.
     """
+    custom, who = _identified(ids if ids is not None else {"example": np.asarray(indices)}, len(indices))
     p, a = np.asarray(predicted, np.float64), np.asarray(actual, np.float64)
     n_top = len(p) // 2 if n_top is None else n_top
     groups = (slice(0, n_top), slice(n_top, None))
     fig = go.Figure()
     for sl, color, name in zip(groups, (PROPONENT_COLOR, OPPONENT_COLOR), ("most positive prediction", "most negative prediction")):
-        fig.add_trace(go.Scatter(x=p[sl], y=a[sl], mode="markers", name=name, customdata=np.asarray(indices)[sl],
+        fig.add_trace(go.Scatter(x=p[sl], y=a[sl], mode="markers", name=name, customdata=custom[sl],
                                  marker=dict(size=10, color=color),
-                                 hovertemplate="example %{customdata}<br>predicted %{x:.3g}<br>actual %{y:.3g}<extra></extra>"))
+                                 hovertemplate=who + "<br>predicted %{x:.3g}<br>actual %{y:.3g}<extra></extra>"))
     lo = float(min(p.min(), a.min())) if len(p) else 0.0
     hi = float(max(p.max(), a.max())) if len(p) else 1.0
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(dash="dot", color="gray")))
@@ -729,7 +759,8 @@ def _frame(fig: go.Figure, xr: tuple[float, float], yr: tuple[float, float], mar
 
 def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", removed: int | None = None,
                   kind: str = "line", title: str = "Training examples: click one to remove it") -> go.Figure:
-    """The training data of a two-parameter problem, clickable (`customdata` = example index).
+    """The training data of a two-parameter problem, clickable (`customdata[0]` = example index); a hover names
+    each example by its index in the problem's arrays and shows its input and target.
 
     `kind="line"`: points (x, y) and the line y = θ₀·x + θ₁; `kind="logistic"`: 2-D inputs coloured
     by label and the decision boundary θ·x = 0. `removed` is crossed out.
@@ -738,10 +769,14 @@ def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", remov
     marked, labels = np.asarray(marked, bool), np.asarray(labels, int)
     pts = np.stack([xs, ys], 1) if kind == "line" else xs
     colors = [FLIPPED_COLOR if m else CLASS_COLORS[c % 3] for m, c in zip(marked, labels)]
-    fig = go.Figure(go.Scatter(x=pts[:, 0], y=pts[:, 1], mode="markers", customdata=np.arange(len(pts)),
+    n = len(pts)
+    inputs = {"x": xs, "y": ys} if kind == "line" else {"x₁": xs[:, 0], "x₂": xs[:, 1], "label y": ys}
+    custom, who = _identified({"example": np.arange(n), "index": np.arange(n), **inputs,
+                               **({marked_name: np.where(marked, "yes", "no")} if marked_name else {})}, n)
+    fig = go.Figure(go.Scatter(x=pts[:, 0], y=pts[:, 1], mode="markers", customdata=custom,
                                marker=dict(size=11, color=colors, line=dict(color="#111111", width=0.8)),
                                name="training examples (red: " + (marked_name or "marked") + ")",
-                               hovertemplate="example %{customdata}<extra></extra>"))
+                               hovertemplate=who + "<extra></extra>"))
     lo, hi = float(pts[:, 0].min()) - 0.3, float(pts[:, 0].max()) + 0.3
     if kind == "line":
         fig.add_scatter(x=[lo, hi], y=[theta[0] * lo + theta[1], theta[0] * hi + theta[1]], mode="lines",

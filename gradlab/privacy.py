@@ -452,14 +452,17 @@ def noise_multiplier_for_epsilon(
 # ---------------------------------------------------------------- evaluation of checkpoints
 
 
-def accuracy_by_class(model, xs: Float[Array, "N D"], ys, n_classes: int) -> tuple[float, np.ndarray]:
+def accuracy_by_class(model, xs: Float[Array, "N D"], ys, n_classes: int,
+                      predict_fn: Callable | None = None) -> tuple[float, np.ndarray]:
     """Test accuracy of a classifier and its accuracy on each class.
 
-    **Arguments** `model`: `model(x) -> logits (K,)`; `xs (N, D)`; `ys (N,)` int labels; `n_classes` K.
+    **Arguments** `model`: `model(x) -> logits (K,)`, or params with `predict_fn(params, x) -> logits (K,)` (a
+    served model, `gradlab.own`); `xs (N, D)`; `ys (N,)` int labels; `n_classes` K.
 
     **Returns** `(accuracy in [0, 1], (K,) per-class accuracy; NaN for a class absent from ys)`.
     """
-    pred = np.asarray(jnp.argmax(jax.vmap(model)(jnp.asarray(xs)), axis=-1))
+    forward = model if predict_fn is None else (lambda x: predict_fn(model, x))
+    pred = np.asarray(jnp.argmax(jax.vmap(forward)(jnp.asarray(xs)), axis=-1))
     ys = np.asarray(ys)
     correct = pred == ys
     per = np.array([correct[ys == k].mean() if np.any(ys == k) else np.nan for k in range(n_classes)])

@@ -69,13 +69,18 @@ def _optimizer(name: str) -> optax.GradientTransformation:
     raise TrainingError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
-def make_optimizer(name: str, lr: float, steps: int | None = None) -> optax.GradientTransformation:
+def make_optimizer(name: str | optax.GradientTransformation, lr: float, steps: int | None = None) -> optax.GradientTransformation:
     """optax optimizer by name: `"adam"`, `"sgd"` (momentum 0.9) or `"adam_linear"` (Adam, the rate
     decayed linearly to 0 over `steps`) with (peak) learning rate `lr`.
+
+    An optax `GradientTransformation` in place of the name is returned as it is (`lr` and `steps` unused): a
+    served model's own optimizer (`gradlab.own`).
 
     **Raises** `TrainingError` for an unknown name, a learning rate that is not a positive number,
     or `"adam_linear"` without a number of steps ≥ 1.
     """
+    if isinstance(name, optax.GradientTransformation):
+        return name
     if not (np.isfinite(lr) and lr > 0):
         raise TrainingError(f"the learning rate must be a positive number, got {lr:g}")
     base = _optimizer(name)
@@ -134,7 +139,7 @@ def train(
     xs,
     ys,
     *,
-    optimizer: str = "adam",
+    optimizer: str | optax.GradientTransformation = "adam",
     lr: float = 1e-2,
     steps: int = 300,
     batch_size: int = 128,
@@ -147,7 +152,7 @@ def train(
 
     **Arguments**
     - `loss_fn(model, x, y)`: single-example loss; `xs (N, D)`, `ys (N,)`.
-    - `optimizer`: `"adam"` | `"sgd"`; `lr` > 0; `steps` ≥ 0 minibatch steps of `batch_size`
+    - `optimizer`: `"adam"` | `"sgd"` | `"adam_linear"`, or an optax transformation (`lr` unused); `lr` > 0; `steps` ≥ 0 minibatch steps of `batch_size`
       examples drawn without replacement (the full set when batch_size ≥ N).
     - `l2`: L2 penalty λ in `mean loss + λ/2 ‖θ‖²`.
     - `checkpoint_every`: steps between checkpoints; `progress(step, steps)` is called after each.
@@ -174,7 +179,8 @@ def train(
             bad = done + int(np.argmin(np.isfinite(seg))) + 1
             raise TrainingError(
                 f"the training loss became {seg[~np.isfinite(seg)][0]} at step {bad}: the run diverged. "
-                f"Lower the learning rate (now {lr:g}) or switch to Adam."
+                + (f"Lower the learning rate (now {lr:g}) or switch to Adam." if np.isfinite(lr)
+                   else "Lower your optimizer's learning rate.")
             )
         done += k
         losses.append(seg)
@@ -358,7 +364,7 @@ def train_dp_sgd(
     except ValueError as err:
         raise TrainingError(str(err)) from None
     n = _check_run(xs, steps, checkpoint_every, l2)
-    opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else make_optimizer(optimizer, lr, max(steps, 1))
+    opt = make_optimizer(optimizer, lr, max(steps, 1))
     params = as_params(model)
     opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)

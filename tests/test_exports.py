@@ -122,3 +122,43 @@ def test_user_strings_in_figures_are_text_not_markup():
     assert "<a href" not in spec and "&lt;a href" in spec
     grid = plots.image_grid(np.zeros((1, 4)), [evil], cols=1, image_shape=(2, 2))
     assert "<a href" not in json.dumps(grid.to_plotly_json())
+
+
+def test_a_toy_hover_names_the_example_by_its_row_and_shows_its_input():
+    """Issue 26 item 3 on the 2-D toys: the oracle is scikit-learn's generator itself (the source the rows name)."""
+    from sklearn.datasets import make_moons
+
+    from gradlab import plots
+    from gradlab.data import TOY_SIZE, load_dataset
+
+    data = load_dataset("moons", seed=0)
+    x_src, y_src = make_moons(TOY_SIZE, noise=0.2, random_state=0)
+    ids = {**export.example_columns(data, np.arange(len(data.y_train))),
+           "label": [data.class_names[c] for c in data.y_train]}
+    fig = plots.scatter_2d(data.x_train, np.ones(len(data.y_train)), color_label="‖g‖", ids=ids)
+    trace = fig.data[0]
+    assert trace.hovertemplate.startswith("index %{customdata[1]}<br>x₁ = %{customdata[2]:.3g}<br>x₂ = %{customdata[3]:.3g}")
+    for i in (0, 7, len(data.y_train) - 1):
+        position, row, x1, x2, label = trace.customdata[i]
+        assert position == i  # a click reads the position back; the hover shows the generator's row
+        np.testing.assert_allclose([x1, x2], x_src[row], rtol=1e-5)
+        assert label == str(y_src[row])
+        np.testing.assert_allclose([trace.x[i], trace.y[i]], data.x_train[i])  # drawn where the split put it
+    assert sorted(np.asarray(trace.customdata)[:, 1].astype(int).tolist()) == sorted(data.rows_train.tolist())
+    # the LOO scatter names its retrained examples the same way; without ids, by position
+    loo = plots.loo_scatter(np.arange(4.0), np.arange(4.0), np.array([5, 9, 2, 1]), pearson=1, spearman=1,
+                            ids={k: np.asarray(v)[[5, 9, 2, 1]] for k, v in ids.items()})
+    assert [c[1] for c in loo.data[0].customdata] == [data.row(5), data.row(9)]
+    plain = plots.loo_scatter(np.arange(2.0), np.arange(2.0), np.array([5, 9]), pearson=1, spearman=1)
+    assert plain.data[0].hovertemplate.startswith("example %{customdata[0]}")
+
+
+@pytest.mark.slow
+def test_the_norms_page_hovers_rows_on_a_toy():
+    import json
+
+    at = open_page("norms", dataset="moons")
+    assert_clean(at)
+    templates = [t.get("hovertemplate", "") for chart in at.get("plotly_chart")
+                 for t in json.loads(chart.proto.spec)["data"]]
+    assert any(t.startswith("index %{customdata[1]}<br>x₁ = ") for t in templates), templates

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, assert_clean, open_page
 
 from gradlab import engine, own, serve
-from gradlab.experiment import Experiment, fit, load_data
+from gradlab.experiment import Experiment, Fitted, fit, load_data
 
 FLAX = ROOT / "examples" / "own_model_flax.py"
 EQUINOX = ROOT / "examples" / "own_model_equinox.py"
@@ -70,6 +70,84 @@ def test_the_equinox_example_lists_its_sgd_checkpoints(examples):
     assert run.final is examples["equinox"].params
 
 
+def arrays_of(model) -> list[np.ndarray]:
+    return [np.asarray(a) for a in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
+
+
+@pytest.mark.slow
+def test_gradlabs_loops_with_the_modules_recipe_retrace_its_own_training(examples):
+    """The oracle is the module's own training loop (full-batch SGD, examples/own_model_equinox.py): gradlab's loop
+    from `init_fn` with its optimizer and batch size, and DP-SGD with q = 1, σ = 0, C = ∞ (every example in every
+    batch, divided by qN = N), both reach its checkpoint at step 50."""
+    from gradlab.train import train, train_dp_sgd
+
+    m = examples["equinox"]
+    assert m.trainable and m.recipe()["batch_size"] == len(m.data.y_train) and m.run.steps[1] == 50
+    xs, ys = m.data.x_train, m.data.y_train
+    plain = train(m.init(0), m.loss_fn, xs, ys, **{**m.recipe(), "steps": 50}, seed=0).final
+    dp = train_dp_sgd(m.init(0), m.loss_fn, xs, ys, sample_rate=1.0, noise_multiplier=0.0, clip_norm=np.inf,
+                      optimizer=m.optimizer, steps=50, checkpoint_every=50).final
+    for got in (plain, dp):
+        for a, b in zip(arrays_of(got), arrays_of(m.run.checkpoints[1])):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_served_model_with_init_fn_trains_again_at_another_seed(examples, served):
+    m = served(EQUINOX)
+    f = fit(Experiment(dataset=m.name))
+    assert f.trainable and f.run is m.run
+    other = fit(Experiment(dataset=m.name, seed=1), data=m.data)  # what TRAK's ensemble asks for
+    assert other.run.steps == (0, m.train_steps) and other.run is not m.run
+    # seed 1 is init_fn(jax.random.key(1)): the run starts there
+    for a, b in zip(arrays_of(other.run.checkpoints[0]), arrays_of(m.init_fn(jax.random.key(1)))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_lds_models_follow_the_modules_recipe():
+    """The LDS trains its models on random halves with a served model's recipe (an optax object, not a name) in one
+    vmapped scan; the oracle is `train` on each half alone with the same recipe and seed."""
+    import optax
+
+    from gradlab.influence import evaluation
+    from gradlab.train import train
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    m = own.from_objects(linear_loss, jnp.zeros(3), (x, x @ np.array([1.0, -1.0, 2.0], np.float32)),
+                         init_fn=lambda key: 0.1 * jax.random.normal(key, (3,)), optimizer=optax.sgd(0.05, momentum=0.5),
+                         train_steps=30, batch_size=8)
+    r = m.recipe()
+    xs, ys = m.data.x_train, m.data.y_train
+    subsets = evaluation.random_subsets(len(ys), 3, seed=0)
+    stacked = evaluation.train_on_subsets(m.init(0), m.loss_fn, xs, ys, subsets, optimizer=r["optimizer"], lr=r["lr"],
+                                          steps=r["steps"], batch_size=r["batch_size"], l2=r["l2"], seed=1)
+    for j, subset in enumerate(subsets):
+        alone = train(m.init(0), m.loss_fn, xs[subset], ys[subset], **r, seed=1 + j).final
+        np.testing.assert_allclose(np.asarray(stacked[j]), np.asarray(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_trak_without_init_fn_takes_the_last_checkpoints_of_the_run(examples, served):
+    from gradlab.influence import fitted as ifit
+
+    run = examples["equinox"].run
+    # the example's module without its recipe: checkpoints only
+    d = examples["equinox"].data
+    m = own.from_objects(examples["equinox"].loss_fn, run.final, (d.x_train, d.y_train, d.x_test, d.y_test),
+                         checkpoints=run.checkpoints)
+    f = Fitted(Experiment(dataset=m.name), m.data, m.loss_fn, m.run, m.predict_fn)
+    assert not m.trainable
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(own, "for_name", lambda name: m)
+    try:
+        models = ifit.trak_models(f, n_models=3)
+        assert models == [run.checkpoints[-1], run.checkpoints[-2], run.checkpoints[-3]]
+        with pytest.raises(ValueError, match="init_fn"):
+            ifit.trak_models(f, n_models=6)
+    finally:
+        monkey.undo()
+
+
 def test_a_served_model_is_an_experiment_that_fits_without_training(examples, served):
     m = served(EQUINOX)
     exp = Experiment.from_query({"dataset": m.name})
@@ -78,7 +156,7 @@ def test_a_served_model_is_an_experiment_that_fits_without_training(examples, se
     assert Experiment(dataset=m.name, steps=25, model="cnn", lr=3.0).canonical() == exp
     assert exp.is_own and exp.in_memory_only and not Experiment().is_own
     f = fit(exp)
-    assert not f.trainable and f.run is m.run and f.loss_fn is m.loss_fn
+    assert f.trainable and f.run is m.run and f.loss_fn is m.loss_fn  # trainable: the module has init_fn
     assert load_data(exp) is m.data
     # no predict_fn: a classifier predicts the class whose label gives the lowest loss = argmax of the logits
     logits = jax.vmap(m.params)(m.data.x_test)
@@ -127,6 +205,14 @@ def linear_loss(w, x, y):
      "class ids 0..1"),
     (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9)),
           checkpoints=[jnp.zeros(3)], steps=[0, 1]), "same non-zero length"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9)), train_steps=5),
+     "no init_fn: add `init_fn"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9)),
+          init_fn=lambda key: jnp.zeros(4)), "same structure and shapes"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9)),
+          init_fn=lambda key: jnp.zeros(3), optimizer="adam"), "optax GradientTransformation"),
+    (dict(loss_fn=linear_loss, params=jnp.zeros(3), data=(np.zeros((9, 3)), np.zeros(9)),
+          init_fn=lambda key: jnp.zeros(3), batch_size=0), "batch_size must be"),
 ])
 def test_contract_errors_say_what_to_change(bad, match):
     with pytest.raises(own.OwnModelError, match=match):
@@ -200,10 +286,41 @@ def test_norms_page_on_the_served_equinox_model(served):
 
 
 def test_pages_that_train_from_an_initialization_say_what_they_need(served):
-    served(FLAX)
+    served(FLAX)  # no init_fn
     at = _open("privacy_audit")
-    assert [i.value for i in at.info if "needs gradlab's training loop" in i.value]
-    assert not at.metric and not at.button
+    said = [i.value for i in at.info if "needs gradlab's training loop" in i.value]
+    assert len(said) == 1 and "Membership inference" in said[0] and "init_fn(key) -> params" in said[0]
+    # the membership attack is not offered; the audit of gradlab's own DP-SGD (canaries, no model of yours) is
+    assert "Auditing gradlab's DP-SGD" in [h.value for h in at.header]
+    assert "run_mia" not in [b.key for b in at.button]
+
+
+@pytest.mark.slow
+def test_dp_sgd_on_a_served_model_with_init_fn(served):
+    """The DP clipping page trains the served model's init_fn with DP-SGD and reports its test accuracy."""
+    served(EQUINOX)
+    at = _open("dp_clipping")
+    assert not [i.value for i in at.info if "needs gradlab's training loop" in i.value]
+    at.session_state["dp_sgd_steps"] = 20
+    at.session_state["dp_sgd_q"] = 0.05
+    at.run()
+    at.button(key="run_dp_sgd").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    shown = {x.label: x.value for x in at.metric}
+    assert float(shown["Test accuracy, non-private"].rstrip("%")) > 50  # 20 Adam steps of ~72 examples from init_fn
+    assert 0 < float(shown["ε spent (δ = 1e-05)"]) <= 3.01
+
+
+def test_accuracy_of_a_served_model_goes_through_its_predict_fn(examples):
+    """DP-SGD's and the audit's accuracies call the module's `predict_fn` on params that are not callable."""
+    from gradlab import privacy
+
+    m = examples["flax"]
+    logits = jax.vmap(lambda x: m.predict_fn(m.params, x))(m.data.x_test)
+    acc, per = privacy.accuracy_by_class(m.params, m.data.x_test, m.data.y_test, 10, m.predict_fn)
+    assert acc == pytest.approx(np.mean(np.argmax(logits, 1) == m.data.y_test))
+    assert per[3] == pytest.approx(np.mean(np.argmax(logits, 1)[m.data.y_test == 3] == 3))
 
 
 def test_tracin_follows_the_listed_checkpoints_or_says_what_it_needs(examples, served):

@@ -124,7 +124,7 @@ with ui.guard("The clipping analysis could not be computed"):
 
 # ------------------------------------------------------------------ DP-SGD
 st.header("DP-SGD: a private and a non-private model side by side")
-if fitted.trainable:  # a served model brings trained params, no initialization
+if fitted.trainable:  # a served model trains from its module's init_fn, or not at all
     st.markdown(
         f"Batches are drawn by **Poisson sampling**: each of the N = {n_train:,} training examples joins a batch "
         "independently with probability q, so the batch size varies around qN. This is the sampling the accountant "
@@ -195,7 +195,8 @@ if fitted.trainable:  # a served model brings trained params, no initialization
 
         def evaluated(name, run):
             """The run without its models once each checkpoint's test accuracy is taken: the next run has the memory."""
-            evals[name] = [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes) for cp in run.checkpoints]
+            evals[name] = [privacy.accuracy_by_class(cp, data.x_test, data.y_test, data.n_classes, fitted.predict_fn)
+                           for cp in run.checkpoints]
             return dataclasses.replace(run, checkpoints=())
 
         private = evaluated("private", train_dp_sgd(
@@ -271,7 +272,7 @@ if fitted.trainable:  # a served model brings trained params, no initialization
         else:
             st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
 else:
-    ui.needs_training_loop()
+    ui.needs_training_loop("DP-SGD")
 
 
 ui.code_panel(

@@ -127,7 +127,8 @@ with right:
         xy, axes = data.x_test, data.feature_names
     else:
         xy, axes = np.stack([np.arange(n_test), test_loss], 1), ("test point index", "test loss at the trained model")
-    ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes), width="stretch",
+    test_ids = {**export.example_columns(data, np.arange(n_test), split="test"), "label": [name(v) for v in data.y_test]}
+    ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes, ids=test_ids), width="stretch",
              on_select="rerun", selection_mode="points", key=PICK)
 
 # ------------------------------------------------------------------ controls
@@ -242,6 +243,10 @@ def tag(i):
     return f"#{data.row(i)} y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
 
 
+# each training example by its row in the source and its input (hovers; the tables below)
+train_ids = {**export.example_columns(data, np.arange(len(data.y_train))), "label": [name(v) for v in data.y_train]}
+
+
 if data.image_shape is not None:
     st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
     ui.chart(plots.image_grid(pixels(data.x_train[props]), [f"{tag(i)}\n{s[i]:.2g}" for i in props],
@@ -250,12 +255,12 @@ if data.image_shape is not None:
     ui.chart(plots.image_grid(pixels(data.x_train[opps]), [f"{tag(i)}\n{s[i]:.2g}" for i in opps],
                               image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
-    ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score",
+    ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score", ids=train_ids,
                                         axis_names=data.feature_names,
                                         title=f"Training set coloured by {inf.METHODS[method].lower()} "
                                               "(blue helps, red hurts)"), width="stretch")
 elif data.n_features == 1:
-    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score", highlight=np.concatenate([props, opps]),
+    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score", highlight=np.concatenate([props, opps]), ids=train_ids,
                               axis_names=(data.feature_names[0], "target (standardized)"),
                               title="Training set coloured by score (top proponents and opponents circled)"),
              width="stretch")
@@ -341,7 +346,7 @@ if selfs is not None:
         ui.chart(plots.image_grid(pixels(data.x_train[shown]), [f"{tag(i)}\n{v[i]:.2g}" for i in shown],
                                   image_shape=data.image_shape), width="stretch")
     elif data.n_features == 2:
-        ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top,
+        ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top, ids=train_ids,
                                   axis_names=data.feature_names,
                                   title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
                  width="stretch")
@@ -411,7 +416,8 @@ else:
     else:
         m[3].metric("‖∇F(θ̂)‖", f"{chk.base.grad_norm:.1e}", help="The gradient norm at the θ̂ both used.")
     ui.chart(plots.loo_scatter(chk.predicted, chk.actual, chk.indices, pearson=chk.pearson, spearman=chk.spearman,
-                               n_top=len(chk.indices) // 2), width="stretch")
+                               n_top=len(chk.indices) // 2, ids={k_: np.asarray(v_)[chk.indices] for k_, v_ in train_ids.items()}),
+             width="stretch")
 
 # ------------------------------------------------------------------ the linear datamodeling score
 if fitted.trainable:  # the LDS retrains from the initialization with gradlab's loop
@@ -426,8 +432,8 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
 
 
     def lds_cost(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted):
-        e = _fitted.experiment
-        return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=e.steps, batch_size=e.batch_size,
+        r = _fitted.recipe
+        return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=r["steps"], batch_size=r["batch_size"],
                                  n_test=n_test_, n=len(_fitted.data.y_train))
 
 
@@ -469,7 +475,7 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
                                    "std over test points": [float(np.nanstd(res_lds[m_][1])) for m_ in names]})
         ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")
 else:
-    ui.needs_training_loop()
+    ui.needs_training_loop("The linear datamodeling score")
 
 
 ui.code_panel(

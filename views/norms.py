@@ -75,28 +75,30 @@ top = np.argsort(-s.norms)[:k]
 
 def label(i):
     if data.task != "classification":
-        return f"y={data.y_train[i]:.2f}"
+        return f"#{data.row(i)} y={data.y_train[i]:.2f}"
     name = data.class_names
     return f"#{data.row(i)} y={name[data.y_train[i]]} ŷ={name[int(s.predictions[i])]}"
 
 
+# each example by its row in the source and its input (hovers, the table, the export)
+who = {**export.example_columns(data, np.arange(len(s.norms))),
+       "label": [data.class_names[c] for c in data.y_train] if data.task == "classification" else data.y_train}
 if data.image_shape is not None:
     # two short lines: 8 tiles share a 1024 px projector
     titles = [f"{label(i)}\n{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}" for i in top]
     ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
     st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:
-    ui.chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top,
+    ui.chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top, ids=who,
                                      axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
                     width="stretch")
 elif data.n_features == 1:
-    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s.norms, color_label="‖g‖", highlight=top,
+    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s.norms, color_label="‖g‖", highlight=top, ids=who,
                                      axis_names=(data.feature_names[0], "target (standardized)"),
                                      title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
 
 table = pd.DataFrame({
-    **export.example_columns(data, np.arange(len(s.norms))),
-    "label": [data.class_names[c] for c in data.y_train] if data.task == "classification" else data.y_train,
+    **who,
     "prediction": [data.class_names[int(c)] for c in s.predictions] if data.task == "classification" else s.predictions,
     "loss": s.losses,
     "gradient norm": s.norms,

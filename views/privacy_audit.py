@@ -24,116 +24,117 @@ ui.terms("ε and δ", "noise multiplier σ", "sampling rate q", "RDP", "PLD", "L
 exp = ui.experiment()
 fitted = ui.fitted(exp)
 data = fitted.data
-if not fitted.trainable:
-    ui.needs_training_loop("This page")
-    st.stop()
 
 # ------------------------------------------------------------------ membership inference
 st.header("Membership inference: non-private vs DP-SGD")
-st.markdown(
-    "A pool of training examples is split at random: the **target** model trains on one half (the members), the "
-    "other half are non-members. Shadow models train on other random halves with the same procedure; for each "
-    "example, the shadows that left it out say how confident a model is on it *without* having seen it, and LiRA "
-    "scores how far the target sits above that. Both models use the sidebar's model, the same batches and optimizer "
-    "(the DP clipping page's DP-SGD settings); a small pool and many steps make the non-private model memorize."
-)
-controls, promise = st.columns([3, 2])  # the promise (what ε allows) beside the settings that spend it
-with controls:
-    left, right = st.columns(2)
-with left:
-    pool = ui.control(st.number_input, "Pool size (members + non-members)", value=int(min(256, len(data.y_train))), min_value=8,
-                      max_value=int(len(data.y_train)), step=64, key="mia_pool",
-                      help="The first examples of the training split; half of them train the target.")
-    shadows = ui.control(st.number_input, "Shadow models per procedure", value=4, min_value=2, max_value=16, step=2, key="mia_shadows",
-                         help="More shadows calibrate LiRA better and take longer.")
-with right:
-    q = ui.control(st.number_input, "Sampling rate q", value=0.5, min_value=0.01, max_value=1.0, step=0.05, format="%.3f", key="mia_q")
-    steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=2000, step=50, key="mia_steps")
-with left:
-    c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="mia_c")
-    eps_target = ui.control(st.number_input, "Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
-                            help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
-with right:
-    optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "mia_opt")
-    lr = ui.control(st.select_slider, "Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr")
-delta = 1e-5
+if not fitted.trainable:  # a served model without init_fn: the attack trains its target and shadows from one
+    ui.needs_training_loop("Membership inference")
+else:
+    st.markdown(
+        "A pool of training examples is split at random: the **target** model trains on one half (the members), the "
+        "other half are non-members. Shadow models train on other random halves with the same procedure; for each "
+        "example, the shadows that left it out say how confident a model is on it *without* having seen it, and LiRA "
+        "scores how far the target sits above that. Both models use the sidebar's model, the same batches and optimizer "
+        "(the DP clipping page's DP-SGD settings); a small pool and many steps make the non-private model memorize."
+    )
+    controls, promise = st.columns([3, 2])  # the promise (what ε allows) beside the settings that spend it
+    with controls:
+        left, right = st.columns(2)
+    with left:
+        pool = ui.control(st.number_input, "Pool size (members + non-members)", value=int(min(256, len(data.y_train))), min_value=8,
+                          max_value=int(len(data.y_train)), step=64, key="mia_pool",
+                          help="The first examples of the training split; half of them train the target.")
+        shadows = ui.control(st.number_input, "Shadow models per procedure", value=4, min_value=2, max_value=16, step=2, key="mia_shadows",
+                             help="More shadows calibrate LiRA better and take longer.")
+    with right:
+        q = ui.control(st.number_input, "Sampling rate q", value=0.5, min_value=0.01, max_value=1.0, step=0.05, format="%.3f", key="mia_q")
+        steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=2000, step=50, key="mia_steps")
+    with left:
+        c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="mia_c")
+        eps_target = ui.control(st.number_input, "Target ε (σ calibrated, RDP)", value=4.0, min_value=0.1, step=0.5, key="mia_eps",
+                                help="σ is chosen so the whole DP-SGD run spends this ε at δ.")
+    with right:
+        optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "mia_opt")
+        lr = ui.control(st.select_slider, "Learning rate", options=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3], value=0.01, key="mia_lr")
+    delta = 1e-5
 
 
-@ui.shared(gated=False)
-def calibrated_sigma(eps, q, steps, delta):
-    return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta)
+    @ui.shared(gated=False)
+    def calibrated_sigma(eps, q, steps, delta):
+        return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta)
 
 
-def attack_cost(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted):
-    return costs.attack_seconds(engine.num_params(_fitted.model), pool=pool, sample_rate=q, steps=steps, shadows=shadows)
+    def attack_cost(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted):
+        return costs.attack_seconds(engine.num_params(_fitted.model), pool=pool, sample_rate=q, steps=steps, shadows=shadows)
 
 
-@ui.shared(label="Training target and shadow models", cost=attack_cost)
-def attack(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted, progress):
-    """Membership inference on both procedures, shared by sessions (keyed on every setting)."""
-    d = _fitted.data
-    return membership.private_vs_nonprivate(
-        init_model(exp, d), _fitted.loss_fn, d.x_train[:pool], d.y_train[:pool], sample_rate=q, noise_multiplier=sigma,
-        clip_norm=c, optimizer=optimizer, lr=lr, steps=steps, n_shadows=shadows, seed=exp.seed, progress=lambda f: progress(f, f"{f:.0%}"))
+    @ui.shared(label="Training target and shadow models", cost=attack_cost)
+    def attack(exp, pool, q, steps, c, sigma, optimizer, lr, shadows, _fitted, progress):
+        """Membership inference on both procedures, shared by sessions (keyed on every setting)."""
+        d = _fitted.data
+        return membership.private_vs_nonprivate(
+            init_model(exp, d), _fitted.loss_fn, d.x_train[:pool], d.y_train[:pool], sample_rate=q, noise_multiplier=sigma,
+            clip_norm=c, optimizer=optimizer, lr=lr, steps=steps, n_shadows=shadows, seed=exp.seed,
+            progress=lambda f: progress(f, f"{f:.0%}"), predict_fn=_fitted.predict_fn)
 
 
-results = None
-with ui.guard("Membership inference could not run with these settings"):
-    if data.task != "classification":
-        raise ValueError("membership inference here scores class confidences: choose a classification dataset in the sidebar")
-    q = privacy.check_sample_rate(q)
-    c_dp = privacy.check_clip_norm(c_dp)
-    with st.spinner("Calibrating σ with dp-accounting…"):
-        sigma = calibrated_sigma(float(eps_target), q, int(steps), delta)
-    eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
-    with promise:
-        ui.chart(audit_plots.roc_loglog({}, epsilon=eps, delta=delta, floor=1 / (int(pool) - int(pool) // 2), height=360,
-                                        title=f"What ε = {eps:.2f} allows any membership attack",
-                                        axes=("FPR (non-members called members)", "TPR (members found)")))
-    st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
-               f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
-    args = (exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)
-    fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: attack_cost(*args[:3], t, *args[4:]))
-    results = ui.on_request(attack, *args, name="mia", button="Run the membership attack",
-                            fix=f"Use at most {fits} training steps, fewer shadow models or a smaller pool." if fits
-                            else "Use fewer shadow models or a smaller pool.")
+    results = None
+    with ui.guard("Membership inference could not run with these settings"):
+        if data.task != "classification":
+            raise ValueError("membership inference here scores class confidences: choose a classification dataset in the sidebar")
+        q = privacy.check_sample_rate(q)
+        c_dp = privacy.check_clip_norm(c_dp)
+        with st.spinner("Calibrating σ with dp-accounting…"):
+            sigma = calibrated_sigma(float(eps_target), q, int(steps), delta)
+        eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
+        with promise:
+            ui.chart(audit_plots.roc_loglog({}, epsilon=eps, delta=delta, floor=1 / (int(pool) - int(pool) // 2), height=360,
+                                            title=f"What ε = {eps:.2f} allows any membership attack",
+                                            axes=("FPR (non-members called members)", "TPR (members found)")))
+        st.caption(f"σ = **{sigma:.3f}** · members = **{int(pool) // 2}** · expected batch **{q * int(pool) / 2:.0f}** · "
+                   f"{2 * (int(shadows) + 1)} models to train · DP-SGD spends ε = **{eps:.2f}** at δ = {delta:g} (RDP).")
+        args = (exp, int(pool), q, int(steps), c_dp, float(sigma), optimizer, float(lr), int(shadows), fitted)
+        fits = costs.largest(range(50, int(steps) + 1, 50), lambda t: attack_cost(*args[:3], t, *args[4:]))
+        results = ui.on_request(attack, *args, name="mia", button="Run the membership attack",
+                                fix=f"Use at most {fits} training steps, fewer shadow models or a smaller pool." if fits
+                                else "Use fewer shadow models or a smaller pool.")
 
-if results is not None:
-    pub, priv = results["non-private"], results["DP-SGD"]
-    m = st.columns(5)
-    m[0].metric("LiRA AUC, non-private", f"{pub.rocs['lira'].auc:.3f}")
-    m[1].metric("LiRA AUC, DP-SGD", f"{priv.rocs['lira'].auc:.3f}", delta=f"{priv.rocs['lira'].auc - pub.rocs['lira'].auc:+.3f}",
-                delta_color="inverse", help="0.5 is a coin flip.")
-    m[2].metric("TPR at 1% FPR, non-private", f"{pub.rocs['lira'].tpr_at_1:.1%}")
-    m[3].metric("TPR at 1% FPR, DP-SGD", f"{priv.rocs['lira'].tpr_at_1:.1%}",
-                delta=f"{(priv.rocs['lira'].tpr_at_1 - pub.rocs['lira'].tpr_at_1) * 100:+.1f} pts", delta_color="inverse",
-                help=f"The DP bound allows at most {membership.dp_roc_bound(0.01, eps, delta):.1%} at ε = {eps:.2f}.")
-    m[4].metric("Accuracy gap (pts)", f"{(pub.train_accuracy - pub.test_accuracy) * 100:.0f} → "
-                f"{(priv.train_accuracy - priv.test_accuracy) * 100:.0f}",
-                help="Train minus test accuracy, non-private → DP-SGD: how much each model memorized.")
-    curves = {f"{name}, {membership.ATTACKS[k].split(' (')[0]}": (r.rocs[k].fpr, r.rocs[k].tpr, r.rocs[k].auc)
-              for name, r in results.items() for k in ("lira", "loss")}
-    n_out = int((~pub.is_member).sum())
-    ui.chart(audit_plots.roc_loglog(curves, epsilon=eps, delta=delta, floor=1 / n_out))
-    st.caption(f"With {n_out} non-members the smallest FPR that can be measured is 1/{n_out} = {1 / n_out:.1%}: the axis "
-               "starts there (an FPR of 0 is drawn at it). The black line bounds every attack on the DP-SGD model.")
-    table = pd.DataFrame([dict(model=name, attack=membership.ATTACKS[k], AUC=r.rocs[k].auc, **{"TPR at 1% FPR": r.rocs[k].tpr_at_1,
-                          "TPR at 0.1% FPR": r.rocs[k].tpr_at_01, "train accuracy": r.train_accuracy,
-                          "test accuracy": r.test_accuracy}) for name, r in results.items() for k in membership.ATTACKS])
-    st.dataframe(table, hide_index=True, width="stretch")
-    ui.download("membership_inference", table, key="mia_download")
+    if results is not None:
+        pub, priv = results["non-private"], results["DP-SGD"]
+        m = st.columns(5)
+        m[0].metric("LiRA AUC, non-private", f"{pub.rocs['lira'].auc:.3f}")
+        m[1].metric("LiRA AUC, DP-SGD", f"{priv.rocs['lira'].auc:.3f}", delta=f"{priv.rocs['lira'].auc - pub.rocs['lira'].auc:+.3f}",
+                    delta_color="inverse", help="0.5 is a coin flip.")
+        m[2].metric("TPR at 1% FPR, non-private", f"{pub.rocs['lira'].tpr_at_1:.1%}")
+        m[3].metric("TPR at 1% FPR, DP-SGD", f"{priv.rocs['lira'].tpr_at_1:.1%}",
+                    delta=f"{(priv.rocs['lira'].tpr_at_1 - pub.rocs['lira'].tpr_at_1) * 100:+.1f} pts", delta_color="inverse",
+                    help=f"The DP bound allows at most {membership.dp_roc_bound(0.01, eps, delta):.1%} at ε = {eps:.2f}.")
+        m[4].metric("Accuracy gap (pts)", f"{(pub.train_accuracy - pub.test_accuracy) * 100:.0f} → "
+                    f"{(priv.train_accuracy - priv.test_accuracy) * 100:.0f}",
+                    help="Train minus test accuracy, non-private → DP-SGD: how much each model memorized.")
+        curves = {f"{name}, {membership.ATTACKS[k].split(' (')[0]}": (r.rocs[k].fpr, r.rocs[k].tpr, r.rocs[k].auc)
+                  for name, r in results.items() for k in ("lira", "loss")}
+        n_out = int((~pub.is_member).sum())
+        ui.chart(audit_plots.roc_loglog(curves, epsilon=eps, delta=delta, floor=1 / n_out))
+        st.caption(f"With {n_out} non-members the smallest FPR that can be measured is 1/{n_out} = {1 / n_out:.1%}: the axis "
+                   "starts there (an FPR of 0 is drawn at it). The black line bounds every attack on the DP-SGD model.")
+        table = pd.DataFrame([dict(model=name, attack=membership.ATTACKS[k], AUC=r.rocs[k].auc, **{"TPR at 1% FPR": r.rocs[k].tpr_at_1,
+                              "TPR at 0.1% FPR": r.rocs[k].tpr_at_01, "train accuracy": r.train_accuracy,
+                              "test accuracy": r.test_accuracy}) for name, r in results.items() for k in membership.ATTACKS])
+        st.dataframe(table, hide_index=True, width="stretch")
+        ui.download("membership_inference", table, key="mia_download")
 
-    st.subheader("The most exposed members")
-    top = np.argsort(-np.where(pub.is_member, pub.scores["lira"], -np.inf))[:8]
-    titles = [f"#{data.row(i)} LiRA {pub.scores['lira'][i]:.1f} → {priv.scores['lira'][i]:.1f}" for i in top]
-    if data.image_shape is not None:
-        ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
-                 filename="most exposed members")
-    st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
-                               "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
-                               "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True)
-    st.caption("Members the non-private model is most confident on compared with shadow models that never saw them: "
-               "the examples it memorized. Their LiRA score under DP-SGD (after →) shows what the noise hides.")
+        st.subheader("The most exposed members")
+        top = np.argsort(-np.where(pub.is_member, pub.scores["lira"], -np.inf))[:8]
+        titles = [f"#{data.row(i)} LiRA {pub.scores['lira'][i]:.1f} → {priv.scores['lira'][i]:.1f}" for i in top]
+        if data.image_shape is not None:
+            ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
+                     filename="most exposed members")
+        st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
+                                   "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
+                                   "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True)
+        st.caption("Members the non-private model is most confident on compared with shadow models that never saw them: "
+                   "the examples it memorized. Their LiRA score under DP-SGD (after →) shows what the noise hides.")
 
 # ------------------------------------------------------------------ the audit
 st.header("Auditing gradlab's DP-SGD")

@@ -13,7 +13,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine, experiment
+from gradlab import engine, experiment, own
 from gradlab.influence import evaluation, scores
 from gradlab.influence.solvers import InfluenceError, InverseHVP, Method, Minimum, minimize
 
@@ -59,7 +59,7 @@ def tracin_run(fitted, fit: Callable | None = None):
     """The run TracIn follows: the experiment's own run under SGD, else the same experiment trained
     with SGD (TracIn is derived for SGD steps; Adam preconditions them). Returns `(TrainResult, note)`."""
     exp = fitted.experiment
-    if not fitted.trainable:  # a served model: the checkpoints its module lists, or nothing to follow
+    if exp.is_own:  # a served model: the checkpoints its module lists (its own run), or nothing to follow
         if len(fitted.run.checkpoints) < 2:
             raise ValueError("TracIn follows the checkpoints of a training run: list `checkpoints` (params at earlier "
                              "steps, ending with the trained ones) and `learning_rates` in your model's module")
@@ -80,13 +80,21 @@ def trak_models(fitted, n_models: int = TRAK_MODELS, fit: Callable | None = None
     objective mean ℓ + λ/2‖θ‖² (λ = `base.l2`, L-BFGS warm-started from it, `max_iter`): the first is `base`
     itself, the others converge from the extra seeds' trained weights. TRAK then explains the same
     regularized optimum the influence function does, averaged over seeds.
+
+    A served model without `init_fn` (`fitted.trainable` false) cannot be trained again: its ensemble is instead
+    its module's last `n_models` checkpoints, newest first (TRAK over the checkpoints of one run, Park et al.
+    2023, §5.3).
     """
     fit = fit or experiment.fit
     exp = fitted.experiment
-    if not fitted.trainable and n_models > 1:
-        raise ValueError("TRAK's ensemble trains more models with gradlab's loop; a served model brings its trained "
-                         "params only: set **Models in the ensemble** to 1")
-    trained = [fit(exp.replace(seed=exp.seed + s), data=fitted.data).model for s in range(1, n_models)]
+    if fitted.trainable:
+        trained = [fit(exp.replace(seed=exp.seed + s), data=fitted.data).model for s in range(1, n_models)]
+    elif n_models <= len(fitted.run.checkpoints):
+        trained = list(fitted.run.checkpoints[-2::-1][: n_models - 1])
+    else:
+        raise ValueError(f"TRAK's ensemble of {n_models} models trains more with gradlab's loop, or takes the last "
+                         f"checkpoints of your run: your module lists {len(fitted.run.checkpoints)}. Set **Models in "
+                         f"the ensemble** to {len(fitted.run.checkpoints)} or fewer, or {own.NEEDS_INIT}")
     if base is None:
         return [fitted.model] + trained
     xs, ys = arrays(fitted)
@@ -187,9 +195,11 @@ def lds_table(fitted, base: Minimum, *, m: int = 50, n_test: int = 32, damping: 
     txs, tys = jnp.asarray(fitted.data.x_test[t_idx]), jnp.asarray(fitted.data.y_test[t_idx])
     say(0.0, f"Training {m} models on random halves of the training set…")
     subsets = evaluation.random_subsets(n, m, seed=seed)
-    init = fitted.run.checkpoints[0]
-    stacked = evaluation.train_on_subsets(init, f, xs, ys, subsets, optimizer=exp.optimizer, lr=exp.lr, steps=exp.steps,
-                                          batch_size=exp.batch_size, l2=exp.l2, seed=seed + 1)
+    # a served model's listed run need not start at an initialization: its module's init_fn gives one
+    init = experiment.init_model(exp, fitted.data) if exp.is_own else fitted.run.checkpoints[0]
+    r = fitted.recipe
+    stacked = evaluation.train_on_subsets(init, f, xs, ys, subsets, optimizer=r["optimizer"], lr=r["lr"], steps=r["steps"],
+                                          batch_size=r["batch_size"], l2=r["l2"], seed=seed + 1)
     outputs = evaluation.subset_outputs(f, init, stacked, txs, tys)
     model = fitted.model
     stages = {

@@ -271,7 +271,10 @@ def num_params(exp: Experiment) -> int:
 
 def macs(exp: Experiment) -> int:
     """Multiply-adds of one forward pass of `exp`'s model (`experiment.forward_macs`, stored): the work estimates
-    of models whose convolutions reuse each weight. **Raises** `DataError` for impossible settings."""
+    of models whose convolutions reuse each weight; 0 for a served model (its forward is the user's own, run on
+    the user's machine; estimates count its P). **Raises** `DataError` for impossible settings."""
+    if exp.is_own:
+        return 0
     return _forward_macs(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
 
 

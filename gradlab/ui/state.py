@@ -51,7 +51,10 @@ def own_model_caption() -> None:
         return
     st.caption(f"**{m.source}**: P = {engine.num_params(m.params):,} parameters, {len(m.data.y_train):,} training and {len(m.data.y_test):,} "
                f"test examples ({m.data.task}), {len(m.run.checkpoints)} checkpoint(s). Trained by you: the training "
-               "controls do not apply.")
+               "controls do not apply. "
+               + (f"Its `init_fn` and recipe ({m.train_steps} steps of {m.batch_size}) let gradlab's loop train it "
+                  "again (DP-SGD, membership attack, LDS, TRAK)." if m.trainable else
+                  "Without an `init_fn` gradlab's loop cannot train it again (DP-SGD, membership attack, LDS)."))
 
 
 def experiment_sidebar() -> Experiment:

@@ -12,7 +12,7 @@ import time
 
 import streamlit as st
 
-from gradlab import engine, export, glossary
+from gradlab import engine, export, glossary, own
 from gradlab.memory import release_memory
 from gradlab.ui import pages
 from gradlab.experiment import Fitted
@@ -68,10 +68,9 @@ def guard(what: str = "This part of the page could not be computed", *, stop: bo
 
 def needs_training_loop(what: str = "This section") -> None:
     """Say plainly why a section that trains models from an initialization (DP-SGD, shadow models, the LDS) is not
-    shown for a model served with `python -m gradlab serve`, and what would show it."""
-    st.info(f"**{what} needs gradlab's training loop**: it trains models from an initialization with gradlab's own "
-            "models, and a model served with `python -m gradlab serve` brings its trained params only. Choose one of "
-            "gradlab's datasets and models in the sidebar to see it.", icon=":material/model_training:")
+    shown for a served model whose module has no `init_fn`, and what to add to show it."""
+    st.info(f"**{what} needs gradlab's training loop**: it trains your model from an initialization, and your module "
+            f"brings trained params only. To show it, {own.NEEDS_INIT}.", icon=":material/model_training:")
 
 
 def code_panel(code: str, title: str = "The exact JAX code behind these numbers") -> None:
