@@ -153,6 +153,7 @@ def test_explore_from_a_notebook_shows_the_users_numbers(browser):
             page = context.new_page()
             page.goto(f"http://127.0.0.1:{port}/norms")
             wait_until_idle(page, timeout=300)
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)  # the charts drew, not only the numbers
             page.screenshot(path=str(SHOTS / "own_explore_norms.png"))
             assert page_errors(page) == []
             shown = metrics(page)

@@ -97,13 +97,12 @@ elif data.n_features == 1:
                                      axis_names=(data.feature_names[0], "target (standardized)"),
                                      title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
 
-table = pd.DataFrame({
-    **who,
-    "prediction": [data.class_names[int(c)] for c in s.predictions] if data.task == "classification" else s.predictions,
-    "loss": s.losses,
-    "gradient norm": s.norms,
-    "flipped label": flipped,
-})
+if data.task == "classification":
+    predicted = {"prediction": [data.class_names[int(c)] for c in s.predictions]}
+else:  # a served regression model without a predict_fn has none (NaN)
+    predicted = {} if np.isnan(s.predictions).all() else {"prediction": s.predictions}
+table = pd.DataFrame({**who, **predicted, "loss": s.losses, "gradient norm": s.norms,
+                      **({"flipped label": flipped} if noisy else {})})  # no flips, no column of empty boxes
 st.dataframe(table.iloc[top], hide_index=True, width="stretch")
 
 if det is not None:
