@@ -30,6 +30,9 @@ DP_SGD_RATE = 2.6e9
 #: `CONV_TRAIN_RATE` for training (seed 003's SimpleCNN on Fashion-MNIST, qN = 256: 5.4 CPU-ms per expected
 #: example and step; the padded Poisson buffer, the norms pass and the clipped backward pass included).
 DP_SGD_CONV_RATE = 2.2e9
+#: The norm summary's pass per example against a training step's (`summary_seconds`), and its compiling.
+SUMMARY_FACTOR = 1.0
+SUMMARY_SETUP_SECONDS = 2.0
 #: Set-up per trained model in a membership attack (tracing a training scan, evaluating it).
 MODEL_SETUP_SECONDS = 0.3
 #: Canary audit: CPU-seconds per (run × step) for each canary; 2,048 gradient-canary trials share a run,
@@ -49,6 +52,14 @@ def training_seconds(num_params: int, steps: int, batch_size: float, macs: int =
     CONV_TRAIN_RATE`."""
     per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
     return 2.0 + steps * batch_size * per_example
+
+
+def summary_seconds(num_params: int, n: int, macs: int = 0) -> float:
+    """Estimated CPU-seconds of the Gradient norms page's summary (`summary.norm_summary`) over `n` examples: 2 s of
+    compiling plus one training step's work per example (`training_seconds`' rates: the fused pass is a forward, a
+    backward and the norms) times `SUMMARY_FACTOR`."""
+    per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return SUMMARY_SETUP_SECONDS + SUMMARY_FACTOR * n * per_example
 
 
 def dp_sgd_seconds(num_params: int, steps: int, batch_size: float, macs: int = 0) -> float:

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import equinox as eqx
 import jax
@@ -107,6 +109,22 @@ def _conv3x3(conv: eqx.nn.Conv2d, z):
     return (patches.reshape(h * w, -1) @ weight).reshape(h, w, -1) + conv.bias.reshape(-1)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _uniform_layers(key, shapes):
+    """Weights and biases U(−1/√fan_in, 1/√fan_in), `eqx.nn`'s (and PyTorch's) default, for layers whose weight
+    and bias have `shapes` ((O, fan_in…), (O, …)), from ONE uniform draw: one compiled program where each layer's
+    own draws compile eight (about 2 CPU-s of a cold start)."""
+    u = jax.random.uniform(key, (sum(math.prod(w) + math.prod(b) for w, b in shapes),), minval=-1.0, maxval=1.0)
+    out, at = [], 0
+    for w, b in shapes:
+        scale = 1.0 / math.sqrt(math.prod(w[1:]))
+        weight = u[at: at + math.prod(w)].reshape(w) * scale
+        at += math.prod(w)
+        out.append((weight, u[at: at + math.prod(b)].reshape(b) * scale))
+        at += math.prod(b)
+    return out
+
+
 class SimpleCNN(eqx.Module):
     """Seed 003's `SimpleCNN`, the PyTorch per-sample-gradients tutorial's network, in Equinox:
     conv 3×3 (1→32) → ReLU → conv 3×3 (32→64) → ReLU → 2×2 max-pool → fc (9,216→128) → ReLU → fc (128→K)
@@ -131,13 +149,15 @@ class SimpleCNN(eqx.Module):
     image_shape: tuple[int, int] = eqx.field(static=True)
 
     def __init__(self, image_shape: tuple[int, int], out_size: int, *, key):
-        k1, k2, k3, k4 = jax.random.split(key, 4)
         h, w = image_shape
         self.image_shape = tuple(image_shape)
-        self.conv1 = eqx.nn.Conv2d(1, 32, 3, key=k1)
-        self.conv2 = eqx.nn.Conv2d(32, 64, 3, key=k2)
-        self.fc1 = eqx.nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128, key=k3)
-        self.fc2 = eqx.nn.Linear(128, out_size, key=k4)
+        layers = eqx.filter_eval_shape(lambda: (  # shapes only: the draws are `_uniform_layers`' one program
+            eqx.nn.Conv2d(1, 32, 3, key=jax.random.key(0)), eqx.nn.Conv2d(32, 64, 3, key=jax.random.key(0)),
+            eqx.nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128, key=jax.random.key(0)),
+            eqx.nn.Linear(128, out_size, key=jax.random.key(0))))
+        shapes = tuple((layer.weight.shape, layer.bias.shape) for layer in layers)
+        self.conv1, self.conv2, self.fc1, self.fc2 = (
+            eqx.tree_at(lambda m: (m.weight, m.bias), layer, wb) for layer, wb in zip(layers, _uniform_layers(key, shapes)))
 
     def __call__(self, x):
         z = jax.nn.relu(_conv3x3(self.conv1, x.reshape(self.image_shape + (1,))))
