@@ -48,8 +48,9 @@ class NormSummary:
 def summary_size(n: int, num_params: int, macs: int, training_seconds: float = 0.0) -> int:
     """How many of the `n` training examples a summary covers: all of them when `costs.summary_seconds` fits what
     `costs.WORK_BUDGET_SECONDS` leaves after the training's estimate (`training_seconds`: a shared link trains and
-    summarizes before any button), else the largest of `SUBSET_SIZES` that fits (at least the smallest)."""
-    left = costs.WORK_BUDGET_SECONDS - training_seconds
+    summarizes before any button) and the page's own work (`costs.PAGE_SECONDS`), else the largest of `SUBSET_SIZES`
+    that fits (at least the smallest: the page always shows some examples)."""
+    left = costs.WORK_BUDGET_SECONDS - training_seconds - costs.PAGE_SECONDS
     if costs.summary_seconds(num_params, n, macs) <= left:
         return n
     fits = [m for m in SUBSET_SIZES if m < n and costs.summary_seconds(num_params, m, macs) <= left]
