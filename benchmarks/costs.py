@@ -1,6 +1,7 @@
 """Calibrate gradlab/costs.py: each heavy computation's CPU-seconds, measured beside its estimate.
 
     python -m benchmarks.costs            # prints one row per computation and setting: measured, estimated, ratio
+    python -m benchmarks.costs --only norms   # the Gradient norms page's training and summary (digits MLP, SimpleCNN)
 
 CPU-seconds are this process's CPU time (`time.process_time`, all of XLA's threads), so a busy machine
 changes wall time more than these numbers. Estimates aim at the right order (ratio within about 0.5–2).
@@ -8,10 +9,11 @@ changes wall time more than these numbers. Estimates aim at the right order (rat
 
 from __future__ import annotations
 
+import argparse
 import time
 
-from gradlab import audit, costs, engine, membership
-from gradlab.experiment import Experiment, fit, init_model
+from gradlab import audit, costs, engine, membership, summary
+from gradlab.experiment import Experiment, count_params, fit, forward_macs, init_model, load_data
 from gradlab.influence import fitted as ifit
 
 
@@ -21,7 +23,28 @@ def cpu_seconds(fn) -> float:
     return time.process_time() - start
 
 
-def main() -> None:
+def norms_rows() -> list:
+    """The Gradient norms page from a cold process: training (compiling included) and the summary at the sizes the
+    page takes, for the digits MLP and seed 003's SimpleCNN on Fashion-MNIST."""
+    rows = []
+    for exp in (Experiment(), Experiment.for_model("simple_cnn").replace(dataset="fashion")):
+        d = load_data(exp)
+        p, m, n = count_params(exp, d), forward_macs(exp, d), len(d.y_train)
+        out = {}
+        measured = cpu_seconds(lambda: out.setdefault("f", fit(exp, d)))
+        train = costs.training_seconds(p, exp.steps, exp.batch_size, m)
+        rows.append((f"training {exp.model} {exp.steps}×{exp.batch_size} (cold)", measured, train))
+        for size in sorted({summary.summary_size(n, p, m, train), min(n, 1000)}):
+            measured = cpu_seconds(lambda: summary.norm_summary(out["f"], size=size))
+            rows.append((f"norm summary {exp.model}, {size:,} of {n:,}", measured, costs.summary_seconds(p, size, m)))
+    return rows
+
+
+def main(argv=None) -> None:
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--only", choices=["norms"], help="only the Gradient norms page's computations")
+    if a.parse_args(argv).only == "norms":
+        return table(norms_rows())
     exp = Experiment()
     f = fit(exp)
     d, P, N = f.data, engine.num_params(f.model), len(f.data.y_train)
@@ -44,6 +67,10 @@ def main() -> None:
     measured = cpu_seconds(lambda: ifit.lds_table(f, base, m=50, n_test=32, damping=0.01))
     rows.append(("LDS M=50, 32 test points", measured,
                  costs.lds_seconds(P, models=50, steps=exp.steps, batch_size=exp.batch_size, n_test=32, n=N)))
+    table(rows + norms_rows())
+
+
+def table(rows) -> None:
     print("| computation | measured CPU-s | estimated CPU-s | estimate / measured |\n|---|---:|---:|---:|")
     for name, measured, estimate in rows:
         print(f"| {name} | {measured:.1f} | {estimate:.1f} | {estimate / measured:.2f} |")

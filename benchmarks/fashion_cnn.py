@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlab import costs, losses, privacy
 from gradlab.experiment import Experiment, count_params, fit, forward_macs, init_model, load_data
-from gradlab.summary import norm_summary
+from gradlab.summary import norm_summary, summary_size
 from gradlab.train import train_dp_sgd
 
 
@@ -65,9 +65,11 @@ def main(argv=None):
     fitted = fit(exp, data)
     print(f"train {exp.steps} steps × {exp.batch_size} ({exp.optimizer} {exp.lr:g}), P = {n_params:,}, {macs:,} MACs: {clock} "
           f"(estimate {est:.0f} CPU-s); test accuracy {accuracy(fitted.model, data):.3f}", flush=True)
+    size = summary_size(len(data.y_train), n_params, macs, est)
     clock = Clock()
-    s = norm_summary(fitted)
-    print(f"norm summary over N = {len(s.norms):,} (cold, compile included): {clock}; median ‖g‖ {np.median(s.norms):.3g}")
+    s = norm_summary(fitted, size=size)
+    print(f"norm summary over {len(s.norms):,} of N = {len(data.y_train):,} (the page's size; cold, compile included): "
+          f"{clock} (estimate {costs.summary_seconds(n_params, size, macs):.0f} CPU-s); median ‖g‖ {np.median(s.norms):.3g}")
     print(f"Gradient norms page's computations from a fresh process (data, train, norms): {page}; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB", flush=True)
 

@@ -21,8 +21,9 @@ WORK_BUDGET_SECONDS = float(os.environ.get("GRADLAB_WORK_BUDGET_S", "30"))
 TRAIN_RATE = 2.5e10
 #: Convolutions reuse each weight at every position, so their work is the multiply-adds of a forward pass,
 #: not P: CPU-seconds per (steps × batch × multiply-adds beyond P) at this rate (seed 003's SimpleCNN on
-#: Fashion-MNIST, 1.2 M parameters and 12.0 M multiply-adds: 2.8 CPU-ms per example and step).
-CONV_TRAIN_RATE = 3.9e9
+#: Fashion-MNIST, 1.2 M parameters and 12.0 M multiply-adds, channels-last: 500 steps of 16 in 21 CPU-s from a
+#: cold process, its compiling included, i.e. 2.4 CPU-ms per example and step).
+CONV_TRAIN_RATE = 4.6e9
 #: DP-SGD throughput with per-example gradients, (steps × expected batch × parameters) per CPU-second
 #: (membership attack on the digits MLP: 18 models, 600 steps of 359 examples, 10.7 CPU-s).
 DP_SGD_RATE = 2.6e9
@@ -30,6 +31,15 @@ DP_SGD_RATE = 2.6e9
 #: `CONV_TRAIN_RATE` for training (seed 003's SimpleCNN on Fashion-MNIST, qN = 256: 5.4 CPU-ms per expected
 #: example and step; the padded Poisson buffer, the norms pass and the clipped backward pass included).
 DP_SGD_CONV_RATE = 2.2e9
+#: What a cold page computes beside its gated computations (loading the data, tracing shapes, building figures and
+#: tables): Gradient norms on seed 003's SimpleCNN, ~4 CPU-s. A link's work before a button is this plus theirs.
+PAGE_SECONDS = 4.0
+#: The norm summary's pass per example against a training step's (`summary_seconds`), and its compiling: 1 s plus
+#: 1 s per 3 M multiply-adds of the forward pass (seed 003's SimpleCNN, 12 M: one fused pass at 4.2 CPU-ms per
+#: example against a training step's 2.8 estimated, its program compiled in ~5 CPU-s; the digits MLP in ~1.3).
+SUMMARY_FACTOR = 1.5
+SUMMARY_SETUP_SECONDS = 1.0
+SUMMARY_COMPILE_MACS = 3e6
 #: Set-up per trained model in a membership attack (tracing a training scan, evaluating it).
 MODEL_SETUP_SECONDS = 0.3
 #: Canary audit: CPU-seconds per (run × step) for each canary; 2,048 gradient-canary trials share a run,
@@ -49,6 +59,15 @@ def training_seconds(num_params: int, steps: int, batch_size: float, macs: int =
     CONV_TRAIN_RATE`."""
     per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
     return 2.0 + steps * batch_size * per_example
+
+
+def summary_seconds(num_params: int, n: int, macs: int = 0) -> float:
+    """Estimated CPU-seconds of the Gradient norms page's summary (`summary.norm_summary`) over `n` examples:
+    compiling (`SUMMARY_SETUP_SECONDS` plus `macs / SUMMARY_COMPILE_MACS`) plus per example `SUMMARY_FACTOR` times a
+    training step's work (`training_seconds`' rates: the fused pass is a forward, a backward and the norms, and the
+    predictions a second forward)."""
+    per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return SUMMARY_SETUP_SECONDS + int(macs) / SUMMARY_COMPILE_MACS + SUMMARY_FACTOR * n * per_example
 
 
 def dp_sgd_seconds(num_params: int, steps: int, batch_size: float, macs: int = 0) -> float:

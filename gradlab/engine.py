@@ -46,7 +46,7 @@ __all__ = [
     "batch_grad", "explain",
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
-    "resolve_method", "clip_factors", "clipped_sum_core", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
+    "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
     "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "DEFAULT_CHUNK",
 ]
 
@@ -656,17 +656,53 @@ def clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=None, chunk=Non
     analysis (`gradlab.clipping`).
     """
     if method == "vmap":
-        return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)
+        return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)[:3]
     n = jax.tree.leaves(xs)[0].shape[0]
     t = _traced(loss_fn, params, xs, ys, method)
     if t is None and _low_precision(loss_fn, params, xs, ys):
         # a weighted backward pass would round cᵢ (and the sum) to bfloat16: clip per-example gradients
-        return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)
+        return _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk)[:3]
     if t is None:  # no rule anywhere: the per-example norms, then one weighted backward pass
         losses, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, "vmap")
         norms = jnp.sqrt(sum(jax.tree.leaves(sq)))
         return weighted_grad(loss_fn, params, xs, ys, clip_factors(norms, clip_norm, weights)), losses, norms
-    return _rules_clipped_sum(t, params, xs, ys, clip_norm, weights, _bytes_chunk(n, chunk, t.example_bytes()))
+    return _rules_clipped_sum(t, params, xs, ys, clip_norm, weights, _bytes_chunk(n, chunk, t.example_bytes()))[:3]
+
+
+def layer_norms_and_grad_sum(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, chunk_size: int | None = None
+                             ) -> tuple[dict[str, Float[Array, "N"]], Float[Array, "N"], PyTree]:
+    """Per-example layer norms, losses and the summed gradient Σᵢ gᵢ from ONE pass over the examples.
+
+    What `per_example_layer_norms`, the per-example losses and `batch_grad(reduction="sum")` give apart, for
+    about the cost of the first: per chunk the rules' (aᵢ, δᵢ) give each leaf's per-example norm and then the
+    chunk's sum gradient (one matmul per ruled op: ghost clipping's pass with C = ∞, Bu et al. 2022,
+    arXiv:2210.00038); a loss with no rule takes `vmap(grad)` chunk by chunk. Streams: never holds N x P.
+
+    **Arguments** as `per_example_layer_norms` (`chunk_size` None: chunks of about `CHUNK_BYTES`).
+
+    **Returns** `({leaf name: (N,) norms}, losses (N,), Σᵢ gᵢ as a pytree like the differentiable params,
+    accumulated in float32 or wider)`.
+
+    **Raises** `ValueError` as `per_example_grads`.
+    """
+    params = as_params(params)
+    n = check_batch(xs, ys)
+    total, losses, norms = _layer_sq_and_sum(loss_fn, params, xs, ys, _chunk(n, chunk_size))
+    names = [jax.tree_util.keystr(path) or "params" for path, _ in
+             jax.tree_util.tree_flatten_with_path(split_params(params)[0])[0]]
+    return dict(zip(names, norms)), losses, total
+
+
+@eqx.filter_jit
+def _layer_sq_and_sum(loss_fn, params, xs, ys, chunk):
+    TRACES["layer_norms_and_grad_sum"] += 1
+    n = jax.tree.leaves(xs)[0].shape[0]
+    t = _traced(loss_fn, params, xs, ys, "auto")
+    if t is None:
+        total, losses, _, sq = _clipped_sum_vmap(loss_fn, params, xs, ys, jnp.inf, None, chunk)
+    else:
+        total, losses, _, sq = _rules_clipped_sum(t, params, xs, ys, jnp.inf, None, _bytes_chunk(n, chunk, t.example_bytes()))
+    return total, losses, list(jnp.sqrt(sq))  # one (N,) array per leaf, formed here: no eager op to compile
 
 
 def _low_precision(loss_fn, params, xs, ys) -> bool:
@@ -693,11 +729,13 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
 
     def block(x, y, w):
         loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
-        sq = sum((jax.vmap(_sq)(g) for g in g_fb.values()), jnp.zeros(loss.shape, jnp.float32))
+        sq = [None] * len(t.diff_index)  # per leaf, (chunk,)
+        for i, g in g_fb.items():
+            sq[i] = jax.vmap(_sq)(g)
         for j, i in enumerate(t.ruled):
-            sq_j = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d))
-            sq = sq + sq_j(saved[j], deltas[j])
-        norms = jnp.sqrt(sq)
+            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d))(saved[j], deltas[j])
+        sq = jnp.stack(sq)
+        norms = jnp.sqrt(jnp.sum(sq, axis=0))
         c = clip_factors(norms, clip_norm, w)
         out = [None] * len(t.diff_index)
         for i, g in g_fb.items():  # c is never rounded to a bfloat16 gradient's dtype: sums in float32
@@ -707,22 +745,23 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
             _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.rule(i), wt, ai))(a),
                              leaf.astype(_acc(leaf)))
             out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
-        return out, loss, norms
+        return out, loss, norms, sq
 
     if chunk is None:
-        out, losses, norms = block(xs, ys, w_all)
-        return _diff_tree(params, out), losses, norms
+        out, losses, norms, sq = block(xs, ys, w_all)
+        return _diff_tree(params, out), losses, norms, sq
     pad = (-n) % chunk
     padded = (*pad_examples((xs, ys), pad), _pad_zeros(w_all, pad))  # copies of real examples, weight 0
     split = jax.tree.map(lambda a: a.reshape((-1, chunk) + a.shape[1:]), padded)
 
     def step(acc, batch):
-        out, loss, norms = block(*batch)
-        return [a + o for a, o in zip(acc, out)], (loss, norms)
+        out, loss, norms, sq = block(*batch)
+        return [a + o for a, o in zip(acc, out)], (loss, norms, sq)
 
     zeros = [_acc_zeros(t.diff_leaf(leaves, i)) for i in range(len(t.diff_index))]
-    total, (losses, norms) = jax.lax.scan(step, zeros, split)
-    return _diff_tree(params, total), losses.reshape(-1)[:n], norms.reshape(-1)[:n]
+    total, (losses, norms, sq) = jax.lax.scan(step, zeros, split)
+    sq = jnp.moveaxis(sq, 1, 0).reshape(len(t.diff_index), -1)[:, :n]
+    return _diff_tree(params, total), losses.reshape(-1)[:n], norms.reshape(-1)[:n], sq
 
 
 def _acc(a):
@@ -741,9 +780,10 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
 
     def clipped(x, y, wi):
         loss, gi = vg(diff, x, y)
-        norm = jnp.sqrt(sum(_sq(a) for a in jax.tree.leaves(gi)))
+        sq = jnp.stack([_sq(a) for a in jax.tree.leaves(gi)])
+        norm = jnp.sqrt(jnp.sum(sq))
         scale = clip_factors(norm, clip_norm, wi)
-        return jax.tree.map(lambda a: a.astype(_acc(a)) * scale.astype(_acc(a)), gi), loss, norm
+        return jax.tree.map(lambda a: a.astype(_acc(a)) * scale.astype(_acc(a)), gi), loss, norm, sq
 
     chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)) or n
     pad = (-n) % chunk
@@ -753,11 +793,11 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
 
     def step(total, batch):
         (x, y, wi), m = batch
-        g, losses, norms = jax.vmap(clipped)(x, y, wi * m)
-        return jax.tree.map(lambda t, a: t + a.sum(0), total, g), (losses, norms)
+        g, losses, norms, sq = jax.vmap(clipped)(x, y, wi * m)
+        return jax.tree.map(lambda t, a: t + a.sum(0), total, g), (losses, norms, sq)
 
-    total, (losses, norms) = jax.lax.scan(step, jax.tree.map(_acc_zeros, diff), (split, mask))
-    return total, losses.reshape(-1)[:n], norms.reshape(-1)[:n]
+    total, (losses, norms, sq) = jax.lax.scan(step, jax.tree.map(_acc_zeros, diff), (split, mask))
+    return total, losses.reshape(-1)[:n], norms.reshape(-1)[:n], sq.reshape(-1, sq.shape[-1])[:n].T
 
 
 @eqx.filter_jit

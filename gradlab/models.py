@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import equinox as eqx
 import jax
@@ -99,10 +101,28 @@ class CNN(eqx.Module):
 
 
 def _conv3x3(conv: eqx.nn.Conv2d, z):
-    """`conv(z)` for a 3×3, stride-1, unpadded `conv` on `z (C, H, W)`, as weight (O, C·9) @ patches (C·9, H'·W')."""
-    h, w = z.shape[1] - 2, z.shape[2] - 2
-    patches = jnp.stack([z[:, i: i + h, j: j + w] for i in range(3) for j in range(3)], axis=1).reshape(-1, h * w)
-    return (conv.weight.reshape(conv.weight.shape[0], -1) @ patches).reshape(-1, h, w) + conv.bias
+    """`conv(z)` for a 3×3, stride-1, unpadded `conv` on channels-last `z (H, W, C)`, as patches (H'·W', 9·C) @
+    weight (9·C, O): under `vmap` one matrix product over every position of every example (B·H'·W' rows)."""
+    h, w = z.shape[0] - 2, z.shape[1] - 2
+    patches = jnp.concatenate([z[i: i + h, j: j + w] for i in range(3) for j in range(3)], axis=-1)
+    weight = jnp.transpose(conv.weight, (2, 3, 1, 0)).reshape(-1, conv.weight.shape[0])  # (kh, kw, C) × O
+    return (patches.reshape(h * w, -1) @ weight).reshape(h, w, -1) + conv.bias.reshape(-1)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _uniform_layers(key, shapes):
+    """Weights and biases U(−1/√fan_in, 1/√fan_in), `eqx.nn`'s (and PyTorch's) default, for layers whose weight
+    and bias have `shapes` ((O, fan_in…), (O, …)), from ONE uniform draw: one compiled program where each layer's
+    own draws compile eight (about 2 CPU-s of a cold start)."""
+    u = jax.random.uniform(key, (sum(math.prod(w) + math.prod(b) for w, b in shapes),), minval=-1.0, maxval=1.0)
+    out, at = [], 0
+    for w, b in shapes:
+        scale = 1.0 / math.sqrt(math.prod(w[1:]))
+        weight = u[at: at + math.prod(w)].reshape(w) * scale
+        at += math.prod(w)
+        out.append((weight, u[at: at + math.prod(b)].reshape(b) * scale))
+        at += math.prod(b)
+    return out
 
 
 class SimpleCNN(eqx.Module):
@@ -117,7 +137,9 @@ class SimpleCNN(eqx.Module):
     The convolutions keep `eqx.nn.Conv2d`'s parameters and initialization but run as a matrix product over
     3×3 patches (im2col, the same sums): XLA:CPU runs a convolution's backward pass inside a loop (the
     training scan, DP-SGD, the engine's chunks) about 13× slower than outside (jax-ml/jax#12868); the
-    matrix product runs at full speed there.
+    matrix product runs at full speed there. Activations are channels-last, so under `vmap` each convolution
+    is one matrix product over all positions of all examples (measured ~20% faster per training step than
+    channels-first, benchmarks/RESULTS.md).
     """
 
     conv1: eqx.nn.Conv2d
@@ -127,19 +149,22 @@ class SimpleCNN(eqx.Module):
     image_shape: tuple[int, int] = eqx.field(static=True)
 
     def __init__(self, image_shape: tuple[int, int], out_size: int, *, key):
-        k1, k2, k3, k4 = jax.random.split(key, 4)
         h, w = image_shape
         self.image_shape = tuple(image_shape)
-        self.conv1 = eqx.nn.Conv2d(1, 32, 3, key=k1)
-        self.conv2 = eqx.nn.Conv2d(32, 64, 3, key=k2)
-        self.fc1 = eqx.nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128, key=k3)
-        self.fc2 = eqx.nn.Linear(128, out_size, key=k4)
+        layers = eqx.filter_eval_shape(lambda: (  # shapes only: the draws are `_uniform_layers`' one program
+            eqx.nn.Conv2d(1, 32, 3, key=jax.random.key(0)), eqx.nn.Conv2d(32, 64, 3, key=jax.random.key(0)),
+            eqx.nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128, key=jax.random.key(0)),
+            eqx.nn.Linear(128, out_size, key=jax.random.key(0))))
+        shapes = tuple((layer.weight.shape, layer.bias.shape) for layer in layers)
+        self.conv1, self.conv2, self.fc1, self.fc2 = (
+            eqx.tree_at(lambda m: (m.weight, m.bias), layer, wb) for layer, wb in zip(layers, _uniform_layers(key, shapes)))
 
     def __call__(self, x):
-        z = jax.nn.relu(_conv3x3(self.conv1, x.reshape((1,) + self.image_shape)))
+        z = jax.nn.relu(_conv3x3(self.conv1, x.reshape(self.image_shape + (1,))))
         z = jax.nn.relu(_conv3x3(self.conv2, z))
-        c, h, w = z.shape
-        z = z[:, : h // 2 * 2, : w // 2 * 2].reshape(c, h // 2, 2, w // 2, 2).max(axis=(2, 4))
+        h, w, c = z.shape
+        z = z[: h // 2 * 2, : w // 2 * 2].reshape(h // 2, 2, w // 2, 2, c).max(axis=(1, 3))
+        z = jnp.transpose(z, (2, 0, 1))  # fc1 reads the seed's (C, H, W) order
         return jax.nn.log_softmax(self.fc2(jax.nn.relu(self.fc1(z.reshape(-1)))))
 
 

@@ -114,6 +114,24 @@ def test_simple_cnn_is_seed_003s_network():
         models.build_model(models.ModelSpec("simple_cnn"), 64, 1, key=jax.random.key(0), image_shape=(8, 8))
 
 
+def test_simple_cnn_starts_from_eqx_nns_initializer_distribution():
+    """One uniform draw for all layers (`models._uniform_layers`): each leaf U(−1/√fan_in, 1/√fan_in) as
+    eqx.nn.Conv2d / eqx.nn.Linear (and PyTorch) draw it: within the bound, spread over it, a different draw per
+    seed and the same one again for the same seed."""
+    def leaves(seed):
+        m = models.SimpleCNN((28, 28), 10, key=jax.random.key(seed))
+        return [np.asarray(a) for a in jax.tree.leaves(eqx.filter(m, eqx.is_array))]
+
+    a, b, c = leaves(0), leaves(0), leaves(1)
+    fans = [9, 9, 288, 288, 9216, 9216, 128, 128]  # conv1, conv2, fc1, fc2: weight and bias share the weight's fan-in
+    for leaf, again, other, fan in zip(a, b, c, fans):
+        bound = 1 / np.sqrt(fan)
+        assert np.abs(leaf).max() <= bound and np.abs(leaf).max() > 0.8 * bound
+        assert abs(np.std(leaf) / (bound / np.sqrt(3)) - 1) < 0.3  # U(−a, a) has std a/√3
+        np.testing.assert_array_equal(leaf, again)
+        assert not np.array_equal(leaf, other)
+
+
 def test_training_work_counts_the_convolutions_multiply_adds():
     fashion, digits = data.load_dataset("fashion"), data.load_dataset("digits")
     exp = Experiment(dataset="fashion", model="simple_cnn")

@@ -3,6 +3,7 @@ Fashion-MNIST index, and a SimpleCNN training over the work budget refused with 
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -53,7 +54,12 @@ def test_norms_page_on_simple_cnn_cold():
                    lr=0.003)
     assert_clean(at)
     assert not at.error
-    assert metric(at, "Training examples") == "6,000"
+    # training and the whole set's summary would pass the link's budget: a subset, said plainly, the rest a button
+    shown = metric(at, "Training examples")
+    assert re.fullmatch(r"[\d,]+ of 6,000", shown) and shown != "6,000 of 6,000"
+    assert any(f"{shown.split()[0]} of the 6,000 training examples" in i.value for i in at.info)
+    assert any(b.label.startswith("All 6,000 examples") for b in at.button)
+    assert len(at.dataframe[0].value) == 16  # the top-k table, rows from the subset
     assert "P = 1,199,882 parameters" in next(m.help for m in at.metric if m.label.startswith("Training examples"))
     print(f"norms page, SimpleCNN on Fashion-MNIST, 25 steps of 32, cold: {time.perf_counter() - start:.1f} s")
 

@@ -10,6 +10,7 @@ import streamlit as st
 
 from gradlab import clipping, costs, engine, memory, privacy, ui
 from gradlab.experiment import init_model
+from gradlab.summary import subset
 from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
 from gradlab.ui.figures import plots
 
@@ -33,9 +34,11 @@ n_train = len(data.y_train)
 
 
 @ui.shared(label="Computing per-example gradient norms")
-def norms_at(exp, checkpoint, _fitted):
-    model = _fitted.run.checkpoints[checkpoint]
-    return np.asarray(engine.per_example_norms(_fitted.loss_fn, model, _fitted.data.x_train, _fitted.data.y_train))
+def norms_at(exp, checkpoint, size, _fitted):
+    """The norms of `size` training examples (the Gradient norms page's subset when all would pass the budget)."""
+    model, d = _fitted.run.checkpoints[checkpoint], _fitted.data
+    rows = subset(len(d.y_train), size)
+    return np.asarray(engine.per_example_norms(_fitted.loss_fn, model, d.x_train[rows], d.y_train[rows]))
 
 
 @ui.shared(label="Clipping every example")
@@ -51,8 +54,11 @@ st.header("Clipping at a checkpoint")
 c1, c2, c3, c4 = st.columns([3, 1.3, 1.3, 1.3])
 with c1:
     ckpt = ui.checkpoint_picker(fitted, key="dp_clip_checkpoint")
-norms = norms_at(exp, ckpt, fitted)
+norms = norms_at(exp, ckpt, ui.summary_size(exp, fitted), fitted)
 median = float(np.median(norms))
+if len(norms) < n_train:
+    st.caption(f"The median norm is that of {len(norms):,} of the {n_train:,} training examples (a fixed random "
+               "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
 with c2:
     c_in = ui.control(st.number_input,
         "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g} (median)", key="dp_clip_c",

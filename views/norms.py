@@ -24,9 +24,9 @@ fitted = ui.fitted(exp)
 data = fitted.data
 
 
-@ui.shared(label="Computing per-example gradients")
-def summary(exp, checkpoint, _fitted):
-    return norm_summary(_fitted, checkpoint)
+@ui.shared(label="Computing per-example gradients", cost=lambda exp, checkpoint, size, _fitted: ui.summary_seconds(exp, size))
+def summary(exp, checkpoint, size, _fitted):
+    return norm_summary(_fitted, checkpoint, size=size)
 
 
 c1, c3 = st.columns([4, 1])
@@ -35,10 +35,19 @@ with c1:
 with c3:
     k = ui.control(st.number_input, "Top-k examples", min_value=1, max_value=48, value=16, key="topk")
 
+n_train = len(data.y_train)
 with st.spinner("Computing per-example gradients…"):
-    s = summary(exp, ckpt, fitted)
+    s = summary(exp, ckpt, ui.summary_size(exp, fitted), fitted)
+if s.is_subset:  # a shared link may not start more work than the budget: the rest from a button
+    st.info(f"**{len(s.index):,} of the {n_train:,} training examples** (a fixed random subset): all of them would "
+            "take longer than a shared link may compute before a button is pressed. Every figure and number below is "
+            "about these examples.", icon=":material/filter_alt:")
+    s = ui.on_request(summary, exp, ckpt, n_train, fitted, name="norms_all", button=f"All {n_train:,} examples",
+                      fix="Lower **Training steps** or pick a smaller model to see them all.") or s
 
-flipped = data.flipped
+idx = s.index  # the training rows summarized
+y = data.y_train[idx]
+flipped = data.flipped[idx]
 noisy = bool(flipped.any())
 det = detection_roc(s.norms, flipped) if noisy else None
 @ui.fragment
@@ -51,14 +60,15 @@ def histograms():
     with right:
         ui.chart(plots.layer_share(s.layer_norms), width="stretch")
     if data.task == "classification":
-        ui.chart(plots.norm_histogram_by_class(s.norms, data.y_train, data.class_names, log=log), width="stretch")
+        ui.chart(plots.norm_histogram_by_class(s.norms, y, data.class_names, log=log), width="stretch")
 
 
 histograms()
 
 # the numbers under the figures: on a projector the histogram comes first
 m = st.columns(5)
-m[0].metric("Training examples N", f"{len(s.norms):,}", help=f"P = {s.num_params:,} parameters")
+m[0].metric("Training examples N", f"{len(s.norms):,}" + (f" of {n_train:,}" if s.is_subset else ""),
+            help=f"P = {s.num_params:,} parameters")
 m[1].metric("Median norm", f"{np.median(s.norms):.3g}")
 m[2].metric("Max / median", f"{s.norms.max() / max(np.median(s.norms), 1e-30):.1f}×", help="How far the largest example sticks out.")
 m[3].metric("Noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noise_scale) else "∞",
@@ -67,33 +77,32 @@ m[3].metric("Noise scale B_simple", f"{s.noise_scale:,.0f}" if np.isfinite(s.noi
 if det is not None:
     m[4].metric("Mislabel detection AUC", f"{det.auc:.3f}", help="ROC AUC of the norm as a detector of the flipped labels.")
 elif data.task == "classification":
-    m[4].metric("Training accuracy", f"{np.mean(s.predictions == data.y_train):.1%}")
+    m[4].metric("Training accuracy", f"{np.mean(s.predictions == y):.1%}")
 
 st.subheader(f"The {k} examples with the largest gradient norm")
 top = np.argsort(-s.norms)[:k]
 
 
-def label(i):
+def label(i):  # i: a position in the summary
     if data.task != "classification":
-        return f"#{data.row(i)} y={data.y_train[i]:.2f}"
+        return f"#{data.row(idx[i])} y={y[i]:.2f}"
     name = data.class_names
-    return f"#{data.row(i)} y={name[data.y_train[i]]} ŷ={name[int(s.predictions[i])]}"
+    return f"#{data.row(idx[i])} y={name[y[i]]} ŷ={name[int(s.predictions[i])]}"
 
 
 # each example by its row in the source and its input (hovers, the table, the export)
-who = {**export.example_columns(data, np.arange(len(s.norms))),
-       "label": [data.class_names[c] for c in data.y_train] if data.task == "classification" else data.y_train}
+who = {**export.example_columns(data, idx), "label": [data.class_names[c] for c in y] if data.task == "classification" else y}
 if data.image_shape is not None:
     # two short lines: 8 tiles share a 1024 px projector
     titles = [f"{label(i)}\n{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}" for i in top]
-    ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, image_shape=data.image_shape), width="stretch")
+    ui.chart(plots.image_grid(data.raw(data.x_train[idx[top]]), titles, image_shape=data.image_shape), width="stretch")
     st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:
-    ui.chart(plots.scatter_2d(data.x_train, s.norms, color_label="‖g‖", highlight=top, ids=who,
+    ui.chart(plots.scatter_2d(data.x_train[idx], s.norms, color_label="‖g‖", highlight=top, ids=who,
                                      axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
                     width="stretch")
 elif data.n_features == 1:
-    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s.norms, color_label="‖g‖", highlight=top, ids=who,
+    ui.chart(plots.scatter_1d(data.x_train[idx], y, s.norms, color_label="‖g‖", highlight=top, ids=who,
                                      axis_names=(data.feature_names[0], "target (standardized)"),
                                      title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
 

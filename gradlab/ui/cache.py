@@ -33,7 +33,7 @@ from pathlib import Path
 import jax
 import streamlit as st
 
-from gradlab import costs, memory
+from gradlab import costs, memory, summary
 from gradlab.memory import release_memory, rss_mb
 from gradlab.store import MB, Gate, Store, default_directory, key_of
 from gradlab.ui.figures import FIGURES
@@ -276,6 +276,22 @@ def macs(exp: Experiment) -> int:
     if exp.is_own:
         return 0
     return _forward_macs(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
+
+
+def summary_size(exp: Experiment, f: Fitted) -> int:
+    """How many training examples `exp`'s norm summary covers before a button (`summary.summary_size`: the
+    training's and the summary's estimates together fit `costs.WORK_BUDGET_SECONDS`); all of a served model's."""
+    n = len(f.data.y_train)
+    if exp.is_own:
+        return n
+    p, m = num_params(exp), macs(exp)
+    return summary.summary_size(n, p, m, costs.training_seconds(p, exp.steps, exp.batch_size, m))
+
+
+def summary_seconds(exp: Experiment, size: int) -> float:
+    """Estimated CPU-seconds of `exp`'s norm summary over `size` examples (`costs.summary_seconds`)."""
+    p = num_params(exp)
+    return costs.summary_seconds(p, size, p if exp.is_own else macs(exp))
 
 
 def fitted(exp: Experiment) -> Fitted:

@@ -1,0 +1,73 @@
+"""A page opened from a link on a cold server: empty results store, empty XLA compile cache, a fresh process.
+
+    python -m benchmarks.cold_page                                             # Gradient norms, SimpleCNN on Fashion-MNIST
+    python -m benchmarks.cold_page --page influence --query "dataset=fashion&model=simple_cnn" --repeat 2
+
+Per visit: the server's time for the page's script runs (`GRADLAB_LOG_RUNS`), the browser's wait until the page is
+idle, and the server's CPU-seconds during the visit (`/proc/<pid>/stat` utime + stime: all of XLA's threads, the
+number a shared server's work budget counts), with the load average. Debian's Chromium drives the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.browser import launch, page_errors, run_times, streamlit_server, wait_until_idle
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid` (its threads included), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def visit(page_path: str, query: str) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="gradlab-cold-") as tmp, sync_playwright() as p:
+        log = Path(tmp) / "server.log"
+        env = {"GRADLAB_LOG_RUNS": "1", "GRADLAB_STORE_DIR": f"{tmp}/store", "JAX_COMPILATION_CACHE_DIR": f"{tmp}/xla"}
+        browser = launch(p)
+        with streamlit_server(log_path=log, env=env) as (base, proc):
+            time.sleep(2)
+            before, load = cpu_seconds(proc.pid), os.getloadavg()[0]
+            page = browser.new_context(viewport={"width": 1280, "height": 1600}).new_page()
+            start = time.perf_counter()
+            page.goto(f"{base}/{page_path}?{query}")
+            wait_until_idle(page, timeout=600, settle=1.0)
+            wall = time.perf_counter() - start - 1.0
+            cpu = cpu_seconds(proc.pid) - before
+            errors = page_errors(page)
+            text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
+            page.context.close()
+        browser.close()
+        return dict(server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
+                    load=(load, os.getloadavg()[0]), text=text)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--page", default="norms")
+    ap.add_argument("--query", default="dataset=fashion&model=simple_cnn")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--show", help="print the page's lines containing this text")
+    a = ap.parse_args(argv)
+    print(f"{a.page}?{a.query}: cold server (empty store and XLA cache); {os.cpu_count()} CPUs")
+    for i in range(a.repeat):
+        r = visit(a.page, a.query)
+        print(f"  visit {i + 1}: server {r['server']:.1f} s, browser {r['browser']:.1f} s, server CPU {r['cpu']:.1f} CPU-s; "
+              f"load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; {len(r['errors'])} error boxes", flush=True)
+        for e in r["errors"]:
+            print("    ERROR", e[:300])
+        if a.show:
+            for line in r["text"].splitlines():
+                if a.show.lower() in line.lower():
+                    print("    |", line[:200])
+
+
+if __name__ == "__main__":
+    main()
