@@ -31,6 +31,9 @@ DP_SGD_RATE = 2.6e9
 #: `CONV_TRAIN_RATE` for training (seed 003's SimpleCNN on Fashion-MNIST, qN = 256: 5.4 CPU-ms per expected
 #: example and step; the padded Poisson buffer, the norms pass and the clipped backward pass included).
 DP_SGD_CONV_RATE = 2.2e9
+#: A training estimated above this many CPU-s (half the work budget: the page's own first view needs the rest) starts
+#: from a button unless stored, so a link to a large model (seed 003's SimpleCNN, ~21 CPU-s) starts nothing heavy.
+TRAIN_BUTTON_SECONDS = WORK_BUDGET_SECONDS / 2
 #: What a cold page computes beside its gated computations (loading the data, tracing shapes, building figures and
 #: tables): Gradient norms on seed 003's SimpleCNN, ~4 CPU-s. A link's work before a button is this plus theirs.
 PAGE_SECONDS = 4.0

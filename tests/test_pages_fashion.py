@@ -36,6 +36,32 @@ def test_simple_cnn_over_the_budget_is_refused_with_the_steps_that_fit():
     assert "CPU-seconds" in at.error[0].value and "Training steps** to 500 or fewer" in at.error[0].value
 
 
+def test_a_link_to_simple_cnn_trains_only_when_asked():
+    """Seed 003's SimpleCNN at its recipe (~21 CPU-s of training) is over half the work budget: its link shows a
+    button with the estimate and computes nothing heavy (no summary, no metrics) until it is pressed."""
+    from gradlab import costs
+    from gradlab.ui import cache
+
+    exp = Experiment.for_model("simple_cnn").replace(dataset="fashion")
+    assert cache._training_cost(exp, None) > costs.TRAIN_BUTTON_SECONDS
+    at = open_page("norms", dataset="fashion", model="simple_cnn", steps=500, batch_size=16)  # its recipe's size
+    assert_clean(at)
+    assert not at.error and not at.metric
+    assert re.fullmatch(r"Train the model \(about \d+ s\)", at.button(key="run_train").label)
+    assert not cache._fit.stored(exp)
+
+
+def test_the_training_button_trains_and_the_page_goes_on(monkeypatch):
+    from gradlab import costs
+
+    monkeypatch.setattr(costs, "TRAIN_BUTTON_SECONDS", 0.0)  # every training from a button: a small one here
+    at = open_page("norms", dataset="fashion", model="linear", steps=25, checkpoint_every=25, seed=11)
+    assert not at.metric
+    at.button(key="run_train").click().run()
+    assert_clean(at)
+    assert metric(at, "Training examples") == "6,000"
+
+
 def test_the_sidebar_starts_simple_cnn_from_its_recipe_and_gives_it_back_on_another_model():
     at = open_page("home")
     at.sidebar.selectbox(key="model").set_value("simple_cnn").run()  # a visitor's pick: on_change runs
@@ -82,3 +108,12 @@ def test_the_clipping_analysis_of_simple_cnn_is_refused_by_its_estimate_and_the_
 
     assert estimate(Experiment(dataset="fashion", model="simple_cnn")) > 10 * costs.WORK_BUDGET_SECONDS
     assert estimate(Experiment()) < costs.WORK_BUDGET_SECONDS / 10
+
+
+def test_influence_refuses_simple_cnn_before_offering_to_train_it():
+    """Influence scores for SimpleCNN (P = 1.2 M) are over the work budget whatever is trained: the page says so at
+    once instead of training the model first (a button) and refusing afterwards."""
+    at = open_page("influence", dataset="fashion", model="simple_cnn", steps=500, batch_size=16)
+    assert_clean(at)
+    assert "P = 1,199,882 parameters" in at.error[0].value and "CPU-seconds" in at.error[0].value
+    assert not [b for b in at.button if b.key == "run_train"]

@@ -22,6 +22,20 @@ st.markdown(
 
 ui.terms("influence function", "proponents and opponents", "L-BFGS", "H⁻¹v", "TracIn", "TRAK", "LDS", "self-influence")
 exp = ui.experiment()
+
+
+def check_work(P: int, n: int, trak_models: int = 0) -> None:
+    """Refuse influence scores over the work budget, naming the largest model that fits (ValueError)."""
+    work = lambda p_: costs.influence_page_seconds(p_, n, steps=exp.steps, batch_size=exp.batch_size,  # noqa: E731
+                                                   trak_models=trak_models)
+    p_fits = costs.largest([2**i * 1000 for i in range(12)], work)
+    costs.check_work(work(P), f"Influence scores for P = {P:,} parameters", f"Use a model with at most "
+                     f"{p_fits:,} parameters (a smaller width or fewer layers)." if p_fits else "Use a smaller model.")
+
+
+if not exp.is_own:  # before training: a model this page refuses whatever it scores is not trained for it
+    with ui.guard("The influence scores do not fit this server", stop=True):
+        check_work(ui.num_params(exp), ui.num_examples(exp))
 fitted = ui.fitted(exp)
 data = fitted.data
 classify = data.task == "classification"
@@ -178,12 +192,8 @@ with ui.guard("The influence scores do not fit this server", stop=True):
     memory.check(f"Influence scores for a model of P = {P:,} parameters with TRAK's k = {proj_dim}",
                  memory.influence_bytes(P, proj_dim, n_models, n_ckpt),
                  memory.influence_fix(P, PROJ_DIMS, n_models, n_ckpt))
-    work = lambda p_: costs.influence_page_seconds(p_, len(data.y_train), steps=exp.steps, batch_size=exp.batch_size,  # noqa: E731
-                                                   trak_models=(n_models - 1) * (method == "trak"))
     if not optimum.stored(exp, float(l2), fitted):
-        p_fits = costs.largest([2**i * 1000 for i in range(12)], work)
-        costs.check_work(work(P), f"Influence scores for P = {P:,} parameters", f"Use a model with at most "
-                         f"{p_fits:,} parameters (a smaller width or fewer layers)." if p_fits else "Use a smaller model.")
+        check_work(P, len(data.y_train), trak_models=(n_models - 1) * (method == "trak"))
 
 # ------------------------------------------------------------------ the one optimum
 with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} iterations)…"):

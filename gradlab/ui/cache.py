@@ -34,7 +34,9 @@ import jax
 import streamlit as st
 
 from gradlab import costs, memory, summary
+from gradlab.data import DATASETS
 from gradlab.memory import release_memory, rss_mb
+from gradlab.models import MODELS
 from gradlab.store import MB, Gate, Store, default_directory, key_of
 from gradlab.ui.figures import FIGURES
 from gradlab.ui.upload import require_upload
@@ -269,6 +271,17 @@ def num_params(exp: Experiment) -> int:
     return _num_params(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
 
 
+@shared(gated=False)
+def _num_examples(exp: Experiment, _upload: dict | None) -> int:
+    return len(load_data(exp, _upload).y_train)
+
+
+def num_examples(exp: Experiment) -> int:
+    """N, the number of training examples `exp` trains on (stored): lets a page refuse work for a model and data
+    too large for it before anything trains. **Raises** `DataError` for impossible settings."""
+    return _num_examples(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
+
+
 def macs(exp: Experiment) -> int:
     """Multiply-adds of one forward pass of `exp`'s model (`experiment.forward_macs`, stored): the work estimates
     of models whose convolutions reuse each weight; 0 for a served model (its forward is the user's own, run on
@@ -308,11 +321,25 @@ def fitted(exp: Experiment) -> Fitted:
     with guard("These settings cannot be trained", stop=True):
         if not _fit.stored(exp):
             check_training_work(exp, _num_params(_shapes_only(exp), upload), _forward_macs(_shapes_only(exp), upload))
+            if _fit.cost(exp, upload) > costs.TRAIN_BUTTON_SECONDS:  # a large model: a link alone never trains it
+                st.info(f"This page needs the {MODELS.get(exp.model, exp.model)} trained on {DATASETS.get(exp.dataset, 'your data')} "
+                        f"({exp.steps} steps of {exp.batch_size}). No one has trained it on this server yet; a link alone "
+                        "never starts work this large, so it starts when you ask.", icon=":material/model_training:")
+                trained = on_request(_fit, exp, upload, name="train", button="Train the model")
+                if trained is None:
+                    st.stop()
+                return trained
         return _fit(exp, upload)
     raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
 
 
-@shared(label="Training")
+def _training_cost(exp: Experiment, _upload: dict | None) -> float:
+    """CPU-seconds `_fit` is estimated to take (`costs.training_seconds`)."""
+    shapes = _shapes_only(exp)
+    return costs.training_seconds(_num_params(shapes, _upload), exp.steps, exp.batch_size, _forward_macs(shapes, _upload))
+
+
+@shared(label="Training", cost=_training_cost)
 def _fit(exp: Experiment, _upload: dict | None, progress) -> Fitted:
     """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`, and then the
     model stays in memory only)."""
