@@ -24,7 +24,8 @@ same tensors. Times: median of interleaved rounds (load from other processes hit
 alike). Peak memory: one fresh subprocess per contender (`measure_memory`): the process's peak resident set
 after import, build, compile and two warm-up steps ("process"), then the step's own peak above the resident set
 before it, steady state ("step peak": freed heap trimmed, the kernel's high-water mark `VmHWM` reset, three
-steps); for JAX also XLA's buffer assignment of the compiled step (temp + output bytes, nothing run). A peer that is not installed is skipped.
+steps); for JAX also XLA's buffer assignment of the compiled step (temp + output bytes, nothing run). A peer
+that is not installed is skipped.
 
     pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; pip install -r requirements-bench.txt
     python -m benchmarks.peers [--rounds 7] [--models gpt gpt-untied cnn]

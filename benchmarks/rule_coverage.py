@@ -125,9 +125,11 @@ def rnn_runs(cell: str, runs: int = 5) -> None:
     loss, p, xs, ys = rnn(cell)
     print(f"{cell.upper()}, {xs.shape[1]} steps, N = {xs.shape[0]}:")
     for run in range(runs):
-        tb, tn, tc = _best([lambda: engine.batch_grad(loss, p, xs, ys), lambda: engine.per_example_norms(loss, p, xs, ys),
+        tb, tn, tc = _best([lambda: engine.batch_grad(loss, p, xs, ys),
+                            lambda: engine.per_example_norms(loss, p, xs, ys),
                             lambda: engine.clipped_grad_sum(loss, p, xs, ys, 1.0)], rounds=10)
-        print(f"run {run + 1}: batch grad {tb * 1e3:6.1f} ms  norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x", flush=True)
+        print(f"run {run + 1}: batch grad {tb * 1e3:6.1f} ms  norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x",
+              flush=True)
 
 
 def zoo_timing(names, n=256) -> None:
