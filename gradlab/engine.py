@@ -47,7 +47,7 @@ __all__ = [
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
-    "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "DEFAULT_CHUNK",
+    "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "LOOP_WEIGHT", "DEFAULT_CHUNK",
 ]
 
 LossFn = Callable[[Any, Any, Any], Any]
