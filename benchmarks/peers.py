@@ -21,10 +21,11 @@ with σ = 1, divide by B, SGD) beside a plain step (the batch's mean gradient, S
 
 Before timing, every contender's clipped sum (noise off) is compared with the naive `vmap` sum on the
 same tensors. Times: median of interleaved rounds (load from other processes hits every contender
-alike). Peak memory: one fresh subprocess per contender, warmed up, malloc told to return freed memory
-(`memory.limit_malloc_arenas`), then the peak resident set (sampled every 0.5 ms in a thread) above the
-resident set before the measured steps; for JAX also XLA's buffer assignment of the compiled step
-(temp + output bytes, nothing run). A peer that is not installed is skipped.
+alike). Peak memory: one fresh subprocess per contender (`measure_memory`): the process's peak resident set
+after import, build, compile and two warm-up steps ("process"), then the step's own peak above the resident set
+before it, steady state ("step peak": freed heap trimmed, the kernel's high-water mark `VmHWM` reset, three
+steps); for JAX also XLA's buffer assignment of the compiled step (temp + output bytes, nothing run). A peer
+that is not installed is skipped.
 
     pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; pip install -r requirements-bench.txt
     python -m benchmarks.peers [--rounds 7] [--models gpt gpt-untied cnn]
@@ -41,7 +42,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Callable
 
@@ -53,7 +53,9 @@ import optax
 
 from gradlab import engine, losses, memory, models, privacy
 
-HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "opacus"))
+#: GRADLAB_PEERS_NO_TORCH=1: a JAX contender's memory subprocess imports no torch (random weights, same shapes)
+HAS_TORCH = (all(importlib.util.find_spec(m) is not None for m in ("torch", "opacus"))
+             and not os.environ.get("GRADLAB_PEERS_NO_TORCH"))
 HAS_JAX_PRIVACY = importlib.util.find_spec("jax_privacy") is not None
 if HAS_TORCH:
     import torch
@@ -365,28 +367,17 @@ def time_steps(steps: dict, rounds: int) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
-def peak_rss_delta(fn, repeats: int = 3) -> int:
-    """Peak resident set above the one before `fn` runs `repeats` times (sampled every 0.5 ms)."""
-    memory.release_memory()
-    base, peak, done = _rss_bytes(), [0], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            time.sleep(0.0005)
-
-    t = threading.Thread(target=sample)
-    t.start()
+def step_peak(fn, repeats: int = 3) -> int:
+    """Bytes the process's peak resident set rises above its resident set while `fn` runs `repeats` times
+    (already compiled and warmed up): freed heap returned to the OS first (`malloc_trim`), then the kernel's
+    high-water mark reset (`VmHWM`, by writing 5 to /proc/self/clear_refs), so the import, the compile and
+    the warm-up are not in it. Exact, no sampling; the same for JAX and torch."""
+    memory.release_memory()  # trims only: measure_memory turned the compiled-function budget off
+    base = memory.rss_mb()
+    memory.peak_rss_mb(reset=True)
     for _ in range(repeats):
         fn()
-    done.set()
-    t.join()
-    return max(peak[0], _rss_bytes()) - base
+    return int((memory.peak_rss_mb() - base) * 2**20)
 
 
 def breakdown(model: str, rounds: int = 7) -> dict[str, float]:
@@ -412,21 +403,31 @@ def build(model: str) -> Workload:
 
 
 def measure_memory(model: str, contender: str) -> dict:
-    """In THIS process (a fresh one): warm `contender` up, then its peak RSS delta and XLA's bytes."""
+    """In THIS process (a fresh one): build, compile and warm `contender` up, then
+    - `process`: the peak resident set so far (Python, JAX and torch imported, both models built, the compile,
+      two warm-up steps): what a fresh process needs;
+    - `rss`: the step's own peak above the resident set before it (`step_peak`), steady state;
+    - for JAX, `xla`: the temp + output bytes of XLA's buffer assignment for the compiled step (nothing runs).
+    The compiled-function budget (`memory.MEMORY_BUDGET_MB`) is off: with torch imported the process passes
+    it, and `release_memory` would drop the compiled step, so the measured steps would compile again."""
     memory.limit_malloc_arenas()
+    memory.MEMORY_BUDGET_MB = 0
     w = build(model)
     steps = {**jax_steps(w), **torch_steps(w)}
     fn = steps[contender]
     fn(), fn()
-    out = {"rss": peak_rss_delta(fn)}
+    out = {"process": int(memory.peak_rss_mb() * 2**20), "rss": step_peak(fn)}
     if isinstance(fn, JaxStep):
         out["xla"] = fn.memory_analysis()
     return out
 
 
 def memory_in_subprocess(model: str, contender: str) -> dict:
+    """`measure_memory` in a fresh process; a JAX contender's imports no torch, so its "process" is JAX's own."""
     cmd = [sys.executable, "-m", "benchmarks.peers", "--memory", model, contender]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    jax_only = not any(k in contender for k in ("torch", "Opacus"))
+    env = {**os.environ, **({"GRADLAB_PEERS_NO_TORCH": "1"} if jax_only else {})}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if r.returncode:
         return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -450,14 +451,14 @@ def report(res: dict) -> str:
     med, mem = res["median"], res["memory"]
     lines = [f"{res['name']}: C = {res['clip_norm']:.3g} (median norm), sigma = {SIGMA}; median of "
              f"{res['rounds']} interleaved rounds; load average {res['load'][0]:.1f}",
-             f"  {'contender':38s} {'ms/step':>8s} {'/ best plain':>12s} {'/ gradlab':>9s} {'peak RSS MB':>12s} "
-             f"{'XLA MB':>7s} {'clipped sum: max rel diff vs naive vmap':>40s}"]
+             f"  {'contender':38s} {'ms/step':>8s} {'/ best plain':>12s} {'/ gradlab':>9s} {'step peak MB':>12s} "
+             f"{'XLA MB':>7s} {'process MB':>10s} {'clipped sum: max rel diff vs naive vmap':>40s}"]
     for name, t in med.items():
         plain = med[PLAIN_TORCH] if "torch" in name or "Opacus" in name else min(med[PLAIN_JAX], med[PLAIN_MICRO])
         m = mem.get(name, {})
         diff = res["agreement"].get(name)
         lines.append(f"  {name:38s} {t * 1e3:8.1f} {t / plain:11.2f}x {t / med[OURS]:8.2f}x {_mb(m.get('rss')):>12s} "
-                     f"{_mb(m.get('xla')):>7s} {'' if diff is None else f'{diff:.1e}':>40s}"
+                     f"{_mb(m.get('xla')):>7s} {_mb(m.get('process')):>10s} {'' if diff is None else f'{diff:.1e}':>40s}"
                      + (f"  memory: {m['error']}" if "error" in m else ""))
     lines += [f"  {name}: refused this model ({diff})" for name, diff in res["agreement"].items() if isinstance(diff, str)]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
     python -m benchmarks.rule_coverage            # one row per model, then the total and the fallback reasons
     python -m benchmarks.rule_coverage --timing   # also: norms and clipped sum / one batch gradient on a GPT block
                                                   # (with and without the bias and scale rules), an LSTM and a GRU
+    python -m benchmarks.rule_coverage --runs lstm                  # the LSTM of --timing in 5 runs
     python -m benchmarks.rule_coverage --zoo-timing lstm_zoo gru_zoo   # per zoo model (N = 256 by repeating its
                                                   # examples): norms and clipped sum / one batch gradient
 
@@ -118,6 +119,19 @@ def timing() -> None:
         _ratios(f"{cell.upper()}, 16 steps, hidden 32", *rnn(cell))
 
 
+def rnn_runs(cell: str, runs: int = 5) -> None:
+    """The LSTM or GRU of `timing` in `runs` separate measurements (best of 10 interleaved rounds each): how much
+    its norms and clipped sum ratios move between runs."""
+    loss, p, xs, ys = rnn(cell)
+    print(f"{cell.upper()}, {xs.shape[1]} steps, N = {xs.shape[0]}:")
+    for run in range(runs):
+        tb, tn, tc = _best([lambda: engine.batch_grad(loss, p, xs, ys),
+                            lambda: engine.per_example_norms(loss, p, xs, ys),
+                            lambda: engine.clipped_grad_sum(loss, p, xs, ys, 1.0)], rounds=10)
+        print(f"run {run + 1}: batch grad {tb * 1e3:6.1f} ms  norms {tn / tb:4.2f}x  clipped sum {tc / tb:4.2f}x",
+              flush=True)
+
+
 def zoo_timing(names, n=256) -> None:
     """Per zoo model: batch gradient time, and norms, clipped sum (C = median norm) and vmap's clipped sum as
     ratios to it; N examples by repeating the model's own (best of 20 interleaved rounds)."""
@@ -138,8 +152,12 @@ def zoo_timing(names, n=256) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timing", action="store_true", help="also time a GPT block with and without bias rules")
+    parser.add_argument("--runs", choices=["lstm", "gru"], help="the LSTM or GRU timed in 5 separate runs")
     parser.add_argument("--zoo-timing", nargs="+", metavar="MODEL", help="time these zoo models ('all': every one)")
     args = parser.parse_args()
+    if args.runs:
+        rnn_runs(args.runs)
+        return
     if args.zoo_timing:
         print(f"N = 256, on {jax.devices()[0].device_kind}:")
         zoo_timing(args.zoo_timing)

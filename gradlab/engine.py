@@ -47,7 +47,7 @@ __all__ = [
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
-    "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "DEFAULT_CHUNK",
+    "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "LOOP_WEIGHT", "DEFAULT_CHUNK",
 ]
 
 LossFn = Callable[[Any, Any, Any], Any]
@@ -61,6 +61,8 @@ DEFAULT_CHUNK = 256
 CHUNK_BYTES = 8 * 2**20
 #: ... and at most this many examples: bigger chunks of small examples measured slower (cache).
 MAX_CHUNK = 256
+#: A loop's per-step bytes count this many times per example when chunks are sized (see `_Traced.example_bytes`).
+LOOP_WEIGHT = 8
 
 Method = Literal["auto", "ghost", "vmap"]
 METHODS = ("auto", "ghost", "vmap")
@@ -178,12 +180,13 @@ class _Traced:
     def example_bytes(self) -> int:
         """Bytes the rules keep per example in a chunk: each ruled op's input (or patches) and output
         gradient, and the fallback leaves' gradients (the backward pass needs about as much again), and
-        twice what the loss's loops compute on every step (a scan's backward pass keeps it all, then
-        forms as much in cotangents). Measured on an LSTM and a GRU over 16 steps: chunks of 32 to 64
-        run 1.5 to 2.5 times faster than one of 256 (benchmarks/RESULTS.md)."""
+        LOOP_WEIGHT times what the loss's loops compute on every step (a scan's backward pass keeps every
+        step's values, forms as much in cotangents, and the rules stack each step's (a, δ)). Chunks of 16
+        to 20 sequences (weight 8) run an LSTM's and a GRU's clipped sum 1.2 to 1.6 times faster than the
+        52 to 64 that weight 2 gave (benchmarks/RESULTS.md)."""
         kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled)
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback)
-        return 4 * (kept + fb) + 2 * rules.loop_bytes(self.graph)
+        return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
     def one(self, leaves, x, y):
         """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`."""
@@ -228,10 +231,12 @@ def _traced(loss_fn, params, xs, ys, method) -> _Traced | None:
 
 
 def _bytes_chunk(n: int, chunk: int | None, per_example: int) -> int | None:
-    """An explicit chunk, or one sized so a chunk takes about CHUNK_BYTES."""
+    """An explicit chunk, or one sized so a chunk takes about CHUNK_BYTES (at most), as even as it can be."""
     if chunk is not None:
         return chunk
-    return _chunk(n, max(1, min(MAX_CHUNK, CHUNK_BYTES // max(per_example, 1))))
+    chunk = _chunk(n, max(1, min(MAX_CHUNK, CHUNK_BYTES // max(per_example, 1))))
+    # as many chunks, evened out: the last one is padded with the fewest copies (57 of 256 padded 29 examples)
+    return None if chunk is None else -(-n // -(-n // chunk))
 
 
 def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
