@@ -151,8 +151,8 @@ TRAK_CG_BLOCK = 8
 
 #: Right-hand sides an influence function's conjugate gradient vmaps together (`influence.solvers.inverse_hvp_batch`);
 #: 1 solves them one after another in one compiled loop. On CPU one at a time is fastest: vmapped Hessian-vector
-#: products hold block × N activations (16 × 5,000 × 128 floats ≈ 40 MB per hidden layer, out of cache), and 16
-#: solves of the MNIST-1D MLP took 4.7× as long vmapped as one after another (benchmarks/RESULTS.md, "Beside dattri").
+#: products hold block × N activations (16 × 5,000 × 128 floats ≈ 40 MB per hidden layer, out of cache), and the
+#: MNIST-1D MLP's solves took 2–4× as long per point vmapped (`python -m benchmarks.cg_rows`, benchmarks/RESULTS.md).
 IHVP_BLOCK = 1
 
 
