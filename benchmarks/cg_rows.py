@@ -43,12 +43,13 @@ def main(argv=None) -> None:
                               jnp.asarray(data.y_test[:args.test]))
     print(f"# {args.steps} CG steps, δ = 0.1, MNIST-1D MLP (P = {g.shape[1]:,}), N = {args.train:,}, "
           f"{args.test} test points")
-    print("| rows vmapped together | seconds (best of {}) | per solve | / one at a time | max diff |".format(args.repeats))
+    print(f"| rows vmapped together | seconds (best of {args.repeats}) | per solve | / one at a time | max diff |")
     print("|---|---|---|---|---|")
     base, ref = None, None
     for block in args.blocks:
         memory.IHVP_BLOCK = block
-        solve = lambda: inverse_hvp_batch(bench.loss, params, xs, ys, g, damping=0.1, method="cg", cg_steps=args.steps)[0]
+        solve = lambda: inverse_hvp_batch(bench.loss, params, xs, ys, g, damping=0.1, method="cg",
+                                          cg_steps=args.steps)[0]
         x = jax.block_until_ready(solve())                  # compile
         times = []
         for _ in range(args.repeats):

@@ -484,7 +484,7 @@ def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: boo
             note = f"gradlab δ = {dg:g}" + (f" ({how})" if s.recipe.hidden else "") if dg is not None else "gradlab failed"
             d = None
             if with_dattri:
-                def running(x):     # dattri's LDS over the test points done so far: a run cut short still says something
+                def running(x):     # dattri's LDS over the test points so far: a run cut short says something
                     return lambda sc: say(f"dattri IF δ = {x:g}: {len(sc)} test points, LDS "
                                           f"{cell(inf.lds(sc, s.subsets, s.truth[:, :len(sc)]).per_test)}")
 

@@ -381,12 +381,14 @@ def inverse_hvp_batch(
                     "positive definite) or the scale (it must exceed the largest Hessian eigenvalue)")
             rows.append(v)
         x, iterations = jnp.stack(rows), lissa_depth
-    return x, InverseHVP(kind, note, iterations, float(_residual(loss_fn, params, xs, ys, x, bs, shift, memory.IHVP_BLOCK)))
+    residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift, memory.IHVP_BLOCK))
+    return x, InverseHVP(kind, note, iterations, residual)
 
 
 @eqx.filter_jit
 def _residual(loss_fn, params, xs, ys, x, bs, shift, block=1):
-    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖ (jitted: run op by op, its HVP compiled dozens of small programs)."""
+    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖, one row after another (`_rows`; jitted: run op by op, its HVP
+    compiled dozens of small programs)."""
     diff, static = split(params)
     a = _hvp_fn(loss_fn, diff, static, xs, ys, shift)
     rel = lambda r: jnp.linalg.norm(a(r[0]) - r[1]) / jnp.maximum(jnp.linalg.norm(r[1]), 1e-30)
