@@ -255,11 +255,14 @@ def build(name: str, data: Split, *, retrains: int, trak_models: int, n_checkpoi
 
 
 def cached_build(path: str | None, name: str, data: Split, *, retrains: int, trak_models: int) -> Setup:
-    """`build`, saved to / loaded from the pickle at `path` (None: no cache). A saved setup is used only when its
-    model, data arrays, number of retrains and TRAK models are the ones asked for; else it is built again."""
+    """`build`, saved to / loaded from the pickle at `path` (None: no cache; plain dicts and arrays, so any entry
+    point reads it). A saved setup is used only when its model, data arrays, number of retrains and TRAK models are
+    the ones asked for; else it is built again."""
     if path and os.path.exists(path):
         with open(path, "rb") as f:
             s = pickle.load(f)
+        if isinstance(s, dict):
+            s = Setup(**{**s, "recipe": Recipe(**s["recipe"]), "data": Split(**s["data"])})
         if (s.name == name and len(s.subsets) == retrains and len(s.trak_models) == trak_models
                 and all(np.array_equal(a, b) for a, b in zip(
                     (s.data.x, s.data.y, s.data.x_test, s.data.y_test), (data.x, data.y, data.x_test, data.y_test)))):
@@ -267,9 +270,11 @@ def cached_build(path: str | None, name: str, data: Split, *, retrains: int, tra
     s = build(name, data, retrains=retrains, trak_models=trak_models)
     if path:
         host = lambda t: jax.tree.map(np.asarray, t)
-        with open(path, "wb") as f:
-            pickle.dump(dataclasses.replace(s, full=host(s.full), checkpoints=[host(c) for c in s.checkpoints],
-                                            trak_models=[host(m) for m in s.trak_models]), f)
+        plain = {**vars(s), "recipe": dataclasses.asdict(s.recipe), "data": dataclasses.asdict(s.data),
+                 "full": host(s.full), "checkpoints": [host(c) for c in s.checkpoints],
+                 "trak_models": [host(m) for m in s.trak_models]}
+        with open(path, "wb") as f:     # plain dicts and arrays: classes pickled under `python -m` are __main__'s
+            pickle.dump(plain, f)
     return s
 
 
@@ -319,16 +324,23 @@ def dattri_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "dattri"))
 
 
-def dattri_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int = 512, cg_iters: int = 10) -> np.ndarray:
+#: Test points dattri's influence function takes per `attribute` call: one test batch, whose CG dattri vmaps over its
+#: rows (`dattri.func.hessian.ihvp_at_x_cg`); 16 rows at once took a third of the time of 16 one-row calls.
+DATTRI_TEST_BATCH = 100
+
+
+def dattri_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int = 512, cg_iters: int = 10,
+                  progress: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
     """dattri's `(T, N)` scores of one method on the same models, weights copied into torch (dattri's own settings:
-    `experiments/benchmark_result.py`)."""
+    `experiments/benchmark_result.py`). The influence function runs `DATTRI_TEST_BATCH` test points per call and
+    hands the scores so far, `(t, N)`, to `progress` after each."""
     import torch
     from dattri.algorithm.influence_function import IFAttributorCG, IFAttributorExplicit
     from dattri.algorithm.tracin import TracInAttributor
     from dattri.algorithm.trak import TRAKAttributor
     from dattri.task import AttributionTask
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader, Subset, TensorDataset
 
     torch.manual_seed(0)
     names = layer_names(s.recipe)
@@ -382,8 +394,14 @@ def dattri_scores(s: Setup, method: str, *, damping: float = 0.0, proj_dim: int 
                    IFAttributorCG(task=task, regularization=damping, max_iter=cg_iters))
             att.cache(loader(train_set, n))          # one batch: dattri sums the inverse HVPs of its batches
             # the training set in one batch too: dattri solves the test points' inverse HVPs again for every
-            # training batch (same scores, 10× the work at batch 500); test points 100 at a time (memory)
-            score = att.attribute(loader(train_set, n), loader(test_set, 100))
+            # training batch (same scores, 10× the work at batch 500); test points 100 per batch (memory)
+            parts, t = [], len(test_set)
+            for lo in range(0, t, DATTRI_TEST_BATCH):
+                chunk = Subset(test_set, range(lo, min(lo + DATTRI_TEST_BATCH, t)))
+                parts.append(att.attribute(loader(train_set, n), loader(chunk, DATTRI_TEST_BATCH)))
+                if progress:
+                    progress(torch.cat(parts, 1).numpy().T.astype(np.float64))
+            score = torch.cat(parts, 1)
         elif method == "trak":
             task = AttributionTask(model=model, loss_func=margin, checkpoints=[state(m) for m in s.trak_models])
             att = TRAKAttributor(task=task, correct_probability_func=probability, **_projection(proj_dim))
@@ -466,8 +484,12 @@ def compare(full: Setup, *, grid, proj_dim: int, cg_iters: int, with_dattri: boo
             note = f"gradlab δ = {dg:g}" + (f" ({how})" if s.recipe.hidden else "") if dg is not None else "gradlab failed"
             d = None
             if with_dattri:
-                d, dd, notes, _ = best_damping(lambda x: dattri_scores(s, m, damping=x, cg_iters=cg_iters), grid,
-                                            s.subsets, s.truth)
+                def running(x):     # dattri's LDS over the test points so far: a run cut short says something
+                    return lambda sc: say(f"dattri IF δ = {x:g}: {len(sc)} test points, LDS "
+                                          f"{cell(inf.lds(sc, s.subsets, s.truth[:, :len(sc)]).per_test)}")
+
+                d, dd, notes, _ = best_damping(lambda x: dattri_scores(s, m, damping=x, cg_iters=cg_iters,
+                                                                       progress=running(x)), grid, s.subsets, s.truth)
                 say(f"dattri IF: {'; '.join(notes)}")
                 note += f", dattri δ = {dd:g}" if dd is not None else ", dattri failed"
         else:

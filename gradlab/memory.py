@@ -149,9 +149,11 @@ LBFGS_MEMORY = 10
 #: Test points TRAK's exact (k ≥ P) Gauss–Newton solve takes at once (`influence.scores.trak`).
 TRAK_CG_BLOCK = 8
 
-#: Right-hand sides an influence function's conjugate gradient solves at once (`influence.solvers.inverse_hvp_batch`):
-#: the vmapped Hessian-vector products hold block × N activations (64 × 5,000 × 128 floats ≈ 160 MB per hidden layer).
-IHVP_BLOCK = 64
+#: Right-hand sides an influence function's conjugate gradient vmaps together (`influence.solvers.inverse_hvp_batch`);
+#: 1 solves them one after another in one compiled loop. On CPU one at a time is fastest: vmapped Hessian-vector
+#: products hold block × N activations (16 × 5,000 × 128 floats ≈ 40 MB per hidden layer, out of cache), and the
+#: MNIST-1D MLP's solves took 2–4× as long per point vmapped (`python -m benchmarks.cg_rows`, benchmarks/RESULTS.md).
+IHVP_BLOCK = 1
 
 
 def influence_bytes(num_params: int, proj_dim: int, n_models: int, n_checkpoints: int) -> int:

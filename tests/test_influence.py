@@ -266,7 +266,7 @@ def test_truncated_cg_returns_on_an_indefinite_hessian_where_a_full_solve_is_ref
     vs = rng.normal(size=(5, 8))
     with pytest.raises(inf.InfluenceError, match="not positive definite.*truncate"):
         inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="cg")
-    monkeypatch.setattr("gradlab.memory.IHVP_BLOCK", 2)     # 5 right-hand sides in blocks of 2: padding
+    monkeypatch.setattr("gradlab.memory.IHVP_BLOCK", 2)     # 5 right-hand sides vmapped in twos, the last alone
     x, info = inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="cg", cg_steps=3)
     np.testing.assert_allclose(x, [galerkin(a, v, 3) for v in vs], rtol=1e-6, atol=1e-9)
     residuals = np.linalg.norm(x @ a - vs, axis=1) / np.linalg.norm(vs, axis=1)
@@ -275,6 +275,42 @@ def test_truncated_cg_returns_on_an_indefinite_hessian_where_a_full_solve_is_ref
         inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="exact", cg_steps=3)
     with pytest.raises(ValueError, match="at least 1 step"):
         inf.inverse_hvp_batch(indefinite, jnp.zeros(8), xs, ys, vs, damping=0.1, method="cg", cg_steps=0)
+
+
+def mlp_loss(params, x, y):
+    """Cross-entropy of a ReLU MLP on one example (a non-convex model: H + δI indefinite)."""
+    h = jax.nn.relu(params["w1"] @ x + params["b1"])
+    z = params["w2"] @ h + params["b2"]
+    return jax.nn.logsumexp(z) - z[y]
+
+
+@pytest.mark.parametrize("block", [1, 3])
+def test_truncated_cg_of_many_test_points_is_each_points_own_solve(monkeypatch, block):
+    """float32, an MLP (H + δI indefinite): the truncated solve of 7 right-hand sides at once is, by default
+    (one after another), bit for bit the 7 one-row solves; vmapped in threes it differs by float32 rounding only;
+    and both are the float64 Galerkin oracle's k-step iterate."""
+    rng = np.random.default_rng(5)
+    params = {"w1": rng.normal(size=(6, 4)) / 2, "b1": rng.normal(size=6) / 4,
+              "w2": rng.normal(size=(3, 6)) / 2, "b2": np.zeros(3)}
+    params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+    xs, ys = rng.normal(size=(40, 4)).astype(np.float32), rng.integers(0, 3, 40)
+    vs = rng.normal(size=(7, 51)).astype(np.float32)                     # P = 6·4 + 6 + 3·6 + 3 = 51
+    monkeypatch.setattr("gradlab.memory.IHVP_BLOCK", block)
+    x, info = inf.inverse_hvp_batch(mlp_loss, params, xs, ys, vs, damping=0.01, method="cg", cg_steps=4)
+    monkeypatch.setattr("gradlab.memory.IHVP_BLOCK", 1)
+    one = [inf.inverse_hvp_batch(mlp_loss, params, xs, ys, v[None], damping=0.01, method="cg", cg_steps=4) for v in vs]
+    each = np.concatenate([r[0] for r in one])
+    scale = float(np.abs(each).max())
+    if block == 1:
+        np.testing.assert_array_equal(x, each)
+        assert info.residual == pytest.approx(max(r[1].residual for r in one), rel=1e-6)
+    else:
+        np.testing.assert_allclose(x, each, rtol=0, atol=1e-4 * scale)
+    a = np.asarray(inf.hessian(mlp_loss, jax.tree.map(lambda p: np.asarray(p, np.float64), params), xs, ys,
+                               damping=0.01))
+    assert np.linalg.eigvalsh(a).min() < 0           # indefinite: a converged solve would be refused
+    oracle = np.stack([galerkin(a, v.astype(np.float64), 4) for v in vs])
+    np.testing.assert_allclose(x, oracle, rtol=0, atol=1e-4 * scale)
 
 
 # ---------------------------------------------------------------- self-influence on a planted mislabel

@@ -11,7 +11,7 @@ needs δ > 0 where H_F has negative eigenvalues; a converged convex model needs 
   `grad`; Pearlmutter 1994).
 - `inverse_hvp`: exact solve, conjugate gradient (`conjugate_gradient`, JAX's, also TRAK's solver),
   truncated conjugate gradient (k steps, a regularizer: `cg_steps`) or LiSSA (Agarwal et al. 2017);
-  `inverse_hvp_batch` solves for many right-hand sides at once, in blocks.
+  `inverse_hvp_batch` solves for many right-hand sides in one compiled loop.
 """
 
 from __future__ import annotations
@@ -217,12 +217,17 @@ def conjugate_gradient(
     return jax.scipy.sparse.linalg.cg(matvec, b, tol=tol, maxiter=max_steps)[0]
 
 
+def _rows(f: Callable[[Array], Array], rows, block: int) -> Array:
+    """f on each row of `rows`, `block` rows vmapped together (1: one after another, `jax.lax.map`)."""
+    return jax.lax.map(f, rows, batch_size=block if block > 1 else None)
+
+
 @eqx.filter_jit
-def _cg(loss_fn, params, xs, ys, bs, shift, tol, maxiter):
-    """Conjugate gradient for every row of bs (T, P): X (T, P)."""
+def _cg(loss_fn, params, xs, ys, bs, shift, tol, maxiter, block):
+    """Conjugate gradient for every row of bs (T, P), each its own solve (`_rows`): X (T, P)."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     A = _hvp_fn(loss_fn, diff, static, xs, ys, shift)
-    return jax.vmap(lambda b: conjugate_gradient(A, b, tol, maxiter))(bs)
+    return _rows(lambda b: conjugate_gradient(A, b, tol, maxiter), bs, block)
 
 
 @eqx.filter_jit
@@ -308,8 +313,9 @@ def inverse_hvp_batch(
     `IFAttributorCG` also stops after a fixed number of steps (10 by default; it starts from x₀ = v). The
     result is not (H_F + δI)⁻¹v, and `InverseHVP.label` says so.
 
-    Conjugate gradient's right-hand sides are solved `memory.IHVP_BLOCK` at a time (the vmapped HVPs hold
-    block × N activations).
+    Conjugate gradient solves each right-hand side on its own, one after another in one compiled loop
+    (`memory.IHVP_BLOCK` = 1): on CPU that is faster per solve than vmapping them (see `memory.IHVP_BLOCK`),
+    and the result is the per-point solve's.
 
     **Arguments** `vectors (T, P)` in `ravel_pytree` order of the differentiable leaves; `l2` λ ≥ 0,
     `damping` δ ≥ 0; `method` as `resolve_method`; `cg_steps` ≥ 1 or None; other solver settings as named.
@@ -340,15 +346,15 @@ def inverse_hvp_batch(
             raise InfluenceError(f"H + δI is singular at λ = {l2:g}, damping δ = {damping:g}: raise the damping")
     elif kind == "cg":
         if cg_steps is not None:
-            x = _blocks(lambda b: _cg(loss_fn, params, xs, ys, b, shift, jnp.asarray(0.0, flat.dtype), int(cg_steps)), bs)
-            residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift))
+            x = _cg(loss_fn, params, xs, ys, bs, shift, jnp.asarray(0.0, flat.dtype), int(cg_steps), memory.IHVP_BLOCK)
+            residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift, memory.IHVP_BLOCK))
             if not bool(jnp.all(jnp.isfinite(x))):
                 raise InfluenceError(f"truncated conjugate gradient broke down (NaN) at damping δ = {damping:g}: "
                                      "change the damping δ or the number of steps")
             return x, InverseHVP(kind, note, int(cg_steps), residual, truncated=True)
         tol = cg_tol if cg_tol is not None else (1e-10 if flat.dtype == jnp.float64 else 1e-5)
-        x = _blocks(lambda b: _cg(loss_fn, params, xs, ys, b, shift, jnp.asarray(tol, flat.dtype), int(cg_maxiter)), bs)
-        residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift))
+        x = _cg(loss_fn, params, xs, ys, bs, shift, jnp.asarray(tol, flat.dtype), int(cg_maxiter), memory.IHVP_BLOCK)
+        residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift, memory.IHVP_BLOCK))
         # on a positive definite H + δI, CG converges and vᵀx = vᵀ(H + δI)⁻¹v > 0 for every v ≠ 0
         if not (residual <= CG_MAX_RESIDUAL and bool(jnp.all(jnp.sum(x * bs, axis=1) > 0))):
             raise InfluenceError(
@@ -375,33 +381,18 @@ def inverse_hvp_batch(
                     "positive definite) or the scale (it must exceed the largest Hessian eigenvalue)")
             rows.append(v)
         x, iterations = jnp.stack(rows), lissa_depth
-    return x, InverseHVP(kind, note, iterations, float(_residual(loss_fn, params, xs, ys, x, bs, shift)))
-
-
-def _blocks(solve: Callable[[Array], Array], bs: Array) -> Array:
-    """`solve` on the rows of bs (T, P) in ⌈T / `memory.IHVP_BLOCK`⌉ equal blocks: the last is padded by repeating
-    its final row, so one compiled shape serves every block."""
-    if len(bs) <= memory.IHVP_BLOCK:
-        return solve(bs)
-    block = -(-len(bs) // -(-len(bs) // memory.IHVP_BLOCK))      # ceil(T / number of blocks)
-    pad = (-len(bs)) % block
-    padded = jnp.concatenate([bs, jnp.repeat(bs[-1:], pad, axis=0)])
-    return jnp.concatenate([solve(padded[i:i + block]) for i in range(0, len(padded), block)])[:len(bs)]
+    residual = float(_residual(loss_fn, params, xs, ys, x, bs, shift, memory.IHVP_BLOCK))
+    return x, InverseHVP(kind, note, iterations, residual)
 
 
 @eqx.filter_jit
-def _residual_rows(loss_fn, params, xs, ys, x, bs, shift):
-    """‖(H_F + δI)x − b‖ / ‖b‖ per row (jitted: run op by op, its HVP compiled dozens of small programs)."""
+def _residual(loss_fn, params, xs, ys, x, bs, shift, block=1):
+    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖, one row after another (`_rows`; jitted: run op by op, its HVP
+    compiled dozens of small programs)."""
     diff, static = split(params)
-    a = jax.vmap(_hvp_fn(loss_fn, diff, static, xs, ys, shift))
-    return jnp.linalg.norm(a(x) - bs, axis=1) / jnp.maximum(jnp.linalg.norm(bs, axis=1), 1e-30)
-
-
-def _residual(loss_fn, params, xs, ys, x, bs, shift):
-    """max over rows of ‖(H_F + δI)x − b‖ / ‖b‖, `memory.IHVP_BLOCK` rows at a time."""
-    both = jnp.concatenate([x, bs], axis=1)
-    p = x.shape[1]
-    return jnp.max(_blocks(lambda r: _residual_rows(loss_fn, params, xs, ys, r[:, :p], r[:, p:], shift)[:, None], both))
+    a = _hvp_fn(loss_fn, diff, static, xs, ys, shift)
+    rel = lambda r: jnp.linalg.norm(a(r[0]) - r[1]) / jnp.maximum(jnp.linalg.norm(r[1]), 1e-30)
+    return jnp.max(_rows(rel, (x, bs), block))
 
 
 def inverse_hvp(loss_fn: LossFn, params: PyTree, xs, ys, vector: PyTree, **kwargs) -> tuple[PyTree, InverseHVP]:
