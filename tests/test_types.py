@@ -64,6 +64,7 @@ def test_every_annotated_function_is_checked_here(problem):
     calls = {
         "engine.per_example_norms": lambda f: f(mlp, params, xs, ys),
         "engine.per_example_layer_norms": lambda f: f(mlp, params, xs, ys),
+        "engine.layer_norms_and_grad_sum": lambda f: f(mlp, params, xs, ys),
         "engine.per_example_dots": lambda f: f(mlp, params, xs, ys, engine.batch_grad(mlp, params, xs, ys)),
         "engine.flatten_per_example": lambda f: f(engine.per_example_grads(mlp, params, xs, ys)),
         "privacy.noisy_clipped_sum": lambda f: f(mlp, params, xs, ys, key, clip_norm=1.0, noise_multiplier=1.0,
