@@ -627,10 +627,12 @@ def assert_rel(got, want, what, scale=0.0):
 # 2-core machine, the suite's time): the linen MLP, CNN and attention (their Dense, Conv, DenseGeneral and LayerNorm
 # pinned by the linen GPT and the NNX models), Opacus' conv 1-D and 3-D (the conv rule's spatial ranks; 2-D pinned
 # by conv_zoo), GroupNorm/InstanceNorm (the scale rule pinned by BatchNorm and LayerNorm) and Equinox's
-# MultiheadAttention (pinned by the NNX attention). benchmarks/rule_coverage.py counts and times them all.
+# MultiheadAttention (pinned by the NNX attention), the mean-pooled embedding bag (embeddings pinned by
+# equinox_tokens_zoo, a loss undefined at a zero input by test_engine_exact.py) and the Elman RNN (scans: the GRU).
+# benchmarks/rule_coverage.py counts and times them all.
 COVERAGE_ONLY = () if os.environ.get("GRADLAB_ZOO") == "all" else (
     linen_mlp_zoo, linen_cnn_zoo, linen_attention_zoo, conv1d_zoo, conv3d_zoo, group_instance_norm_zoo,
-    equinox_attention_zoo)
+    equinox_attention_zoo, embedding_bag_zoo, rnn_zoo)
 SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo, gpt_zoo, embedding_bag_zoo,
             rnn_zoo, *OPACUS_ZOO, *(f for f in FLAX_ZOO if f is not nnx_mlp_zoo))
 

@@ -295,23 +295,6 @@ def test_pages_that_train_from_an_initialization_say_what_they_need(served):
     assert "run_mia" not in [b.key for b in at.button]
 
 
-@pytest.mark.slow
-def test_dp_sgd_on_a_served_model_with_init_fn(served):
-    """The DP clipping page trains the served model's init_fn with DP-SGD and reports its test accuracy."""
-    served(EQUINOX)
-    at = _open("dp_clipping")
-    assert not [i.value for i in at.info if "needs gradlab's training loop" in i.value]
-    at.session_state["dp_sgd_steps"] = 20
-    at.session_state["dp_sgd_q"] = 0.05
-    at.run()
-    at.button(key="run_dp_sgd").click().run()
-    assert_clean(at)
-    assert not at.error, [e.value for e in at.error]
-    shown = {x.label: x.value for x in at.metric}
-    assert float(shown["Test accuracy, non-private"].rstrip("%")) > 50  # 20 Adam steps of ~72 examples from init_fn
-    assert 0 < float(shown["ε spent (δ = 1e-05)"]) <= 3.01
-
-
 def test_accuracy_of_a_served_model_goes_through_its_predict_fn(examples):
     """DP-SGD's and the audit's accuracies call the module's `predict_fn` on params that are not callable."""
     from gradlab import privacy
