@@ -33,6 +33,8 @@ TESTS = pathlib.Path(__file__).resolve().parent.parent / "tests"
 
 def _module(name: str):
     """A test module by path (tests/ is not a package)."""
+    if str(TESTS) not in sys.path:  # as pytest puts it there: the zoo imports tests/testdata.py
+        sys.path.insert(0, str(TESTS))
     spec = importlib.util.spec_from_file_location(name, TESTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod

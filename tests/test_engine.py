@@ -71,7 +71,8 @@ def models():
     diabetes = load_dataset("diabetes", seed=0)
     key = jax.random.key(0)
     cases = []
-    for kind in ("linear", "mlp", "cnn"):
+    for kind in ("linear", "mlp"):  # gradlab's CNN: test_engine_zoo.py (equinox_cnn_zoo, every function) and
+        # test_engine_ghost.py (cnn) check it against a loop of jax.grad
         m = build_model(ModelSpec(kind, width=16, depth=2), 64, 10, key=key, image_shape=(8, 8))
         cases.append((kind, losses.cross_entropy, m, digits.x_train[:37], digits.y_train[:37]))
     reg = build_model(ModelSpec("linear"), 10, 1, key=key)
@@ -85,9 +86,7 @@ def models():
 MODELS = models()
 
 
-# the CNN against the loop: also test_engine_ghost.py::test_rules_equal_the_loop_on_every_model[cnn] (faster)
-@pytest.mark.parametrize("name,loss_fn,params,xs,ys",
-                         [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] == "cnn" else []) for c in MODELS])
+@pytest.mark.parametrize("name,loss_fn,params,xs,ys", MODELS, ids=[c[0] for c in MODELS])
 def test_per_example_grads_match_python_loop(name, loss_fn, params, xs, ys):
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     ours = engine.per_example_grads(loss_fn, params, xs, ys)

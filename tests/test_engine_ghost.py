@@ -8,23 +8,28 @@ import pytest
 from jax import lax
 
 from gradlab import engine, losses, models, rules
+from testdata import filled, normal, randint
 
 KEY = jax.random.key(0)
 
 
 def _data(n, d, classes):
-    kx, ky = jax.random.split(jax.random.key(1))
-    xs = jax.random.normal(kx, (n, d))
-    ys = jax.random.randint(ky, (n,), 0, classes) if classes > 1 else jax.random.normal(ky, (n,))
+    xs = normal(1, (n, d))
+    ys = randint(2, (n,), classes) if classes > 1 else normal(2, (n,))
     return xs, ys
 
 
+def _model(cls, *args):
+    """`cls(*args, key=KEY)`'s shapes with seeded values (`testdata.filled`: no eager init compiles)."""
+    return filled(eqx.filter_eval_shape(cls, *args, key=KEY), 0, scale=0.1)
+
+
 CASES = {
-    "linear-regression": (lambda: models.Linear(3, "scalar", key=KEY), 3, 1, losses.mse),
-    "softmax-regression": (lambda: models.Linear(5, 4, key=KEY), 5, 4, losses.cross_entropy),
-    "mlp-relu-2": (lambda: models.MLP(6, 3, 8, 2, "relu", key=KEY), 6, 3, losses.cross_entropy),
-    "mlp-tanh-regression": (lambda: models.MLP(4, "scalar", 8, 1, "tanh", key=KEY), 4, 1, losses.mse),
-    "cnn": (lambda: models.CNN((8, 8), 10, key=KEY), 64, 10, losses.cross_entropy),
+    "linear-regression": (lambda: _model(models.Linear, 3, "scalar"), 3, 1, losses.mse),
+    "softmax-regression": (lambda: _model(models.Linear, 5, 4), 5, 4, losses.cross_entropy),
+    "mlp-relu-2": (lambda: _model(models.MLP, 6, 3, 8, 2, "relu"), 6, 3, losses.cross_entropy),
+    "mlp-tanh-regression": (lambda: _model(models.MLP, 4, "scalar", 8, 1, "tanh"), 4, 1, losses.mse),
+    "cnn": (lambda: _model(models.CNN, (8, 8), 10), 64, 10, losses.cross_entropy),
 }
 
 
@@ -81,7 +86,7 @@ def test_conv_rule_with_stride_padding_dilation(conv):
 
     net = Net(layer)
     spatial = (7, 6) if layer.num_spatial_dims == 2 else (9,)
-    xs = jax.random.normal(KEY, (5, 2) + spatial)
+    xs = normal(3, (5, 2) + spatial)
     ys = jnp.array([0, 1, 2, 0, 1])
     want = _oracle(losses.cross_entropy, net, xs, ys)
     got = engine.per_example_grads(losses.cross_entropy, net, xs, ys, method="ghost")
@@ -96,7 +101,7 @@ def test_seed_003_cnn_in_chunks_equals_the_loop():
     from benchmarks.torch_cnn import SimpleCNN
 
     model = SimpleCNN(key=KEY)
-    xs = jax.random.normal(jax.random.key(2), (5, 1, 28, 28))
+    xs = normal(4, (5, 1, 28, 28))
     ys = jnp.array([3, 1, 4, 1, 5])
     assert engine.resolve_method("auto", losses.cross_entropy, model, xs, ys) == "ghost"
     got = engine.per_example_grads(losses.cross_entropy, model, xs, ys, chunk_size=2)  # remainder 1
@@ -113,7 +118,7 @@ def test_module_float_fields_are_not_parameters():
     assert engine.as_params(model).layers[2].init == -jnp.inf
     assert isinstance(engine.as_params(model).layers[2].init, float)
     assert engine.as_params((1.0, 2.0))[0].dtype == jnp.float32
-    xs, ys = jax.random.normal(KEY, (3, 4)), jnp.array([0, 1, 0])
+    xs, ys = normal(5, (3, 4)), jnp.array([0, 1, 0])
     for method in ("vmap", "ghost"):
         g = engine.per_example_grads(losses.cross_entropy, model, xs, ys, method=method)
         assert g.layers[0].weight.shape == (3, 4, 4)
@@ -177,14 +182,14 @@ def test_unknown_method_is_rejected():
 def test_a_matrix_used_three_ways_takes_pairwise_ghost_products():
     """One matrix as an embedding table, as `h @ W` and as `W @ h`: ‖Σₖ gₖ‖² from the uses' pairwise ghost inner
     products (both orientations of a dense use against one-hot lookups), against a loop of jax.grad."""
-    w = 0.2 * jax.random.normal(KEY, (32, 32))
+    w = normal(6, (32, 32), 0.2)
 
     def loss(w, ids, y):
         h = jnp.tanh(w[ids] @ w)
         return jnp.sum((w @ h.mean(0) - y) ** 2)
 
-    ids = jax.random.randint(KEY, (5, 4), 0, 32).at[:, 1].set(3)
-    ys = jax.random.normal(KEY, (5, 32))
+    ids = randint(7, (5, 4), 32, 1, 3)
+    ys = normal(8, (5, 32))
     (row,) = engine.explain(loss, w, ids, ys)
     assert row["path"] == "rule" and "ghost inner products" in row["why"], row
     want = np.stack([jax.grad(loss)(w, ids[i], ys[i]) for i in range(5)])
@@ -196,9 +201,7 @@ def test_a_matrix_used_three_ways_takes_pairwise_ghost_products():
 def test_rules_through_a_cond_and_a_scan_inside_a_scan():
     """A scan whose step holds a `lax.cond` (two dense layers, one per branch) and an inner `fori_loop`
     (a scan applying `u` twice): sites two loops deep, zeros from the branch not taken, against a loop of grad."""
-    k = jax.random.split(KEY, 4)
-    p = {"a": 0.5 * jax.random.normal(k[0], (3, 3)), "b": 0.5 * jax.random.normal(k[1], (3, 3)),
-         "u": 0.5 * jax.random.normal(k[2], (3, 3)), "c": jnp.ones(3)}
+    p = {"a": normal(9, (3, 3), 0.5), "b": normal(10, (3, 3), 0.5), "u": normal(11, (3, 3), 0.5), "c": jnp.ones(3)}
 
     def loss(p, x, y):
         def step(h, xt):
@@ -209,7 +212,7 @@ def test_rules_through_a_cond_and_a_scan_inside_a_scan():
         _, hs = lax.scan(step, jnp.zeros(3), x)
         return jnp.sum((hs.mean(0) - y) ** 2)
 
-    xs, ys = jax.random.normal(k[3], (5, 4, 3)), jax.random.normal(k[0], (5, 3))
+    xs, ys = normal(12, (5, 4, 3)), normal(13, (5, 3))
     assert all(r["path"] == "rule" for r in engine.explain(loss, p, xs, ys))
     want = _oracle(loss, p, xs, ys)
     for g, w in zip(jax.tree.leaves(engine.per_example_grads(loss, p, xs, ys, chunk_size=3)), jax.tree.leaves(want)):

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from gradlab import engine
+from testdata import normal, randint
 
 N, CHUNK = 10, 4  # N not a multiple of the chunk
 BF16_ULP = 2.0**-8
-KEYS = jax.random.split(jax.random.key(3), 8)
 bf16 = jnp.bfloat16
 
 
@@ -24,9 +24,8 @@ def _cast(tree, dtype):
 
 
 def _mlp():
-    p = {"w1": jax.random.normal(KEYS[0], (8, 16)), "b1": 0.1 * jax.random.normal(KEYS[1], (16,)),
-         "w2": 0.3 * jax.random.normal(KEYS[2], (16, 3))}
-    xs, ys = jax.random.normal(KEYS[3], (N, 8)), jax.random.normal(KEYS[4], (N, 3))
+    p = {"w1": normal(0, (8, 16)), "b1": normal(1, (16,), 0.1), "w2": normal(2, (16, 3), 0.3)}
+    xs, ys = normal(3, (N, 8)), normal(4, (N, 3))
     return p, xs, ys
 
 
@@ -60,9 +59,8 @@ def _tokens_loss(p, ids, y):
 
 def bf16_tokens():
     """Embedding + a dense layer on every token, bfloat16: the gram (ghost) and embedding rules."""
-    p = {"emb": jax.random.normal(KEYS[5], (30, 16)), "w": 0.3 * jax.random.normal(KEYS[6], (16, 16)),
-         "head": 0.3 * jax.random.normal(KEYS[7], (16, 4))}
-    ids = jax.random.randint(KEYS[0], (N, 6), 0, 30).at[:, 2].set(5)
+    p = {"emb": normal(5, (30, 16)), "w": normal(6, (16, 16), 0.3), "head": normal(7, (16, 4), 0.3)}
+    ids = randint(0, (N, 6), 30, 2, 5)
     return _tokens_loss, _cast(p, bf16), ids, jnp.arange(N) % 4, {"['emb']", "['w']", "['head']"}
 
 
@@ -73,8 +71,8 @@ def _conv_loss(p, x, y):
 
 def mixed_conv():
     """A convolution (patches rule) with float32 params and bfloat16 compute."""
-    p = {"k": 0.5 * jax.random.normal(KEYS[1], (3, 2, 3, 3)), "w": 0.2 * jax.random.normal(KEYS[2], (3 * 25, 2))}
-    xs, ys = jax.random.normal(KEYS[3], (N, 2, 5, 5)), jax.random.normal(KEYS[4], (N, 2))
+    p = {"k": normal(11, (3, 2, 3, 3), 0.5), "w": normal(12, (3 * 25, 2), 0.2)}
+    xs, ys = normal(13, (N, 2, 5, 5)), normal(14, (N, 2))
     return _conv_loss, p, xs, ys, {"['k']", "['w']"}
 
 
@@ -131,7 +129,7 @@ def test_low_precision_matches_the_loop_and_clipped_norms_stay_below_c(make, met
     for j, name in enumerate(names):
         assert np.max(np.abs(np.asarray(layer[name], np.float64) / np.sqrt(sq[:, j]) - 1)) <= BF16_ULP, name
 
-    v = [np.asarray(jax.random.normal(KEYS[j], w.shape[1:])) for j, w in enumerate(want)]
+    v = [np.asarray(normal(20 + j, w.shape[1:])) for j, w in enumerate(want)]
     vt = jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(a, jnp.float32) for a in v])
     dots = np.asarray(engine.per_example_dots(loss, params, xs, ys, vt, chunk_size=CHUNK, method=method), np.float64)
     g, vec = _per_example(want), np.concatenate([a.ravel() for a in v])

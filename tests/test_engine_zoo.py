@@ -26,30 +26,14 @@ from flax import nnx
 from jax import lax
 
 from gradlab import engine, losses, models
+from testdata import filled, normal, randint
 
 N = 6
 KEYS = jax.random.split(jax.random.key(7), 16)
 
 
 def _normal(i, shape, scale=0.5):
-    """Seeded normal float32 test data from NumPy: jax.random would compile a program for every shape (~1 s each)."""
-    return jnp.asarray(scale * np.random.default_rng(i).standard_normal(shape), jnp.float32)
-
-
-def _randint(i, shape, high, column=None, value=None):
-    """Seeded int32 ids in [0, high) from NumPy, for the same reason; `column` of every row set to `value`."""
-    ids = np.random.default_rng(100 + i).integers(0, high, shape).astype(np.int32)
-    if column is not None:
-        ids[:, column] = value
-    return jnp.asarray(ids)
-
-
-def _filled(shapes, seed, scale=0.3):
-    """`shapes` (a pytree or module whose arrays are `jax.ShapeDtypeStruct`s, from an `eval_shape` of the
-    model's init) with seeded normal values: a model's eager init compiles a program per initializer."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(scale * rng.standard_normal(s.shape), s.dtype)
-                        if isinstance(s, jax.ShapeDtypeStruct) else s, shapes)
+    return normal(i, shape, scale)
 
 
 def layer_norm(h, g, b):
@@ -100,7 +84,7 @@ def token_zoo():
         logits = h.mean(0) @ p["head"] / p["temp"]
         return jax.nn.logsumexp(logits) - logits[y]
 
-    ids = _randint(4, (N, 5), 50, 3, 7)  # repeated ids within and across examples
+    ids = randint(4, (N, 5), 50, 3, 7)  # repeated ids within and across examples
     ids = ids.at[:, 4].set(ids[:, 0])
     return loss, p, ids, jnp.arange(N) % 4, {"['emb']", "['ln_g']", "['ln_b']", "['w1']", "['b1']", "['head']"}
 
@@ -115,7 +99,7 @@ def tied_zoo():
         logits = h.mean(0) @ p["emb"].T
         return jax.nn.logsumexp(logits) - logits[y] + 0.01 * jnp.sum(p["v"] ** 2)   # v: penalty -> fallback
 
-    ids = _randint(3, (N, 4), 20)
+    ids = randint(3, (N, 4), 20)
     return loss, p, ids, jnp.arange(N) % 20, {"['emb']", "['w']"}
 
 
@@ -145,7 +129,7 @@ def transposed_conv_zoo():
 
 def equinox_cnn_zoo():
     """gradlab's Equinox CNN with a hand-written loss (no registration)."""
-    m = _filled(eqx.filter_eval_shape(models.CNN, (8, 8), 5, key=KEYS[0]), 0)
+    m = filled(eqx.filter_eval_shape(models.CNN, (8, 8), 5, key=KEYS[0]), 0)
 
     def loss(model, x, y):
         return -jax.nn.log_softmax(model(x))[y]
@@ -184,8 +168,8 @@ def equinox_tokens_zoo():
         return Net(eqx.nn.Embedding(30, 8, key=k[0]), eqx.nn.LayerNorm(8), eqx.nn.Linear(8, 8, key=k[1]),
                    eqx.nn.Linear(8, "scalar", key=k[2]))
 
-    net = _filled(eqx.filter_eval_shape(lambda: init(jax.random.split(KEYS[5], 3))), 1)
-    ids = _randint(6, (N, 6), 30, 1, 3)
+    net = filled(eqx.filter_eval_shape(lambda: init(jax.random.split(KEYS[5], 3))), 1)
+    ids = randint(6, (N, 6), 30, 1, 3)
     ruled = {".emb.weight", ".norm.weight", ".norm.bias", ".lin.weight", ".lin.bias", ".out.weight", ".out.bias"}
     return losses.mse, net, ids, _normal(7, (N,), 1.0), ruled
 
@@ -340,7 +324,7 @@ def gpt_zoo():
          "ln2_g": 1.0 + _normal(6, (d,), 0.1), "ln2_b": _normal(7, (d,), 0.1), "w_fc": _normal(8, (d, 2 * d)),
          "b_fc": _normal(9, (2 * d,), 0.1), "w_proj": _normal(10, (2 * d, d))}
 
-    ids = _randint(11, (N, t + 1), v)
+    ids = randint(11, (N, t + 1), v)
     ruled = set(engine.leaf_names(p))
     return functools.partial(gpt_block_loss, t=t, d=d), p, ids[:, :-1], ids[:, 1:], ruled
 
@@ -396,7 +380,7 @@ class LinenGPT(nn.Module):
 
 def _linen(model, xs, ys, per_token=False):
     """A linen model's `params` and the loss users write with `model.apply`."""
-    params = _filled(jax.eval_shape(model.init, KEYS[15], jax.tree.map(lambda a: a[0], xs))["params"], 2)
+    params = filled(jax.eval_shape(model.init, KEYS[15], jax.tree.map(lambda a: a[0], xs))["params"], 2)
 
     def loss(p, x, y):
         logits = model.apply({"params": p}, x)
@@ -422,7 +406,7 @@ def linen_attention_zoo():
 
 def linen_gpt_zoo():
     """A flax.linen GPT block with a tied head (`nn.Embed.attend`), next-token loss."""
-    ids = _randint(12, (N, 5), 12)
+    ids = randint(12, (N, 5), 12)
     return _linen(LinenGPT(), ids[:, :-1], ids[:, 1:], per_token=True)
 
 
@@ -500,7 +484,7 @@ def nnx_attention_zoo():
 
 def nnx_gpt_zoo():
     """A flax.nnx GPT block with a tied head (`nnx.Embed.attend`), next-token loss."""
-    ids = _randint(13, (N, 5), 12)
+    ids = randint(13, (N, 5), 12)
     return _nnx(NNXGPT(nnx.Rngs(3)), ids[:, :-1], ids[:, 1:], per_token=True)
 
 
@@ -544,7 +528,7 @@ def embedding_bag_zoo():
         bag = (p["emb"][ids] * mask[:, None]).sum(0) / mask.sum()
         return _xent(bag @ p["w"] + p["b"], y)
 
-    ids = _randint(3, (N, 5), 30, 2, 4)
+    ids = randint(3, (N, 5), 30, 2, 4)
     mask = (jnp.arange(5)[None, :] <= jnp.arange(N)[:, None] % 5).astype(jnp.float32)
     return loss, p, (ids, mask), jnp.arange(N) % 3, {"['emb']", "['w']", "['b']"}
 
