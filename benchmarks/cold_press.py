@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.chdir(root)
     start = time.perf_counter(), time.process_time()
-    at = AppTest.from_file("app.py", default_timeout=900)
+    at = AppTest.from_file(os.path.join(root, "app.py"), default_timeout=900)
     for key, value in (kv.split("=", 1) for kv in a.query.split("&")):
         at.query_params[key] = value
     at.run()

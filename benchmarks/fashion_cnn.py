@@ -1,9 +1,9 @@
 """Seed 003's SimpleCNN on the bundled Fashion-MNIST subset: training time and test accuracy, a cold Gradient
 norms page (the library calls it makes, in a fresh process), and DP-SGD at a target ε.
 
-    python -m benchmarks.fashion_cnn                       # SimpleCNN's defaults (500 steps of 16, adam_linear 0.0015) + norms page
+    python -m benchmarks.fashion_cnn                       # SimpleCNN's defaults (300 steps of 32, adam_warmup 0.005) + norms page
     python -m benchmarks.fashion_cnn --steps 200 --batch 64 --optimizer adam
-    python -m benchmarks.fashion_cnn --dp                  # also DP-SGD at ε = 3 (δ = 1e-5), RDP accountant
+    python -m benchmarks.fashion_cnn --dp                  # also DP-SGD at ε = 3 (δ = 1e-5), RDP accountant, the DP page's start
     python -m benchmarks.fashion_cnn --seeds 0-4           # test accuracy of the recipe at each Experiment seed
     python -m benchmarks.fashion_cnn --seeds 0-4 --steps 500 --batch 16 --lr 0.0015   # another recipe, same seeds
 
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from gradlab import costs, losses, privacy
-from gradlab.experiment import Experiment, count_params, fit, forward_macs, init_model, load_data
+from gradlab.experiment import DP_SGD_DEFAULTS, Experiment, count_params, fit, forward_macs, init_model, load_data
 from gradlab.summary import norm_summary, summary_size
 from gradlab.train import train_dp_sgd
 
@@ -53,9 +53,10 @@ def main(argv=None):
     p.add_argument("--dp", action="store_true", help="also run DP-SGD at --eps")
     p.add_argument("--dp-only", action="store_true", help="DP-SGD only (no non-private training, no norms)")
     p.add_argument("--eps", type=float, default=3.0)
-    p.add_argument("--dp-batch", type=int, default=256, help="expected DP-SGD batch qN")
-    p.add_argument("--dp-steps", type=int, default=200)
-    p.add_argument("--dp-lr", type=float, default=0.003)
+    dp = DP_SGD_DEFAULTS["simple_cnn"]  # where the DP clipping page starts SimpleCNN
+    p.add_argument("--dp-batch", type=int, default=dp["expected_batch"], help="expected DP-SGD batch qN")
+    p.add_argument("--dp-steps", type=int, default=dp["steps"])
+    p.add_argument("--dp-lr", type=float, default=dp["lr"])
     p.add_argument("--clip", type=float, default=1.0)
     a = p.parse_args(argv)
 
@@ -124,7 +125,7 @@ def dp_sgd(exp, data, a):
                      noise_multiplier=sigma, clip_norm=a.clip, optimizer="adam", lr=a.dp_lr, steps=a.dp_steps,
                      seed=0, checkpoint_every=a.dp_steps, delta=1e-5)
     print(f"DP-SGD q = {q:.4f} (qN = {a.dp_batch}), T = {a.dp_steps}, C = {a.clip}, σ = {sigma:.3f}: "
-          f"ε = {r.epsilons[-1]:.2f} (δ = 1e-5); test accuracy {accuracy(r.final, data):.3f}; {clock}", flush=True)
+          f"ε = {r.epsilons[-1]:.4f} (δ = 1e-5); test accuracy {accuracy(r.final, data):.3f}; {clock}", flush=True)
 
 
 if __name__ == "__main__":
