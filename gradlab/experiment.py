@@ -146,9 +146,9 @@ class Experiment:
 
 #: The training recipe a model starts from where it differs from `Experiment`'s defaults. Seed 003's SimpleCNN
 #: (12 M multiply-adds per example) on the Fashion-MNIST subset: 300 steps of 32 with Adam (β₂ = 0.99), its rate
-#: warmed up over 30 steps to 0.005 and decayed linearly to 0 (`adam_warmup`): 85.5–86.6% test accuracy at seeds 0–4,
-#: 84.2–86.2% at seeds 5–9, within the 30 CPU-s a visitor's settings may cost (benchmarks/RESULTS.md, "SimpleCNN over
-#: ten seeds").
+#: warmed up over 30 steps to 0.005 and decayed linearly to 0 (`adam_warmup`): 85.0–87.2% test accuracy at seeds
+#: 0–4, 84.2–86.3% at seeds 5–9 (mean 85.4% over ten), within the 30 CPU-s a visitor's settings may cost
+#: (benchmarks/RESULTS.md, "SimpleCNN over ten seeds").
 MODEL_DEFAULTS = {
     "simple_cnn": {"steps": 300, "batch_size": 32, "optimizer": "adam_warmup", "lr": 0.005, "checkpoint_every": 50},
 }

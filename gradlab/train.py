@@ -22,8 +22,8 @@ from gradlab.params import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9",
               "adam_linear": "Adam, its learning rate decayed linearly to 0 over the run",
-              "adam_warmup": "Adam (β₂ = 0.99), its learning rate raised linearly over the first 10% of the run, then "
-                             "decayed linearly to 0"}
+              "adam_warmup": "Adam (β₂ = 0.99), its learning rate raised linearly over the first 10% of the run, "
+                             "then decayed linearly to 0"}
 
 #: The share of the run `adam_warmup` spends raising its learning rate, and its β₂ (Adam's default 0.999 averages the
 #: squared gradients over ~1,000 steps, longer than a 300-step run).
@@ -94,7 +94,8 @@ def _optimizer(name: str) -> optax.GradientTransformation:
     if name == "adam_linear":
         return optax.inject_hyperparams(adam_linear)(learning_rate=1.0, total_steps=1.0)
     if name == "adam_warmup":
-        return optax.inject_hyperparams(adam_warmup)(learning_rate=1.0, total_steps=1.0, warmup_fraction=WARMUP_FRACTION)
+        return optax.inject_hyperparams(adam_warmup)(learning_rate=1.0, total_steps=1.0,
+                                                     warmup_fraction=WARMUP_FRACTION)
     raise TrainingError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 

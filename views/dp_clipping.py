@@ -157,9 +157,10 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
     NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
     d1, d2, d3, d4 = st.columns(4)
     with d1:
-        q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, dp["expected_batch"] / n_train), 4), format="%.4f", step=0.01,
-                       key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
-        steps = ui.control(st.number_input, "Training steps T", value=dp["steps"], min_value=1, max_value=5000, step=50, key="dp_sgd_steps")
+        q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, dp["expected_batch"] / n_train), 4),
+                       format="%.4f", step=0.01, key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
+        steps = ui.control(st.number_input, "Training steps T", value=dp["steps"], min_value=1, max_value=5000, step=50,
+                           key="dp_sgd_steps")
     with d2:
         c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
         optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
