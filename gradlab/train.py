@@ -26,7 +26,7 @@ OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9",
                              "then decayed linearly to 0"}
 
 #: The share of the run `adam_warmup` spends raising its learning rate, and its β₂ (Adam's default 0.999 averages the
-#: squared gradients over ~1,000 steps, longer than a 300-step run).
+#: squared gradients over ~1,000 steps, longer than a 300-step run; on SimpleCNN 0.99 measured the same within noise).
 WARMUP_FRACTION = 0.1
 WARMUP_B2 = 0.99
 
@@ -62,7 +62,7 @@ def adam_linear(learning_rate, total_steps) -> optax.GradientTransformation:
                        optax.scale_by_schedule(lambda t: -learning_rate * jnp.maximum(1.0 - t / total_steps, 0.0)))
 
 
-def warmup_linear(step, total_steps, warmup_fraction=WARMUP_FRACTION):
+def warmup_linear(step, total_steps, warmup_fraction: float = WARMUP_FRACTION) -> jax.Array:
     """The factor on the peak learning rate at `step` (from 0) of a run of `total_steps` with a linear warm-up over
     its first w = max(1, round(`warmup_fraction` · T)) steps and a linear decay to 0 after: (step + 1) / w, then
     (T − step) / (T − w) (the "linear schedule with warm-up" of Goyal et al. 2017 and Hugging Face's
@@ -74,10 +74,9 @@ def warmup_linear(step, total_steps, warmup_fraction=WARMUP_FRACTION):
 
 def adam_warmup(learning_rate, total_steps, warmup_fraction=WARMUP_FRACTION) -> optax.GradientTransformation:
     """Adam with β₂ = `WARMUP_B2` whose step size rises linearly to `learning_rate` over the first tenth of
-    `total_steps` and falls linearly to 0 at `total_steps` (`warmup_linear`): the warm-up lets seed 003's SimpleCNN
-    take a higher peak rate than `adam_linear` without the first steps' large, noisy updates, and the shorter
-    second-moment average follows the gradients' scale within a short run (benchmarks/RESULTS.md, "SimpleCNN over
-    ten seeds")."""
+    `total_steps` and falls linearly to 0 at `total_steps` (`warmup_linear`). The warm-up lets seed 003's SimpleCNN
+    take a higher peak rate than `adam_linear`: 300 steps of 32 at 0.005 average 85.4% test accuracy over ten seeds,
+    against 84.7% for `adam_linear`'s 500 steps of 16 at 0.0015 (benchmarks/RESULTS.md, "SimpleCNN over ten seeds")."""
     return optax.chain(optax.scale_by_adam(b2=WARMUP_B2), optax.scale_by_schedule(
         lambda t: -learning_rate * warmup_linear(t, total_steps, warmup_fraction)))
 
