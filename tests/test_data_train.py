@@ -118,6 +118,35 @@ def test_adam_linear_is_optax_adam_on_a_linear_schedule_and_tracin_sees_the_deca
     np.testing.assert_allclose(run.lrs, [0.01 * (1 - s / 20) for s in run.steps], rtol=1e-6)
 
 
+def test_adam_warmup_is_optax_adam_with_b2_099_on_a_joined_warmup_and_decay_schedule_and_tracin_sees_its_rate():
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from gradlab.train import make_optimizer, train
+
+    p = {"w": jnp.array([1.0, -2.0, 3.0])}
+    grad = lambda p: jax.tree.map(lambda w: 2 * w + 0.3, p)  # noqa: E731
+    # 20 steps: warm-up over round(0.1 · 20) = 2 steps (0.05, 0.1), then 0.1 · (20 − t) / 18 from t = 2
+    reference = optax.adam(optax.join_schedules(
+        [optax.linear_schedule(0.05, 0.1, 1), optax.linear_schedule(0.1, 0.0, 18)], boundaries=[2]), b2=0.99)
+    ends = []
+    for opt in (make_optimizer("adam_warmup", 0.1, 20), reference):
+        s, q = opt.init(p), p
+        for _ in range(22):  # two steps past the end: the rate stays 0
+            u, s = opt.update(grad(q), s, q)
+            q = optax.apply_updates(q, u)
+        ends.append(q["w"])
+    np.testing.assert_allclose(ends[0], ends[1], rtol=1e-5)
+    with pytest.raises(TrainingError, match="number of steps"):
+        make_optimizer("adam_warmup", 0.1)
+    d = load_dataset("digits")
+    model = build_model(ModelSpec("linear"), d.n_features, d.n_classes, key=jax.random.key(0))
+    run = train(model, losses.cross_entropy, d.x_train, d.y_train, optimizer="adam_warmup", lr=0.01, steps=20,
+                checkpoint_every=5)
+    np.testing.assert_allclose(run.lrs, [0.005, 0.01 * 15 / 18, 0.01 * 10 / 18, 0.01 * 5 / 18, 0.0], rtol=1e-5)
+
+
 def test_a_model_starts_from_its_recipe_and_simple_cnns_fits_the_work_budget():
     from gradlab import costs
     from gradlab.experiment import MODEL_DEFAULTS, count_params, forward_macs, load_data
@@ -126,8 +155,8 @@ def test_a_model_starts_from_its_recipe_and_simple_cnns_fits_the_work_budget():
     assert exp == Experiment(dataset="fashion", **{"model": "simple_cnn", **MODEL_DEFAULTS["simple_cnn"]})
     assert exp.to_query() == {"dataset": "fashion", "model": "simple_cnn"}
     assert Experiment.from_state({"dataset": "fashion", "model": "simple_cnn"}) == exp
-    mine = exp.replace(steps=300, optimizer="adam")  # a visitor's own settings round-trip too
-    assert Experiment.from_query(mine.to_query()) == mine and mine.to_query()["steps"] == "300"
+    mine = exp.replace(steps=500, optimizer="adam")  # a visitor's own settings round-trip too
+    assert Experiment.from_query(mine.to_query()) == mine and mine.to_query()["steps"] == "500"
     assert Experiment.from_query({"model": "mlp"}) == Experiment()
     data = load_data(exp)
     need = costs.training_seconds(count_params(exp, data), exp.steps, exp.batch_size, forward_macs(exp, data))

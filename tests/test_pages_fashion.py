@@ -37,14 +37,14 @@ def test_simple_cnn_over_the_budget_is_refused_with_the_steps_that_fit():
 
 
 def test_a_link_to_simple_cnn_trains_only_when_asked():
-    """Seed 003's SimpleCNN at its recipe (~21 CPU-s of training) is over half the work budget: its link shows a
+    """Seed 003's SimpleCNN at its recipe (~23 CPU-s of training) is over half the work budget: its link shows a
     button with the estimate and computes nothing heavy (no summary, no metrics) until it is pressed."""
     from gradlab import costs
     from gradlab.ui import cache
 
     exp = Experiment.for_model("simple_cnn").replace(dataset="fashion")
     assert cache._training_cost(exp, None) > costs.TRAIN_BUTTON_SECONDS
-    at = open_page("norms", dataset="fashion", model="simple_cnn", steps=500, batch_size=16)  # its recipe's size
+    at = open_page("norms", dataset="fashion", model="simple_cnn", steps=300, batch_size=32)  # its recipe's size
     assert_clean(at)
     assert not at.error and not at.metric
     assert re.fullmatch(r"Train the model \(about \d+ s\)", at.button(key="run_train").label)
@@ -65,8 +65,8 @@ def test_the_training_button_trains_and_the_page_goes_on(monkeypatch):
 def test_the_sidebar_starts_simple_cnn_from_its_recipe_and_gives_it_back_on_another_model():
     at = open_page("home")
     at.sidebar.selectbox(key="model").set_value("simple_cnn").run()  # a visitor's pick: on_change runs
-    assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [500, 16, 0.0015]
-    assert at.sidebar.selectbox(key="optimizer").value == "adam_linear"
+    assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [300, 32, 0.005]
+    assert at.sidebar.selectbox(key="optimizer").value == "adam_warmup"
     at.sidebar.selectbox(key="model").set_value("mlp").run()
     assert [at.sidebar.select_slider(key=k).value for k in ("steps", "batch_size", "lr")] == [300, 128, 0.01]
     assert at.sidebar.selectbox(key="optimizer").value == "adam"
@@ -117,3 +117,19 @@ def test_influence_refuses_simple_cnn_before_offering_to_train_it():
     assert_clean(at)
     assert "P = 1,199,882 parameters" in at.error[0].value and "CPU-seconds" in at.error[0].value
     assert not [b for b in at.button if b.key == "run_train"]
+
+
+def test_the_dp_page_starts_simple_cnn_from_dp_sgd_settings_that_fit_the_work_budget():
+    """The DP clipping page's own DP-SGD defaults (expected batch 256, 200 steps) would cost SimpleCNN far over the work
+    budget, so its button would be refused; `DP_SGD_DEFAULTS` starts it where the two runs (private and non-private)
+    fit. ε and accuracy at these settings: `python -m benchmarks.cold_press --page dp_clipping` (RESULTS.md)."""
+    from gradlab import costs
+    from gradlab.experiment import DP_SGD_DEFAULTS, count_params, forward_macs
+
+    exp = Experiment.for_model("simple_cnn").replace(dataset="fashion")
+    data = load_data(exp)
+    n, p, macs = len(data.y_train), count_params(exp, data), forward_macs(exp, data)
+    start = DP_SGD_DEFAULTS["simple_cnn"]
+    q = round(start["expected_batch"] / n, 4)  # as the page rounds it
+    assert 2 * costs.dp_sgd_seconds(p, start["steps"], q * n, macs) <= costs.WORK_BUDGET_SECONDS
+    assert 2 * costs.dp_sgd_seconds(p, 200, 256, macs) > costs.WORK_BUDGET_SECONDS

@@ -75,7 +75,8 @@ def test_a_subset_summary_is_the_engine_on_those_rows(digits):
 
 def test_the_summary_covers_what_the_budget_leaves_after_training():
     """The digits MLP: every example. Seed 003's SimpleCNN on Fashion-MNIST: its training leaves the summary less
-    than the whole set costs, so the smallest subset (the link then sits at the budget's edge: benchmarks/RESULTS.md)."""
+    than the whole set costs, so the smallest subset (after its training button, training and summary sit near the
+    budget's edge: 25 + 6 + 4 CPU-s estimated, 31 measured, benchmarks/RESULTS.md)."""
     for exp, whole in [(Experiment(), True), (Experiment.for_model("simple_cnn").replace(dataset="fashion"), False)]:
         d = load_data(exp)
         p, m, n = count_params(exp, d), forward_macs(exp, d), len(d.y_train)
@@ -86,4 +87,5 @@ def test_the_summary_covers_what_the_budget_leaves_after_training():
             assert train + costs.summary_seconds(p, size, m) + costs.PAGE_SECONDS <= costs.WORK_BUDGET_SECONDS
         else:
             assert size == summary.SUBSET_SIZES[0]
-            assert train + costs.summary_seconds(p, size, m) + costs.PAGE_SECONDS < 1.1 * costs.WORK_BUDGET_SECONDS
+            assert train <= costs.WORK_BUDGET_SECONDS  # the training itself passes `check_training_work`
+            assert train + costs.summary_seconds(p, size, m) + costs.PAGE_SECONDS < 1.2 * costs.WORK_BUDGET_SECONDS

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import clipping, costs, engine, memory, privacy, ui
-from gradlab.experiment import init_model
+from gradlab.experiment import DP_SGD_DEFAULTS, init_model
 from gradlab.summary import subset
 from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
 from gradlab.ui.figures import plots
@@ -153,12 +153,14 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
     st.button("Preset: ≥ 90% test accuracy on digits at ε ≤ 3 (δ = 1e-5)", on_click=_preset, key="dp_sgd_preset",
               help="Softmax regression, expected batch 512 (q = 512/N), 200 steps of Adam (lr 0.02), C = 0.5, σ calibrated "
                    "so the whole run spends ε = 3 (RDP accountant). Switches the sidebar to digits + linear.")
+    dp = {"expected_batch": 256, "steps": 200, "lr": 0.02, **DP_SGD_DEFAULTS.get(exp.model, {})}  # this model's start
     NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
     d1, d2, d3, d4 = st.columns(4)
     with d1:
-        q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, 256 / n_train), 4), format="%.4f", step=0.01,
-                       key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
-        steps = ui.control(st.number_input, "Training steps T", value=200, min_value=1, max_value=5000, step=50, key="dp_sgd_steps")
+        q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, dp["expected_batch"] / n_train), 4),
+                       format="%.4f", step=0.01, key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
+        steps = ui.control(st.number_input, "Training steps T", value=dp["steps"], min_value=1, max_value=5000, step=50,
+                           key="dp_sgd_steps")
     with d2:
         c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
         optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
@@ -170,7 +172,7 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
         else:
             sigma_in = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma")
             eps_target = None
-        lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=0.02, key="dp_sgd_lr")
+        lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=dp["lr"], key="dp_sgd_lr")
     with d4:
         delta = ui.control(st.number_input, "δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta",
                            help=f"Default below 1/N = {1 / n_train:.1e}.")

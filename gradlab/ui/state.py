@@ -18,7 +18,7 @@ from gradlab.ui.presets import BY_NAME, PRESETS
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, upload_dataset
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
-LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.0015, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
+LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
 STEPS = [0, 25, 50, 100, 200, 300, 500, 1000, 2000]
 DEFAULT = Experiment()
 
