@@ -173,7 +173,7 @@ class _Traced:
         sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.leaves]
         self.graph = rules.trace(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))
         self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
-        self.plan = rules.plan(self.graph, self.diff_refs)
+        self.plan = rules.plan(self.graph, self.diff_refs, self.graph.inputs[len(self.leaves):])
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
         self.fallback = [i for i in range(len(self.diff_index)) if i not in self.plan.rules]
 
@@ -202,6 +202,12 @@ class _Traced:
         fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
         (loss, saved), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
         return loss, dict(zip(self.fallback, g_fb)), saved, deltas
+
+    def fixed(self, leaves, xs, ys) -> dict:
+        """{diff leaf: p}: the gradient of each ruled leaf's data-free uses (an L2 penalty), the same for every
+        example: one backward pass at the first example (`rules.fixed_grads`)."""
+        first = jax.tree.leaves(jax.tree.map(lambda a: a[0], (xs, ys)))
+        return rules.fixed_grads(self.graph, self.plan, list(leaves) + first)
 
     def rule(self, i):
         return self.plan.rules[i]
@@ -268,13 +274,14 @@ def _rules_pass(t: _Traced, leaves, xs, ys, chunk, per_example: Callable):
 
 def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
     """(losses (N,), [per-leaf squared norms (N,)] in diff-leaf order) by the rules."""
+    fixed = t.fixed(leaves, xs, ys)
 
     def per_example(loss, g_fb, saved, deltas):
         sq = [None] * len(t.diff_index)
         for i, g in g_fb.items():
             sq[i] = _sq(g)
         for j, i in enumerate(t.ruled):
-            sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
+            sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j], fixed.get(i))
         return loss, sq
 
     return _rules_pass(t, leaves, xs, ys, chunk, per_example)
@@ -285,10 +292,10 @@ def _diff_tree(params, values: list) -> PyTree:
     return jax.tree.unflatten(jax.tree.structure(diff), values)
 
 
-def _leaf_grad(t: _Traced, leaves, i, a, d):
+def _leaf_grad(t: _Traced, leaves, i, a, d, fixed=None):
     """A ruled leaf's per-example gradient (formed in float32) in the leaf's own dtype, as `jax.grad` gives it."""
     w = t.diff_leaf(leaves, i)
-    return rules.weight_grad(t.rule(i), w, a, d).astype(w.dtype)
+    return rules.weight_grad(t.rule(i), w, a, d, fixed).astype(w.dtype)
 
 
 @eqx.filter_jit
@@ -302,6 +309,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
         chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
         return _map(lambda xy: g(diff, *xy), (xs, ys), chunk)
     leaves = t.leaves
+    fixed = t.fixed(leaves, xs, ys)
     # a ruled leaf whose (a, δ) are smaller than its gradient keeps them and expands after the
     # pass: the N x shape gradient is then written once, straight into the result
     later = {i for i in t.ruled if t.rule(i).layer
@@ -313,7 +321,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
             if i in later:
                 out[i] = (saved[j], deltas[j])
             else:
-                out[i] = _leaf_grad(t, leaves, i, saved[j], deltas[j])
+                out[i] = _leaf_grad(t, leaves, i, saved[j], deltas[j], fixed.get(i))
         return g_fb, out
 
     chunk = _bytes_chunk(n, chunk, t.example_bytes() + 4 * sum(t.leaves[t.diff_index[i]].size
@@ -324,7 +332,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
         values[i] = g
     for i, g in out.items():
         if i in later:
-            values[i] = jax.vmap(lambda a, d: _leaf_grad(t, leaves, i, a, d))(*g)
+            values[i] = jax.vmap(lambda a, d: _leaf_grad(t, leaves, i, a, d, fixed.get(i)))(*g)
         else:
             values[i] = g
     return _diff_tree(params, values)
@@ -525,10 +533,13 @@ def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
 
         return _map(dot, (xs, ys), _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)))
 
+    fixed = t.fixed(t.leaves, xs, ys)
+
     def per_example(loss, g_fb, saved, deltas):
         total = sum((_vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
         for j, i in enumerate(t.ruled):
-            total = total + rules.weight_dot(t.rule(i), vs[i], saved[j], deltas[j])
+            total = total + rules.weight_dot(t.rule(i), vs[i], saved[j], deltas[j], t.diff_leaf(t.leaves, i),
+                                             fixed.get(i))
         return total
 
     return _rules_pass(t, t.leaves, xs, ys, _bytes_chunk(n, chunk, t.example_bytes()), per_example)
@@ -731,6 +742,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
     leaves = t.leaves
     n = jax.tree.leaves(xs)[0].shape[0]
     w_all = jnp.ones(n, jnp.float32) if weights is None else weights
+    fixed = t.fixed(leaves, xs, ys)  # a data-free use's gradient p: ‖gᵢ‖ includes it, the sum gains (Σᵢ cᵢ)·p
 
     def block(x, y, w):
         loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
@@ -738,7 +750,8 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         for i, g in g_fb.items():
             sq[i] = jax.vmap(_sq)(g)
         for j, i in enumerate(t.ruled):
-            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d))(saved[j], deltas[j])
+            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d,
+                                                               fixed.get(i)), axis_size=loss.shape[0])(saved[j], deltas[j])
         sq = jnp.stack(sq)
         norms = jnp.sqrt(jnp.sum(sq, axis=0))
         c = clip_factors(norms, clip_norm, w)
@@ -747,9 +760,13 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
             out[i] = jnp.tensordot(c.astype(_acc(g)), g.astype(_acc(g)), axes=1)
         for j, i in enumerate(t.ruled):
             leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
-            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.rule(i), wt, ai))(a),
-                             leaf.astype(_acc(leaf)))
-            out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
+            out[i] = _acc_zeros(leaf)
+            if t.rule(i).sites:
+                _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.rule(i), wt, ai))(a),
+                                 leaf.astype(_acc(leaf)))
+                out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
+            if i in fixed:
+                out[i] = out[i] + jnp.sum(c).astype(_acc(leaf)) * fixed[i].astype(_acc(leaf))
         return out, loss, norms, sq
 
     if chunk is None:
