@@ -21,6 +21,10 @@ matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take
 (aᵢ, δᵢ) give the norms, hence cᵢ = min(1, C/‖gᵢ‖), and then Σᵢ cᵢ·aᵢᵀδᵢ, one matmul per ruled op,
 with no second backward pass.
 
+On a small computation `per_example_norms`, `per_example_layer_norms` and `clipped_grad_sum` with
+`method="auto"` time both paths once per (loss_fn, shapes, N) and keep the faster (`AUTO_TIMING`): where a
+batch gradient takes under a millisecond, XLA's per-op cost, not the flops, decides.
+
 Every public function is compiled once per (loss_fn, parameter structure, shapes): pass the same
 `loss_fn` object again (not a fresh lambda) and nothing is re-traced. `TRACES` counts traces.
 """
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import time
 from typing import Any, Callable, Literal
 
 import equinox as eqx
@@ -48,6 +54,7 @@ __all__ = [
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
     "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "LOOP_WEIGHT", "DEFAULT_CHUNK",
+    "AUTO_TIMING", "AUTO_TIMING_S", "AUTO_MIN_N", "AUTO_CHOICES",
 ]
 
 LossFn = Callable[[Any, Any, Any], Any]
@@ -66,6 +73,19 @@ LOOP_WEIGHT = 8
 
 Method = Literal["auto", "ghost", "vmap"]
 METHODS = ("auto", "ghost", "vmap")
+
+#: `method="auto"` on a small computation (see `_auto`): per (function, loss_fn, shapes, N, chunk) the rules path
+#: and `vmap(grad)` are each timed once when the rules path's one run takes at most `AUTO_TIMING_S` seconds and
+#: N ≥ `AUTO_MIN_N`, and the faster is kept (`AUTO_CHOICES`). Where a batch gradient takes under a millisecond
+#: (an RNN of a few steps, a 5×5 transposed convolution) XLA's per-op cost, not the flops, sets the time, and the
+#: rules' extra ops (probes, Gram matrices, a chunked scan) can cost more than `vmap`'s per-example gradients.
+#: False (or GRADLAB_AUTO_TIMING=0): "auto" always takes the rules where it finds one.
+AUTO_TIMING = os.environ.get("GRADLAB_AUTO_TIMING", "1") != "0"
+AUTO_TIMING_S = 0.02
+AUTO_MIN_N = 64
+#: The kept choices: key -> "ghost" or "vmap" (at most `AUTO_CACHE` keys, oldest dropped first).
+AUTO_CHOICES: collections.OrderedDict = collections.OrderedDict()
+AUTO_CACHE = 512
 
 #: How often each jitted body was traced (a trace precedes each compile). Tests and the
 #: benchmark read it to show that a second call with the same shapes does not recompile.
@@ -256,6 +276,63 @@ def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
     return 2 * act + 4 * p
 
 
+def _auto_key(kind: str, loss_fn, params, xs, ys, *extra):
+    """What a cost choice depends on: the function, the loss, the pytree structure (static fields included),
+    every leaf's shape and dtype (N included), and `extra` (chunk, weights given); None if unhashable."""
+    leaves, treedef = jax.tree.flatten((params, xs, ys))
+    shapes = tuple((getattr(a, "shape", None), getattr(a, "dtype", None)) for a in leaves)
+    key = (kind, loss_fn, treedef, shapes, *extra)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _auto(make_key: Callable, n: int, run: Callable[[str], Any]) -> Any:
+    """`run("ghost")`, or `run("vmap")` where that measured faster on this computation (both exact).
+
+    Called by the public functions for `method="auto"` outside a trace. The first call per `key` runs the
+    rules path (compiling it); if that took at most `AUTO_TIMING_S` seconds once compiled and N ≥ `AUTO_MIN_N`,
+    it runs `vmap` too and times one more run of each, interleaved (best of two), and keeps the faster for
+    this key. Cost, once per key: the loser's compile and up to four runs of each path. A bigger computation keeps
+    the rules: there, their saved backward work outweighs their per-op cost."""
+    if not AUTO_TIMING or n < AUTO_MIN_N:
+        return run("ghost")
+    key = make_key()
+    if key is None:
+        return run("ghost")
+    if key in AUTO_CHOICES:
+        return run(AUTO_CHOICES[key])
+    out = jax.block_until_ready(run("ghost"))  # compiles
+    best = {"ghost": _time(lambda: run("ghost"))}
+    choice = "ghost"
+    if best["ghost"] <= AUTO_TIMING_S:
+        try:
+            jax.block_until_ready(run("vmap"))  # compiles
+            best["vmap"] = _time(lambda: run("vmap"))
+            best["ghost"] = min(best["ghost"], _time(lambda: run("ghost")))
+            best["vmap"] = min(best["vmap"], _time(lambda: run("vmap")))
+            choice = min(best, key=best.get)
+        except Exception:  # noqa: BLE001 - e.g. out of memory on vmap's per-example gradients: keep the rules
+            choice = "ghost"
+    AUTO_CHOICES[key] = choice
+    while len(AUTO_CHOICES) > AUTO_CACHE:
+        AUTO_CHOICES.popitem(last=False)
+    return out if choice == "ghost" else run("vmap")
+
+
+def _time(f: Callable) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(f())
+    return time.perf_counter() - start
+
+
+def _traced_call(*trees) -> bool:
+    """Whether any array in `trees` is a tracer (the engine called inside the caller's own jit)."""
+    return any(jaxprs.is_tracer(a) for a in jax.tree.leaves(trees))
+
+
 # ---------------------------------------------------------------- one pass over the examples
 
 
@@ -381,9 +458,11 @@ def per_example_grads(
 
 @eqx.filter_jit
 def _sq_norms(loss_fn, params, xs, ys, chunk, method="vmap"):
-    """(losses (N,), per-leaf squared norms: a tree like diff with (N,) leaves)."""
+    """(per-leaf norms: a tree like diff with (N,) leaves, global norms (N,)), both formed inside the jit: an
+    eager sqrt per leaf would cost a dispatch each, a tenth of a millisecond on a small model."""
     TRACES["per_example_sq_norms"] += 1
-    return _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
+    _, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
+    return jax.tree.map(jnp.sqrt, sq), jnp.sqrt(sum(jax.tree.leaves(sq)))
 
 
 def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
@@ -403,10 +482,15 @@ def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
     return losses, _diff_tree(params, sq)
 
 
-def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
+def _streamed_norms(loss_fn, params, xs, ys, chunk_size, method):
+    """(per-leaf norms tree, global norms (N,)), by `method` ("auto": see `_auto`)."""
     n = check_batch(xs, ys)
     _check_method(method)
-    return _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)[1]
+    params, chunk = as_params(params), _chunk(n, chunk_size)
+    if method != "auto" or _traced_call(params, xs, ys):
+        return _sq_norms(loss_fn, params, xs, ys, chunk, method)
+    key = lambda: _auto_key("norms", loss_fn, params, xs, ys, chunk)  # noqa: E731
+    return _auto(key, n, lambda m: _sq_norms(loss_fn, params, xs, ys, chunk, m))
 
 
 @sharding.over_examples("per_example")  # all devices when several are visible
@@ -433,9 +517,9 @@ def per_example_layer_norms(
 
     **Raises** `ValueError` as `per_example_grads`.
     """
-    sq = _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method)
-    leaves = jax.tree_util.tree_flatten_with_path(sq)[0]
-    return {(jax.tree_util.keystr(path) or "params"): jnp.sqrt(v) for path, v in leaves}
+    layers, _ = _streamed_norms(loss_fn, params, xs, ys, chunk_size, method)
+    leaves = jax.tree_util.tree_flatten_with_path(layers)[0]
+    return {(jax.tree_util.keystr(path) or "params"): v for path, v in leaves}
 
 
 @sharding.over_examples("per_example")  # all devices when several are visible
@@ -462,8 +546,7 @@ def per_example_norms(
 
     **Raises** `ValueError` as `per_example_grads`.
     """
-    sq = _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method)
-    return jnp.sqrt(sum(jax.tree.leaves(sq)))
+    return _streamed_norms(loss_fn, params, xs, ys, chunk_size, method)[1]
 
 
 def resolve_method(method: str, loss_fn: LossFn, params: PyTree, xs: Any = None, ys: Any = None) -> str:
@@ -870,8 +953,14 @@ def clipped_grad_sum(
         weights = jnp.asarray(weights, jnp.float32)
         if weights.shape != (n,):
             raise ValueError(f"weights must have shape ({n},), got {weights.shape}")
-    total, norms = _clipped_sum(loss_fn, as_params(params), xs, ys, jnp.float32(clip_norm), weights,
-                                _chunk(n, chunk_size), method)
+    # np.float32, not jnp.float32: a NumPy scalar is traced all the same, without a 70 µs device put per call
+    c = clip_norm if jaxprs.is_tracer(clip_norm) else np.float32(clip_norm)
+    params, chunk = as_params(params), _chunk(n, chunk_size)
+    if method != "auto" or _traced_call(params, xs, ys, weights, clip_norm):
+        total, norms = _clipped_sum(loss_fn, params, xs, ys, c, weights, chunk, method)
+    else:
+        key = lambda: _auto_key("clipped_grad_sum", loss_fn, params, xs, ys, chunk, weights is None)  # noqa: E731
+        total, norms = _auto(key, n, lambda m: _clipped_sum(loss_fn, params, xs, ys, c, weights, chunk, m))
     return (total, norms) if return_norms else total
 
 
