@@ -267,8 +267,7 @@ def _nonlinear(chain: tuple) -> list:
 
 def _op_name(e: Eqn) -> str:
     if e.prim.name == "custom_jvp_call":  # jax.nn.relu and friends: name the function by its body's ops
-        inner = sorted({q.primitive.name for j in jaxprs.walk_jaxprs(e.params["call_jaxpr"]) for q in j.eqns
-                        if q.primitive.name not in INLINE})
+        inner = sorted(jaxprs.primitive_names(e.params["call_jaxpr"]) - INLINE)
         return f"custom_jvp_call of {'/'.join(inner) or 'identity'}"
     return e.prim.name
 
