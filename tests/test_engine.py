@@ -157,6 +157,40 @@ def test_second_call_with_same_shapes_does_not_retrace():
     assert dict(engine.TRACES) == before
 
 
+def test_auto_times_both_paths_once_and_stays_exact(monkeypatch):
+    """method="auto" on a small computation: the rules and vmap are timed once per (loss, shapes, N), the choice
+    is kept (a second call adds none), either choice agrees with a loop of jax.grad; inside a jit nothing is timed;
+    a computation slower than AUTO_TIMING_S keeps the rules untimed."""
+    monkeypatch.setattr(engine, "AUTO_CHOICES", __import__("collections").OrderedDict())
+    monkeypatch.setattr(engine, "AUTO_TIMING", True)
+    monkeypatch.setattr(engine, "AUTO_TIMING_S", float("inf"))
+    n = engine.AUTO_MIN_N
+    xs = jax.random.normal(jax.random.key(0), (n, 3))
+    ys = jnp.arange(n) % 2
+    w = jax.random.normal(jax.random.key(1), (3, 2))
+    loss = lambda w, x, y: -jax.nn.log_softmax(jnp.tanh(x @ w) @ w.T @ w)[y]  # noqa: E731 - w used three times
+    want = np.stack([np.asarray(jax.grad(loss)(w, xs[i], ys[i]), np.float64) for i in range(n)]).reshape(n, -1)
+    norms = np.linalg.norm(want, axis=1)
+    np.testing.assert_allclose(engine.per_example_norms(loss, w, xs, ys), norms, rtol=1e-5)
+    total = engine.clipped_grad_sum(loss, w, xs, ys, 0.5)
+    np.testing.assert_allclose(total.ravel(), np.minimum(1, 0.5 / norms) @ want, rtol=1e-5, atol=1e-6)
+    choices = dict(engine.AUTO_CHOICES)
+    assert sorted(k[0] for k in choices) == ["clipped_grad_sum", "norms"]
+    assert set(choices.values()) <= {"auto", "vmap"}
+    for choice in ("auto", "vmap"):  # each kept choice gives the loop's numbers
+        for k in choices:
+            engine.AUTO_CHOICES[k] = choice
+        np.testing.assert_allclose(engine.per_example_norms(loss, w, xs, ys), norms, rtol=1e-5)
+        np.testing.assert_allclose(engine.clipped_grad_sum(loss, w, xs, ys, 0.5).ravel(),
+                                   np.minimum(1, 0.5 / norms) @ want, rtol=1e-5, atol=1e-6)
+    assert len(engine.AUTO_CHOICES) == 2
+    jax.jit(lambda w: engine.per_example_norms(loss, w, xs[:n - 1], ys[:n - 1]))(w)  # traced: not timed
+    assert len(engine.AUTO_CHOICES) == 2
+    monkeypatch.setattr(engine, "AUTO_TIMING_S", 0.0)
+    engine.per_example_norms(loss, w, xs[:n - 2], ys[:n - 2])
+    assert list(engine.AUTO_CHOICES.values())[-1] == "auto"
+
+
 def test_streamed_norms_never_allocate_n_by_p():
     """XLA's own memory analysis: per-example grads output N x P x 4 bytes; streamed norms need ≪ that."""
     d = load_dataset("digits", seed=0)
