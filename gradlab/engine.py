@@ -540,7 +540,8 @@ def per_example_norms(
     has a dense layer, convolution or embedding) ruled weights contribute their rule's norm
     (‖δᵢ‖²·‖aᵢ‖², the ghost norm over tokens, patches for convolutions) and only the other leaves
     are differentiated per example: about the cost of one batch gradient (Goodfellow 2015,
-    arXiv:1510.01799; Li et al. 2022, arXiv:2110.05679).
+    arXiv:1510.01799; Li et al. 2022, arXiv:2110.05679). On a small computation "auto" takes whichever of
+    the rules and `vmap` measured faster, timed once per loss and shapes (`AUTO_TIMING`).
 
     **Arguments** as `per_example_grads`.
 
@@ -933,7 +934,8 @@ def clipped_grad_sum(
     (Li et al. 2022; Bu et al. 2023): per chunk of examples, one backward pass to the layer outputs
     gives each ruled op's (aᵢ, δᵢ), hence the norms ‖gᵢ‖ and cᵢ = wᵢ·min(1, C/‖gᵢ‖), and the sum is
     the op's VJP with cᵢ·δᵢ (one matmul): no second backward pass, no per-example gradient built
-    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference).
+    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference). On a small
+    computation "auto" takes whichever of the two measured faster, timed once per loss and shapes (`AUTO_TIMING`).
 
     **Arguments** as `per_example_grads`, plus
     - `clip_norm`: C > 0 (same units as the gradient norm); `inf` gives the plain gradient sum.
