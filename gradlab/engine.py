@@ -54,7 +54,7 @@ __all__ = [
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
     "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "LOOP_WEIGHT", "DEFAULT_CHUNK",
-    "AUTO_TIMING", "AUTO_TIMING_S", "AUTO_MIN_N", "AUTO_CHOICES",
+    "AUTO_TIMING", "AUTO_TIMING_S", "AUTO_MIN_N", "AUTO_ROUNDS", "AUTO_MARGIN", "AUTO_CHOICES",
 ]
 
 LossFn = Callable[[Any, Any, Any], Any]
@@ -83,6 +83,10 @@ METHODS = ("auto", "ghost", "vmap")
 AUTO_TIMING = os.environ.get("GRADLAB_AUTO_TIMING", "1") != "0"
 AUTO_TIMING_S = 0.02
 AUTO_MIN_N = 64
+#: Timed runs of each path (interleaved, best kept), and how much faster vmap must be to be kept: the rules are
+#: the designed path, and a near tie on a loaded machine is noise.
+AUTO_ROUNDS = 5
+AUTO_MARGIN = 0.9
 #: The kept choices: key -> "auto" (the rules) or "vmap" (at most `AUTO_CACHE` keys, oldest dropped first).
 AUTO_CHOICES: collections.OrderedDict = collections.OrderedDict()
 AUTO_CACHE = 512
@@ -293,11 +297,13 @@ def _auto(make_key: Callable, n: int, run: Callable[[str], Any]) -> Any:
     """`run("auto")` (the rules where the loss has one), or `run("vmap")` where that measured faster on this
     computation (both exact).
 
-    Called by the public functions for `method="auto"` outside a trace. The first call per `key` runs the
-    rules path (compiling it); if that took at most `AUTO_TIMING_S` seconds once compiled and N ≥ `AUTO_MIN_N`,
-    it runs `vmap` too and times three more runs of each, interleaved (best of four for the rules, of three for
-    vmap), and keeps the faster for this key. Cost, once per key: the loser's compile and up to five runs of each. A bigger computation keeps
-    the rules: there, their saved backward work outweighs their per-op cost."""
+    Called by the public functions for `method="auto"` outside a trace. The first call per key runs the rules
+    path (compiling it) and times one more run (two when the first took longer than `AUTO_TIMING_S`: on a loaded
+    machine one run can be descheduled for milliseconds). If the best took at most `AUTO_TIMING_S` seconds and
+    N ≥ `AUTO_MIN_N`, it compiles `vmap` too, times `AUTO_ROUNDS` runs of each, interleaved, and keeps vmap if
+    its best run took under `AUTO_MARGIN` times the rules' best, else the rules, for this key. Cost, once per
+    key: the loser's compile and up to eight runs of each path. A bigger
+    computation keeps the rules: there, their saved backward work outweighs their per-op cost."""
     if not AUTO_TIMING or n < AUTO_MIN_N:
         return run("auto")
     key = make_key()
@@ -307,15 +313,17 @@ def _auto(make_key: Callable, n: int, run: Callable[[str], Any]) -> Any:
         return run(AUTO_CHOICES[key])
     out = jax.block_until_ready(run("auto"))  # compiles
     best = {"auto": _time(lambda: run("auto"))}
+    if best["auto"] > AUTO_TIMING_S:  # once more: on a loaded machine one run can be descheduled for ms
+        best["auto"] = min(best["auto"], _time(lambda: run("auto")))
     choice = "auto"
     if best["auto"] <= AUTO_TIMING_S:
         try:
             jax.block_until_ready(run("vmap"))  # compiles
             best["vmap"] = float("inf")
-            for _ in range(3):  # interleaved: a shared machine's load falls on both alike
+            for _ in range(AUTO_ROUNDS):  # interleaved: a shared machine's load falls on both alike
                 best["vmap"] = min(best["vmap"], _time(lambda: run("vmap")))
                 best["auto"] = min(best["auto"], _time(lambda: run("auto")))
-            choice = min(best, key=best.get)
+            choice = "vmap" if best["vmap"] < AUTO_MARGIN * best["auto"] else "auto"
         except Exception:  # noqa: BLE001 - e.g. out of memory on vmap's per-example gradients: keep the rules
             choice = "auto"
     AUTO_CHOICES[key] = choice
