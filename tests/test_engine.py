@@ -11,6 +11,7 @@ import pytest
 from gradlab import engine, losses
 from gradlab.data import load_dataset
 from gradlab.models import ModelSpec, build_model
+from testdata import normal
 
 
 def sq_err(w, x, y):
@@ -165,9 +166,9 @@ def test_auto_times_both_paths_once_and_stays_exact(monkeypatch):
     monkeypatch.setattr(engine, "AUTO_TIMING", True)
     monkeypatch.setattr(engine, "AUTO_TIMING_S", float("inf"))
     n = engine.AUTO_MIN_N + 2  # n - 2 examples are still timed
-    xs = jax.random.normal(jax.random.key(0), (n, 3))
+    xs = normal(0, (n, 3))
     ys = jnp.arange(n) % 2
-    w = jax.random.normal(jax.random.key(1), (3, 2))
+    w = normal(1, (3, 2))
     loss = lambda w, x, y: -jax.nn.log_softmax(jnp.tanh(x @ w) @ w.T @ w)[y]  # noqa: E731 - w used three times
     want = np.stack([np.asarray(jax.grad(loss)(w, xs[i], ys[i]), np.float64) for i in range(n)]).reshape(n, -1)
     norms = np.linalg.norm(want, axis=1)
