@@ -844,8 +844,8 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         for i, g in g_fb.items():
             sq[i] = jax.vmap(_sq)(g)
         for j, i in enumerate(t.ruled):
-            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d,
-                                                               fixed.get(i)), axis_size=loss.shape[0])(saved[j], deltas[j])
+            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d, fixed.get(i)),
+                             axis_size=loss.shape[0])(saved[j], deltas[j])
         sq = jnp.stack(sq)
         norms = jnp.sqrt(jnp.sum(sq, axis=0))
         c = clip_factors(norms, clip_norm, w)
@@ -942,7 +942,8 @@ def clipped_grad_sum(
     (Li et al. 2022; Bu et al. 2023): per chunk of examples, one backward pass to the layer outputs
     gives each ruled op's (aᵢ, δᵢ), hence the norms ‖gᵢ‖ and cᵢ = wᵢ·min(1, C/‖gᵢ‖), and the sum is
     the op's VJP with cᵢ·δᵢ (one matmul): no second backward pass, no per-example gradient built
-    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference). On a small
+    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ.
+    `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference). On a small
     computation "auto" takes whichever of the two measured faster, timed once per loss and shapes (`AUTO_TIMING`).
 
     **Arguments** as `per_example_grads`, plus

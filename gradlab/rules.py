@@ -120,7 +120,8 @@ def _patches(e: Eqn, x, rhs_shape):
     g = _conv_geometry(e, x.shape, rhs_shape)
     x = jnp.transpose(x, g["lhs_spec"])  # (B, C, *S)
     # a transposed convolution (lhs_dilation d) convolves the input with d - 1 zeros between its elements
-    pads = [(0, 0, 0), (0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(e.params["padding"], e.params["lhs_dilation"])]
+    pads = [(0, 0, 0), (0, 0, 0)] + [(lo, hi, d - 1)
+                                     for (lo, hi), d in zip(e.params["padding"], e.params["lhs_dilation"])]
     x = lax.pad(x, jnp.zeros((), x.dtype), pads)
     strides, dil = e.params["window_strides"], e.params["rhs_dilation"]
     cols = []
