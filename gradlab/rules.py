@@ -805,7 +805,8 @@ def weight_sq_norm(rule: Rule, leaf_val, saved, delta, fixed=None):
     """‖per-example weight gradient‖² from (a, δ), in `acc_dtype`: the sum of the sites' squared norms (one
     site, or cond branches of which one runs), each by its cheaper form (see module doc), or the norm of
     the summed gradients of a leaf used twice or more. With `fixed` = p (data-free uses): ‖d‖² + 2⟨d, p⟩ + ‖p‖²,
-    ⟨d, p⟩ by `weight_dot` (no per-example gradient formed)."""
+    ⟨d, p⟩ by `weight_dot` (no per-example gradient formed; float32 rounding of order ‖p‖²·2⁻²⁴, which matters
+    only where ‖d + p‖ ≪ ‖p‖)."""
     if rule.norm == "outer" or not rule.sites:
         return jnp.sum(jnp.square(weight_grad(rule, leaf_val, saved, delta, fixed)))
     if fixed is not None:
