@@ -136,8 +136,9 @@ def rnn_runs(cell: str, runs: int = 5) -> None:
 
 def zoo_timing(names, n=256) -> None:
     """Per zoo model: batch gradient time, and norms, clipped sum (C = median norm) and vmap's clipped sum as
-    ratios to it; N examples by repeating the model's own (best of 20 interleaved rounds)."""
-    print(f"{'model':28s} {'batch grad':>10s} {'norms':>6s} {'clipped':>8s} {'vmap clipped':>12s}")
+    ratios to it; N examples by repeating the model's own (best of 20 interleaved rounds); and which path
+    `method="auto"` kept for norms and the clipped sum (`engine.AUTO_CHOICES`: the rules or vmap, timed once)."""
+    print(f"{'model':28s} {'batch grad':>10s} {'norms':>6s} {'clipped':>8s} {'vmap clipped':>12s}  auto took")
     for name, make in zoo():
         if names != ["all"] and name not in names:
             continue
@@ -148,7 +149,9 @@ def zoo_timing(names, n=256) -> None:
                                 lambda: engine.per_example_norms(loss, p, xs, ys),
                                 lambda: engine.clipped_grad_sum(loss, p, xs, ys, c),
                                 lambda: engine.clipped_grad_sum(loss, p, xs, ys, c, method="vmap")])
-        print(f"{name:28s} {tb * 1e3:7.1f} ms {tn / tb:5.2f}x {tc / tb:7.2f}x {tv / tb:11.2f}x", flush=True)
+        took = {k[0]: v for k, v in engine.AUTO_CHOICES.items() if k[1] is loss}  # the kept cost choices
+        took = ", ".join(f"{k} {'rules' if v == 'auto' else v}" for k, v in took.items()) or "rules (untimed)"
+        print(f"{name:28s} {tb * 1e3:7.1f} ms {tn / tb:5.2f}x {tc / tb:7.2f}x {tv / tb:11.2f}x  {took}", flush=True)
 
 
 def main() -> None:

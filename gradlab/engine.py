@@ -21,6 +21,10 @@ matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take
 (aᵢ, δᵢ) give the norms, hence cᵢ = min(1, C/‖gᵢ‖), and then Σᵢ cᵢ·aᵢᵀδᵢ, one matmul per ruled op,
 with no second backward pass.
 
+On a small computation `per_example_norms`, `per_example_layer_norms` and `clipped_grad_sum` with
+`method="auto"` time both paths once per (loss_fn, shapes, N) and keep the faster (`AUTO_TIMING`): where a
+batch gradient takes under a millisecond, XLA's per-op cost, not the flops, decides.
+
 Every public function is compiled once per (loss_fn, parameter structure, shapes): pass the same
 `loss_fn` object again (not a fresh lambda) and nothing is re-traced. `TRACES` counts traces.
 """
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import time
 from typing import Any, Callable, Literal
 
 import equinox as eqx
@@ -48,6 +54,7 @@ __all__ = [
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
     "xla_memory", "TRACES", "METHODS", "CHUNK_BYTES", "MAX_CHUNK", "LOOP_WEIGHT", "DEFAULT_CHUNK",
+    "AUTO_TIMING", "AUTO_TIMING_S", "AUTO_MIN_N", "AUTO_ROUNDS", "AUTO_MARGIN", "AUTO_CHOICES",
 ]
 
 LossFn = Callable[[Any, Any, Any], Any]
@@ -66,6 +73,23 @@ LOOP_WEIGHT = 8
 
 Method = Literal["auto", "ghost", "vmap"]
 METHODS = ("auto", "ghost", "vmap")
+
+#: `method="auto"` on a small computation (see `_auto`): per (function, loss_fn, shapes, N, chunk) the rules path
+#: and `vmap(grad)` are each timed once when the rules path's one run takes at most `AUTO_TIMING_S` seconds and
+#: N ≥ `AUTO_MIN_N`, and the faster is kept (`AUTO_CHOICES`). Where a batch gradient takes under a millisecond
+#: (an RNN of a few steps, a 5×5 transposed convolution) XLA's per-op cost, not the flops, sets the time, and the
+#: rules' extra ops (probes, Gram matrices, a chunked scan) can cost more than `vmap`'s per-example gradients.
+#: False (or GRADLAB_AUTO_TIMING=0): "auto" always takes the rules where it finds one.
+AUTO_TIMING = os.environ.get("GRADLAB_AUTO_TIMING", "1") != "0"
+AUTO_TIMING_S = 0.02
+AUTO_MIN_N = 64
+#: Timed runs of each path (interleaved, best kept), and how much faster vmap must be to be kept: the rules are
+#: the designed path, and a near tie on a loaded machine is noise.
+AUTO_ROUNDS = 5
+AUTO_MARGIN = 0.9
+#: The kept choices: key -> "auto" (the rules) or "vmap" (at most `AUTO_CACHE` keys, oldest dropped first).
+AUTO_CHOICES: collections.OrderedDict = collections.OrderedDict()
+AUTO_CACHE = 512
 
 #: How often each jitted body was traced (a trace precedes each compile). Tests and the
 #: benchmark read it to show that a second call with the same shapes does not recompile.
@@ -173,7 +197,7 @@ class _Traced:
         sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.leaves]
         self.graph = rules.trace(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))
         self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
-        self.plan = rules.plan(self.graph, self.diff_refs)
+        self.plan = rules.plan(self.graph, self.diff_refs, self.graph.inputs[len(self.leaves):])
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
         self.fallback = [i for i in range(len(self.diff_index)) if i not in self.plan.rules]
 
@@ -202,6 +226,12 @@ class _Traced:
         fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
         (loss, saved), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
         return loss, dict(zip(self.fallback, g_fb)), saved, deltas
+
+    def fixed(self, leaves, xs, ys) -> dict:
+        """{diff leaf: p}: the gradient of each ruled leaf's data-free uses (an L2 penalty), the same for every
+        example: one backward pass at the first example (`rules.fixed_grads`)."""
+        first = jax.tree.leaves(jax.tree.map(lambda a: a[0], (xs, ys)))
+        return rules.fixed_grads(self.graph, self.plan, list(leaves) + first)
 
     def rule(self, i):
         return self.plan.rules[i]
@@ -250,6 +280,69 @@ def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
     return 2 * act + 4 * p
 
 
+def _auto_key(kind: str, loss_fn, params, xs, ys, *extra):
+    """What a cost choice depends on: the function, the loss, the pytree structure (static fields included),
+    every leaf's shape and dtype (N included), and `extra` (chunk, weights given); None if unhashable."""
+    leaves, treedef = jax.tree.flatten((params, xs, ys))
+    shapes = tuple((getattr(a, "shape", None), getattr(a, "dtype", None)) for a in leaves)
+    key = (kind, loss_fn, treedef, shapes, *extra)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _auto(make_key: Callable, n: int, run: Callable[[str], Any]) -> Any:
+    """`run("auto")` (the rules where the loss has one), or `run("vmap")` where that measured faster on this
+    computation (both exact).
+
+    Called by the public functions for `method="auto"` outside a trace. The first call per key runs the rules
+    path (compiling it) and times one more run (two when the first took longer than `AUTO_TIMING_S`: on a loaded
+    machine one run can be descheduled for milliseconds). If the best took at most `AUTO_TIMING_S` seconds and
+    N ≥ `AUTO_MIN_N`, it compiles `vmap` too, times `AUTO_ROUNDS` runs of each, interleaved, and keeps vmap if
+    its best run took under `AUTO_MARGIN` times the rules' best, else the rules, for this key. Cost, once per
+    key: the loser's compile and up to eight runs of each path. A bigger
+    computation keeps the rules: there, their saved backward work outweighs their per-op cost."""
+    if not AUTO_TIMING or n < AUTO_MIN_N:
+        return run("auto")
+    key = make_key()
+    if key is None:
+        return run("auto")
+    if key in AUTO_CHOICES:
+        return run(AUTO_CHOICES[key])
+    out = jax.block_until_ready(run("auto"))  # compiles
+    best = {"auto": _time(lambda: run("auto"))}
+    if best["auto"] > AUTO_TIMING_S:  # once more: on a loaded machine one run can be descheduled for ms
+        best["auto"] = min(best["auto"], _time(lambda: run("auto")))
+    choice = "auto"
+    if best["auto"] <= AUTO_TIMING_S:
+        try:
+            jax.block_until_ready(run("vmap"))  # compiles
+            best["vmap"] = float("inf")
+            for _ in range(AUTO_ROUNDS):  # interleaved: a shared machine's load falls on both alike
+                best["vmap"] = min(best["vmap"], _time(lambda: run("vmap")))
+                best["auto"] = min(best["auto"], _time(lambda: run("auto")))
+            choice = "vmap" if best["vmap"] < AUTO_MARGIN * best["auto"] else "auto"
+        except Exception:  # noqa: BLE001 - e.g. out of memory on vmap's per-example gradients: keep the rules
+            choice = "auto"
+    AUTO_CHOICES[key] = choice
+    while len(AUTO_CHOICES) > AUTO_CACHE:
+        AUTO_CHOICES.popitem(last=False)
+    return out if choice == "auto" else run("vmap")
+
+
+def _time(f: Callable) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(f())
+    return time.perf_counter() - start
+
+
+def _traced_call(*trees) -> bool:
+    """Whether any array in `trees` is a tracer (the engine called inside the caller's own jit)."""
+    return any(jaxprs.is_tracer(a) for a in jax.tree.leaves(trees))
+
+
 # ---------------------------------------------------------------- one pass over the examples
 
 
@@ -268,13 +361,14 @@ def _rules_pass(t: _Traced, leaves, xs, ys, chunk, per_example: Callable):
 
 def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
     """(losses (N,), [per-leaf squared norms (N,)] in diff-leaf order) by the rules."""
+    fixed = t.fixed(leaves, xs, ys)
 
     def per_example(loss, g_fb, saved, deltas):
         sq = [None] * len(t.diff_index)
         for i, g in g_fb.items():
             sq[i] = _sq(g)
         for j, i in enumerate(t.ruled):
-            sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j])
+            sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j], fixed.get(i))
         return loss, sq
 
     return _rules_pass(t, leaves, xs, ys, chunk, per_example)
@@ -285,10 +379,10 @@ def _diff_tree(params, values: list) -> PyTree:
     return jax.tree.unflatten(jax.tree.structure(diff), values)
 
 
-def _leaf_grad(t: _Traced, leaves, i, a, d):
+def _leaf_grad(t: _Traced, leaves, i, a, d, fixed=None):
     """A ruled leaf's per-example gradient (formed in float32) in the leaf's own dtype, as `jax.grad` gives it."""
     w = t.diff_leaf(leaves, i)
-    return rules.weight_grad(t.rule(i), w, a, d).astype(w.dtype)
+    return rules.weight_grad(t.rule(i), w, a, d, fixed).astype(w.dtype)
 
 
 @eqx.filter_jit
@@ -302,6 +396,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
         chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
         return _map(lambda xy: g(diff, *xy), (xs, ys), chunk)
     leaves = t.leaves
+    fixed = t.fixed(leaves, xs, ys)
     # a ruled leaf whose (a, δ) are smaller than its gradient keeps them and expands after the
     # pass: the N x shape gradient is then written once, straight into the result
     later = {i for i in t.ruled if t.rule(i).layer
@@ -313,7 +408,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
             if i in later:
                 out[i] = (saved[j], deltas[j])
             else:
-                out[i] = _leaf_grad(t, leaves, i, saved[j], deltas[j])
+                out[i] = _leaf_grad(t, leaves, i, saved[j], deltas[j], fixed.get(i))
         return g_fb, out
 
     chunk = _bytes_chunk(n, chunk, t.example_bytes() + 4 * sum(t.leaves[t.diff_index[i]].size
@@ -324,7 +419,7 @@ def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
         values[i] = g
     for i, g in out.items():
         if i in later:
-            values[i] = jax.vmap(lambda a, d: _leaf_grad(t, leaves, i, a, d))(*g)
+            values[i] = jax.vmap(lambda a, d: _leaf_grad(t, leaves, i, a, d, fixed.get(i)))(*g)
         else:
             values[i] = g
     return _diff_tree(params, values)
@@ -373,9 +468,11 @@ def per_example_grads(
 
 @eqx.filter_jit
 def _sq_norms(loss_fn, params, xs, ys, chunk, method="vmap"):
-    """(losses (N,), per-leaf squared norms: a tree like diff with (N,) leaves)."""
+    """(per-leaf norms: a tree like diff with (N,) leaves, global norms (N,)), both formed inside the jit: an
+    eager sqrt per leaf would cost a dispatch each, a tenth of a millisecond on a small model."""
     TRACES["per_example_sq_norms"] += 1
-    return _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
+    _, sq = _sq_norms_core(loss_fn, params, xs, ys, chunk, method)
+    return jax.tree.map(jnp.sqrt, sq), jnp.sqrt(sum(jax.tree.leaves(sq)))
 
 
 def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
@@ -395,10 +492,15 @@ def _sq_norms_core(loss_fn, params, xs, ys, chunk, method):
     return losses, _diff_tree(params, sq)
 
 
-def _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method):
+def _streamed_norms(loss_fn, params, xs, ys, chunk_size, method):
+    """(per-leaf norms tree, global norms (N,)), by `method` ("auto": see `_auto`)."""
     n = check_batch(xs, ys)
     _check_method(method)
-    return _sq_norms(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)[1]
+    params, chunk = as_params(params), _chunk(n, chunk_size)
+    if method != "auto" or _traced_call(params, xs, ys):
+        return _sq_norms(loss_fn, params, xs, ys, chunk, method)
+    key = lambda: _auto_key("norms", loss_fn, params, xs, ys, chunk)  # noqa: E731
+    return _auto(key, n, lambda m: _sq_norms(loss_fn, params, xs, ys, chunk, m))
 
 
 @sharding.over_examples("per_example")  # all devices when several are visible
@@ -425,9 +527,9 @@ def per_example_layer_norms(
 
     **Raises** `ValueError` as `per_example_grads`.
     """
-    sq = _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method)
-    leaves = jax.tree_util.tree_flatten_with_path(sq)[0]
-    return {(jax.tree_util.keystr(path) or "params"): jnp.sqrt(v) for path, v in leaves}
+    layers, _ = _streamed_norms(loss_fn, params, xs, ys, chunk_size, method)
+    leaves = jax.tree_util.tree_flatten_with_path(layers)[0]
+    return {(jax.tree_util.keystr(path) or "params"): v for path, v in leaves}
 
 
 @sharding.over_examples("per_example")  # all devices when several are visible
@@ -446,7 +548,8 @@ def per_example_norms(
     has a dense layer, convolution or embedding) ruled weights contribute their rule's norm
     (‖δᵢ‖²·‖aᵢ‖², the ghost norm over tokens, patches for convolutions) and only the other leaves
     are differentiated per example: about the cost of one batch gradient (Goodfellow 2015,
-    arXiv:1510.01799; Li et al. 2022, arXiv:2110.05679).
+    arXiv:1510.01799; Li et al. 2022, arXiv:2110.05679). On a small computation "auto" takes whichever of
+    the rules and `vmap` measured faster, timed once per loss and shapes (`AUTO_TIMING`).
 
     **Arguments** as `per_example_grads`.
 
@@ -454,8 +557,7 @@ def per_example_norms(
 
     **Raises** `ValueError` as `per_example_grads`.
     """
-    sq = _streamed_sq_norms(loss_fn, params, xs, ys, chunk_size, method)
-    return jnp.sqrt(sum(jax.tree.leaves(sq)))
+    return _streamed_norms(loss_fn, params, xs, ys, chunk_size, method)[1]
 
 
 def resolve_method(method: str, loss_fn: LossFn, params: PyTree, xs: Any = None, ys: Any = None) -> str:
@@ -525,10 +627,13 @@ def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
 
         return _map(dot, (xs, ys), _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys)))
 
+    fixed = t.fixed(t.leaves, xs, ys)
+
     def per_example(loss, g_fb, saved, deltas):
         total = sum((_vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
         for j, i in enumerate(t.ruled):
-            total = total + rules.weight_dot(t.rule(i), vs[i], saved[j], deltas[j])
+            total = total + rules.weight_dot(t.rule(i), vs[i], saved[j], deltas[j], t.diff_leaf(t.leaves, i),
+                                             fixed.get(i))
         return total
 
     return _rules_pass(t, t.leaves, xs, ys, _bytes_chunk(n, chunk, t.example_bytes()), per_example)
@@ -731,6 +836,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
     leaves = t.leaves
     n = jax.tree.leaves(xs)[0].shape[0]
     w_all = jnp.ones(n, jnp.float32) if weights is None else weights
+    fixed = t.fixed(leaves, xs, ys)  # a data-free use's gradient p: ‖gᵢ‖ includes it, the sum gains (Σᵢ cᵢ)·p
 
     def block(x, y, w):
         loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
@@ -738,7 +844,8 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         for i, g in g_fb.items():
             sq[i] = jax.vmap(_sq)(g)
         for j, i in enumerate(t.ruled):
-            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d))(saved[j], deltas[j])
+            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d, fixed.get(i)),
+                             axis_size=loss.shape[0])(saved[j], deltas[j])
         sq = jnp.stack(sq)
         norms = jnp.sqrt(jnp.sum(sq, axis=0))
         c = clip_factors(norms, clip_norm, w)
@@ -747,9 +854,13 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
             out[i] = jnp.tensordot(c.astype(_acc(g)), g.astype(_acc(g)), axes=1)
         for j, i in enumerate(t.ruled):
             leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
-            _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.rule(i), wt, ai))(a),
-                             leaf.astype(_acc(leaf)))
-            out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
+            out[i] = _acc_zeros(leaf)
+            if t.rule(i).sites:
+                _, vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: rules.apply_rule(t.rule(i), wt, ai))(a),
+                                 leaf.astype(_acc(leaf)))
+                out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
+            if i in fixed:
+                out[i] = out[i] + jnp.sum(c).astype(_acc(leaf)) * fixed[i].astype(_acc(leaf))
         return out, loss, norms, sq
 
     if chunk is None:
@@ -831,7 +942,9 @@ def clipped_grad_sum(
     (Li et al. 2022; Bu et al. 2023): per chunk of examples, one backward pass to the layer outputs
     gives each ruled op's (aᵢ, δᵢ), hence the norms ‖gᵢ‖ and cᵢ = wᵢ·min(1, C/‖gᵢ‖), and the sum is
     the op's VJP with cᵢ·δᵢ (one matmul): no second backward pass, no per-example gradient built
-    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ. `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference).
+    (fallback leaves excepted). A loss with no rule takes the norms, then one backward pass of Σᵢ cᵢ·ℓᵢ.
+    `method="vmap"` clips materialized per-example gradients chunk by chunk (the reference). On a small
+    computation "auto" takes whichever of the two measured faster, timed once per loss and shapes (`AUTO_TIMING`).
 
     **Arguments** as `per_example_grads`, plus
     - `clip_norm`: C > 0 (same units as the gradient norm); `inf` gives the plain gradient sum.
@@ -853,8 +966,14 @@ def clipped_grad_sum(
         weights = jnp.asarray(weights, jnp.float32)
         if weights.shape != (n,):
             raise ValueError(f"weights must have shape ({n},), got {weights.shape}")
-    total, norms = _clipped_sum(loss_fn, as_params(params), xs, ys, jnp.float32(clip_norm), weights,
-                                _chunk(n, chunk_size), method)
+    # np.float32, not jnp.float32: a NumPy scalar is traced all the same, without a 70 µs device put per call
+    c = clip_norm if jaxprs.is_tracer(clip_norm) else np.float32(clip_norm)
+    params, chunk = as_params(params), _chunk(n, chunk_size)
+    if method != "auto" or _traced_call(params, xs, ys, weights, clip_norm):
+        total, norms = _clipped_sum(loss_fn, params, xs, ys, c, weights, chunk, method)
+    else:
+        key = lambda: _auto_key("clipped_grad_sum", loss_fn, params, xs, ys, chunk, weights is None)  # noqa: E731
+        total, norms = _auto(key, n, lambda m: _clipped_sum(loss_fn, params, xs, ys, c, weights, chunk, m))
     return (total, norms) if return_norms else total
 
 

@@ -18,7 +18,7 @@ import jax
 from jax.extend import core as jcore
 
 __all__ = ["Const", "Eqn", "Graph", "flatten", "graph_of", "loop_bodies", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
-           "walk_jaxprs", "dtypes", "is_tracer"]
+           "walk_jaxprs", "primitive_names", "dtypes", "is_tracer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +136,11 @@ def walk_jaxprs(j: Any) -> Iterator[Any]:
     yield jaxpr
     for sub in jcore.subjaxprs(jaxpr):
         yield from walk_jaxprs(sub)
+
+
+def primitive_names(j: Any) -> set:
+    """The names of the primitives `j` (closed or open) binds, nested bodies included."""
+    return {e.primitive.name for jaxpr in walk_jaxprs(j) for e in jaxpr.eqns}
 
 
 def dtypes(fn: Callable, *args) -> set:

@@ -29,8 +29,19 @@ Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxpr
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
 shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
 before an elementwise add or multiply), into scan bodies (as a loop constant) and cond branches, to its
-uses. A leaf all of whose uses are weights, biases or scales gets a rule; every other leaf (a penalty term
-inside the loss, a leaf entering a custom_jvp, a while_loop or a nonlinearity, a transposed convolution)
+uses. Three more kinds of use keep a rule:
+
+- a transposed convolution (`lhs_dilation`) is the convolution rule on the patches of the dilated input;
+- a weight through a function of itself alone (`relu(W)` as a `custom_jvp_call`, `exp(log_scale)`): the
+  layer's rule gives the gradient in W' = f(W), and the per-example gradient in W is f's VJP at W of it (its
+  norm formed from that gradient: the ghost norm holds for W' only);
+- a term computed from no example data (an L2 penalty `λ‖W‖²` added to the loss: `_fixed_refs`): its gradient
+  p is the same for every example, computed once per call from one example's backward pass, so
+  gᵢ = dᵢ + p, ‖gᵢ‖² = ‖dᵢ‖² + 2⟨dᵢ, p⟩ + ‖p‖² (⟨dᵢ, p⟩ is the layer applied with p as its weight, contracted
+  with δ: no dᵢ formed), and a clipped sum gains (Σᵢ cᵢ)·p.
+
+A leaf all of whose uses are weights, biases, scales or data-free terms gets a rule; every other leaf (a
+leaf entering a while_loop or multiplying the activations through a nonlinearity, batch-grouped convolutions)
 *falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is exact and
 costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held constant, a zero probe
 added to each site's output (its gradient is δ) and the other operand `a` saved; a scan or cond holding
@@ -108,7 +119,9 @@ def _patches(e: Eqn, x, rhs_shape):
     """Input patches of a convolution: `(B, G, C_g·K, positions)`, in the weight's (C_g, K) order."""
     g = _conv_geometry(e, x.shape, rhs_shape)
     x = jnp.transpose(x, g["lhs_spec"])  # (B, C, *S)
-    pads = [(0, 0, 0), (0, 0, 0)] + [(lo, hi, 0) for lo, hi in e.params["padding"]]
+    # a transposed convolution (lhs_dilation d) convolves the input with d - 1 zeros between its elements
+    pads = [(0, 0, 0), (0, 0, 0)] + [(lo, hi, d - 1)
+                                     for (lo, hi), d in zip(e.params["padding"], e.params["lhs_dilation"])]
     x = lax.pad(x, jnp.zeros((), x.dtype), pads)
     strides, dil = e.params["window_strides"], e.params["rhs_dilation"]
     cols = []
@@ -205,6 +218,17 @@ class Site:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class FixedUse:
+    """A use of a leaf whose gradient is the same for every example (an L2 penalty `λ‖W‖²` added to the loss):
+    operand `pos` of the top-level equation `op`, reached through the ops of `chain`, computes nothing from the
+    example, and the loss's cotangent reaches it unchanged by the example (see `_fixed_refs`)."""
+
+    op: Eqn
+    pos: int
+    chain: tuple
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Rule:
     """A leaf's rule: its uses (`sites`, one or more) and how its per-example norm is formed: "sites" (the
     sum of the sites' squared norms: one site, or one per branch of a cond, of which one runs), "pairs" (a
@@ -215,11 +239,17 @@ class Rule:
     sites: tuple
     norm: str
     why: str
+    fixed: tuple = ()  # FixedUses: their gradient p is added to every example's (see `fixed_grads`)
 
     @property
     def kind(self) -> str:
         kinds = sorted({s.kind for s in self.sites}, key=[s.kind for s in self.sites].index)
-        return "+".join(kinds)
+        return "+".join(kinds + (["data-free"] if self.fixed else []))
+
+    @property
+    def linear(self) -> bool:
+        """Whether every use is linear in the leaf (no relu or exp of the weight on the way to its op)."""
+        return not any(_nonlinear(s.chain) for s in self.sites)
 
     @property
     def layer(self) -> bool:
@@ -231,8 +261,31 @@ class _NoRule(Exception):
     """Why a leaf has no rule."""
 
 
+def _nonlinear(chain: tuple) -> list:
+    """The names of the chain's ops that are functions of the weight but not shape ops (relu, exp, ...)."""
+    return [_op_name(c) for c in chain if c.prim.name not in SHAPE_OPS | SPREAD_OPS]
+
+
+def _op_name(e: Eqn) -> str:
+    if e.prim.name == "custom_jvp_call":  # jax.nn.relu and friends: name the function by its body's ops
+        inner = sorted(jaxprs.primitive_names(e.params["call_jaxpr"]) - INLINE)
+        return f"custom_jvp_call of {'/'.join(inner) or 'identity'}"
+    return e.prim.name
+
+
 def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Site:
-    """The site for operand `pos` of the layer op `e`, or raise `_NoRule`."""
+    """The site for operand `pos` of the layer op `e`, or raise `_NoRule`. A chain through a function of the
+    weight alone (W' = relu(W)) keeps the layer's rule for W': the gradient in W is the chain's VJP at W of
+    W's gradient, so the norm is formed from that gradient (the ghost norm holds for W' only)."""
+    site = _layer_site(graph, e, pos, chain, where)
+    fs = _nonlinear(chain)
+    if not fs:
+        return site
+    return dataclasses.replace(site, norm="outer", why=f"{site.why}, of W' = {' ∘ '.join(reversed(fs))}(W): "
+                                                       "the chain's VJP at W of the gradient in W'")
+
+
+def _layer_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Site:
     name = e.prim.name
     steps = _size([w[3] for w in where if w[3] is not None])
     if name in ELEMENTWISE:
@@ -259,12 +312,14 @@ def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Si
         how = f"ghost norm over {t} tokens" if gram else ("‖δ‖·‖a‖" if t == 1 else f"outer product over {t} tokens")
         return site(kind="dense", norm="gram" if gram or t == 1 else "outer", why=f"dense layer: {how}", tokens=t)
     if name == "conv_general_dilated" and pos == 1:
-        if any(d != 1 for d in e.params["lhs_dilation"]) or e.params["batch_group_count"] != 1:
-            raise _NoRule("transposed convolution (lhs_dilation) or batch groups: no rule")
+        if e.params["batch_group_count"] != 1:
+            raise _NoRule("convolution with batch groups: no rule")
         g = _conv_geometry(e, other_shape, w_shape)
         t, j, o = g["b"] * g["pos"] * steps, g["cg"] * g["k"], g["og"]
         gram = t * t * (j + o) < t * j * o
         how = f"ghost norm over {t} positions" if gram else f"patches ⊗ δ over {t} positions"
+        if any(d != 1 for d in e.params["lhs_dilation"]):
+            how = f"transposed (input dilated by {tuple(e.params['lhs_dilation'])}), {how}"
         patches = jax.ShapeDtypeStruct((g["b"], g["groups"], j, g["pos"]), site.keywords["saved"].dtype)
         return site(kind="conv", norm="gram" if gram else "outer", why=f"convolution (im2col): {how}", saved=patches)
     if name == "gather" and pos == 0:
@@ -282,8 +337,9 @@ LAYER_OPS = frozenset({"dot_general", "conv_general_dilated", "gather", *ELEMENT
 class _Walker:
     """Follows a leaf through a graph and the bodies of its scans and conds to every use (memoized per graph)."""
 
-    def __init__(self):
+    def __init__(self, fixed_refs: frozenset = frozenset()):
         self._uses, self._bodies = {}, {}
+        self.fixed_refs = fixed_refs  # top-level refs computed from no example whose cotangent is fixed
 
     def uses(self, graph: Graph) -> dict:
         if id(graph) not in self._uses:
@@ -312,7 +368,9 @@ class _Walker:
                 raise _NoRule("returned by the loss itself" if not where else "passed through a loop body")
             e = graph.eqns[k]
             name = e.prim.name
-            if name in SHAPE_OPS | SPREAD_OPS:
+            if not where and e.outs and all(o in self.fixed_refs for o in e.outs):
+                out.append(FixedUse(e, p, chain))
+            elif name in SHAPE_OPS | SPREAD_OPS:
                 out += self.sites(graph, e.outs[0], chain + (e,), where)
             elif name in LAYER_OPS:
                 out.append(_make_site(graph, e, p, chain, where))
@@ -325,9 +383,21 @@ class _Walker:
                     out += self.sites(body, body.inputs[p - 1], chain, where + ((k, b, bodies, None),))
             elif name == "scan":
                 raise _NoRule("carried through `scan` (not a constant of the loop): no per-layer rule")
+            elif _weight_function(graph, e, p):
+                out += self.sites(graph, e.outs[0], chain + (e,), where)
             else:
                 raise _NoRule(f"enters `{name}`: no per-layer rule")
         return out
+
+
+def _weight_function(graph: Graph, e: Eqn, pos: int) -> bool:
+    """Whether `e` is a function of its operand `pos` alone (relu, exp, a custom_jvp activation: every other
+    operand a constant, one output, no loop), in float32 or wider (its VJP is then taken at the weight in the
+    dtype the rules accumulate in)."""
+    refs = [a for a in e.ins if isinstance(a, int)]
+    aval = graph.avals[e.ins[pos]]
+    return (len(refs) == 1 and len(e.outs) == 1 and e.prim.name not in ("scan", "cond", "while")
+            and jnp.issubdtype(aval.dtype, jnp.floating) and np.dtype(aval.dtype).itemsize >= 4)
 
 
 def _exclusive(s: Site, r: Site) -> bool:
@@ -340,7 +410,21 @@ def _exclusive(s: Site, r: Site) -> bool:
     return False
 
 
-def _rule(leaf: int, sites: list) -> Rule:
+def _rule(leaf: int, sites: list, fixed: tuple = ()) -> Rule:
+    """The leaf's rule from its sites, plus its data-free uses (their gradient is added to every example's)."""
+    if not fixed:
+        return _sites_rule(leaf, sites)
+    ops = ", ".join(sorted({_op_name(f.op) for f in fixed}))
+    extra = (f"a term computed from no example data ({ops}, e.g. an L2 penalty): its gradient p is the same for "
+             "every example (one example's backward pass), gᵢ = dᵢ + p")
+    if not sites:
+        return Rule(leaf, (), "sites", extra, fixed)
+    r = _sites_rule(leaf, sites)
+    how = "" if r.norm == "outer" else ", ‖gᵢ‖² = ‖dᵢ‖² + 2⟨dᵢ, p⟩ + ‖p‖² (⟨dᵢ, p⟩: the layer applied with p)"
+    return dataclasses.replace(r, why=f"{r.why}; plus {extra}{how}", fixed=fixed)
+
+
+def _sites_rule(leaf: int, sites: list) -> Rule:
     loops = sites[0].where
     where = ""
     if any(w[3] is not None for w in loops):
@@ -387,29 +471,82 @@ def _orientation(site: Site) -> str | None:
 
 @dataclasses.dataclass
 class Plan:
-    """Which leaves have rules (`rules`: leaf index → Rule) and why the others fall back."""
+    """Which leaves have rules (`rules`: leaf index → Rule) and why the others fall back; `refs`: each leaf's
+    input ref in the graph."""
 
     graph: Graph
     n_leaves: int
     rules: dict
     fallback: dict  # leaf index -> reason
+    refs: list = dataclasses.field(default_factory=list)
 
 
-def plan(graph: Graph, diff_refs: list) -> Plan:
-    """Match each differentiable leaf (input ref in `diff_refs`) to a rule, or say why it falls back."""
-    walker = _Walker()
+#: Ops whose VJP in each operand is fixed (a sum, a broadcast, a cast, a reshape): a cotangent the same for every
+#: example stays so through them. A product or a quotient is one too when its other operand is example-free.
+FIXED_VJP = frozenset({"add", "sub", "neg", "add_any", "reduce_sum", "broadcast_in_dim", "reshape", "squeeze",
+                       "expand_dims", "transpose", "convert_element_type", "copy", "copy_p", "slice", "concatenate"})
+
+
+def _fixed_refs(graph: Graph, data_refs) -> frozenset:
+    """The top-level values computed from no example input whose cotangent (∂loss/∂value) is the same for every
+    example: the gradient of a leaf through them (an L2 penalty) is one array p for all examples.
+
+    A value's cotangent is fixed when every use passes the loss's cotangent (1) on by a VJP that does not read the
+    example: a use by an op whose outputs are example-free (its VJP reads only example-free values) or by a
+    `FIXED_VJP` op (a product: its other operand example-free), whose outputs' cotangents are fixed in turn."""
+    dep = set(data_refs)
+    for e in graph.eqns:
+        if any(isinstance(a, int) and a in dep for a in e.ins):
+            dep.update(e.outs)
+    uses = defaultdict(list)
+    for e in graph.eqns:
+        for p, a in enumerate(e.ins):
+            if isinstance(a, int):
+                uses[a].append((e, p))
+    outputs = {o for o in graph.outputs if isinstance(o, int)}
+    fixed_ct = {}
+
+    def fixed(ref) -> bool:
+        if ref in outputs and len(graph.outputs) > 1:
+            return False
+        for e, p in uses[ref]:
+            if not all(fixed_ct[o] for o in e.outs):
+                return False
+            other_free = all(not (isinstance(a, int) and a in dep) for j, a in enumerate(e.ins) if j != p)
+            name = e.prim.name
+            if all(o not in dep for o in e.outs) or name in FIXED_VJP:
+                continue
+            if other_free and (name in ("mul", "dot_general") or (name == "div" and p == 0)):
+                continue
+            return False
+        return True
+
+    for e in reversed(graph.eqns):
+        for o in e.outs:
+            fixed_ct[o] = fixed(o)
+    return frozenset(r for r, ok in fixed_ct.items() if ok and r not in dep)
+
+
+def plan(graph: Graph, diff_refs: list, data_refs: list | None = None) -> Plan:
+    """Match each differentiable leaf (input ref in `diff_refs`) to a rule, or say why it falls back.
+    `data_refs`: the inputs that carry the example (default: every input that is not a differentiable leaf)."""
+    if data_refs is None:
+        data_refs = [r for r in graph.inputs if r not in set(diff_refs)]
+    walker = _Walker(_fixed_refs(graph, data_refs))
     rules, fallback = {}, {}
     for leaf, ref in enumerate(diff_refs):
         n_uses = len(walker.uses(graph)[ref])
         try:
-            sites = walker.sites(graph, ref)
+            found = walker.sites(graph, ref)
         except _NoRule as err:
             fallback[leaf] = (f"used {n_uses} times; one use " if n_uses > 1 else "") + str(err)
             continue
-        if not sites:
+        sites = [s for s in found if isinstance(s, Site)]
+        fixed = tuple(s for s in found if isinstance(s, FixedUse))
+        if not found:
             fallback[leaf] = "not used by the loss (gradient zero)"
             continue
-        rules[leaf] = _rule(leaf, sites)
+        rules[leaf] = _rule(leaf, sites, fixed)
     # two weights of one op (W1 @ W2, or W @ W): neither is a layer weight with a fixed input
     at = defaultdict(list)
     for r in rules.values():
@@ -425,7 +562,7 @@ def plan(graph: Graph, diff_refs: list) -> Plan:
         for leaf, r in rules.items():
             fallback[leaf] = f"{r.kind}, but no dense, conv or embedding layer in the loss has a rule"
         rules = {}
-    return Plan(graph, len(diff_refs), rules, fallback)
+    return Plan(graph, len(diff_refs), rules, fallback, list(diff_refs))
 
 
 # ------------------------------------------------------------------ evaluation with probes
@@ -476,9 +613,7 @@ def _apply_site(site: Site, w, saved):
     chain's dtype casts are skipped: a cast changes a linear op's VJP only by rounding it)."""
     dtype = w.dtype
     w0 = w
-    for c in site.chain:
-        if c.prim.name != "convert_element_type":
-            w = _bind(c, [w])[0]
+    w = _chain(tuple(c for c in site.chain if c.prim.name != "convert_element_type"), w)
     e = site.op
     shape = e.out_avals[0].shape
 
@@ -500,6 +635,13 @@ def _apply_site(site: Site, w, saved):
         return lax.dot_general(*ins, dims, precision=e.params.get("precision"), preferred_element_type=dtype)
 
     return _over_steps(site, op)(saved)
+
+
+def _chain(chain: tuple, w):
+    """The chain's ops applied to `w` (each op's one non-constant operand)."""
+    for c in chain:
+        w = _bind(c, [w if isinstance(a, int) else a.val for a in c.ins])[0]
+    return w
 
 
 def apply_rule(rule: Rule, w, saved) -> tuple:
@@ -539,9 +681,26 @@ def run(graph: Graph, pl: Plan, values: list, probes: list):
     return outs[0], _group(pl, [saved[s] for s, _ in sites])
 
 
-def _eval(graph: Graph, values: list, sites: list, depth: int, probes: dict):
+def fixed_grads(graph: Graph, pl: Plan, values: list) -> dict:
+    """{leaf: p} for each ruled leaf with data-free uses (`Rule.fixed`): the gradient through those uses alone,
+    the same for every example, from one backward pass of the loss at `values` (the graph's inputs: the leaves
+    and any one example), in the leaf's dtype."""
+    fixed = {leaf: r.fixed for leaf, r in pl.rules.items() if r.fixed}
+    if not fixed:
+        return {}
+    ws = {leaf: values[pl.graph.inputs.index(pl.refs[leaf])] for leaf in fixed}
+
+    def loss(ws):
+        over = {(id(f.op), f.pos): _chain(f.chain, ws[leaf]) for leaf, uses in fixed.items() for f in uses}
+        return _eval(graph, values, [], 0, {}, over)[0][0]
+
+    return jax.grad(loss)(ws)
+
+
+def _eval(graph: Graph, values: list, sites: list, depth: int, probes: dict, over: dict | None = None):
     """Evaluate `graph`; the ops of `sites` ((id, Site) pairs at or below this depth) get their probe added and
-    their other operand saved. **Returns** (outputs, {site id: saved})."""
+    their other operand saved; `over` {(id(op), operand): value} replaces operands of top-level ops.
+    **Returns** (outputs, {site id: saved})."""
     env = dict(zip(graph.inputs, values))
     here = {id(site.op): (s, site) for s, site in sites if len(site.where) == depth}
     nested = defaultdict(list)
@@ -552,6 +711,8 @@ def _eval(graph: Graph, values: list, sites: list, depth: int, probes: dict):
     read = lambda a: a.val if isinstance(a, Const) else env[a]  # noqa: E731
     for k, e in enumerate(graph.eqns):
         ins = [read(a) for a in e.ins]
+        if over:
+            ins = [over.get((id(e), p), v) for p, v in enumerate(ins)]
         if id(e) in here:
             s, site = here[id(e)]
             if site.kind == "conv":
@@ -615,28 +776,43 @@ def _eval_loop(e: Eqn, ins: list, sites: list, depth: int, probes: dict, saved: 
 # ------------------------------------------------------------------ per-example gradients, dots and norms
 
 
-def weight_grad(rule: Rule, leaf_val, saved, delta):
+def weight_grad(rule: Rule, leaf_val, saved, delta, fixed=None):
     """One example's gradient for the ruled leaf, in `acc_dtype` (float32 for a bfloat16 leaf): the VJP of its
-    uses in the weight, given each use's (a, δ) (`saved`, `delta`: one per site)."""
+    uses in the weight, given each use's (a, δ) (`saved`, `delta`: one per site), plus `fixed`, the gradient p
+    of its data-free uses (`fixed_grads`), if any."""
     dtype = acc_dtype(leaf_val.dtype)
-    _, vjp = jax.vjp(lambda w: apply_rule(rule, w, saved), leaf_val.astype(dtype))
-    return vjp(tuple(d.astype(dtype) for d in delta))[0]
+    if rule.sites:
+        _, vjp = jax.vjp(lambda w: apply_rule(rule, w, saved), leaf_val.astype(dtype))
+        g = vjp(tuple(d.astype(dtype) for d in delta))[0]
+    else:
+        g = jnp.zeros(leaf_val.shape, dtype)
+    return g if fixed is None else g + fixed.astype(dtype)
 
 
-def weight_dot(rule: Rule, v, saved, delta):
-    """⟨per-example weight gradient, v⟩ = Σ over uses ⟨δ, op(v, a)⟩ (each op is linear in the weight), in
-    float32 or wider."""
+def weight_dot(rule: Rule, v, saved, delta, leaf_val=None, fixed=None):
+    """⟨per-example weight gradient, v⟩ = Σ over uses ⟨δ, op(v, a)⟩ (each op is linear in the weight; through a
+    function of the weight, its JVP at `leaf_val` in v) + ⟨p, v⟩ for `fixed` = p, in float32 or wider."""
     dtype = acc_dtype(v.dtype)
-    outs = apply_rule(rule, v.astype(dtype), saved)
-    return sum(jnp.vdot(d.astype(dtype), o) for d, o in zip(delta, outs))
+    if rule.linear:
+        outs = apply_rule(rule, v.astype(dtype), saved)
+    else:
+        _, outs = jax.jvp(lambda w: apply_rule(rule, w, saved), (leaf_val.astype(dtype),), (v.astype(dtype),))
+    total = sum((jnp.vdot(d.astype(dtype), o) for d, o in zip(delta, outs)), jnp.zeros((), dtype))
+    return total if fixed is None else total + jnp.vdot(fixed.astype(dtype), v.astype(dtype))
 
 
-def weight_sq_norm(rule: Rule, leaf_val, saved, delta):
+def weight_sq_norm(rule: Rule, leaf_val, saved, delta, fixed=None):
     """‖per-example weight gradient‖² from (a, δ), in `acc_dtype`: the sum of the sites' squared norms (one
     site, or cond branches of which one runs), each by its cheaper form (see module doc), or the norm of
-    the summed gradients of a leaf used twice or more."""
-    if rule.norm == "outer":
-        return jnp.sum(jnp.square(weight_grad(rule, leaf_val, saved, delta)))
+    the summed gradients of a leaf used twice or more. With `fixed` = p (data-free uses): ‖d‖² + 2⟨d, p⟩ + ‖p‖²,
+    ⟨d, p⟩ by `weight_dot` (no per-example gradient formed; float32 rounding of order ‖p‖²·2⁻²⁴, which matters
+    only where ‖d + p‖ ≪ ‖p‖)."""
+    if rule.norm == "outer" or not rule.sites:
+        return jnp.sum(jnp.square(weight_grad(rule, leaf_val, saved, delta, fixed)))
+    if fixed is not None:
+        p = fixed.astype(acc_dtype(leaf_val.dtype))
+        return (weight_sq_norm(rule, leaf_val, saved, delta) + 2 * weight_dot(rule, p, saved, delta, leaf_val)
+                + jnp.sum(jnp.square(p)))
     dtype = acc_dtype(leaf_val.dtype)
     if rule.norm == "pairs":
         return _pairs_sq_norm(rule, [_acc(a, dtype) for a in saved], [d.astype(dtype) for d in delta])

@@ -18,6 +18,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # functions after every shared computation would make every later test trace and load its programs again.
 os.environ.setdefault("GRADLAB_MEMORY_BUDGET_MB", "0")
 
+# The engine's one-off timing of the rules against vmap on small computations (engine.AUTO_TIMING) would compile
+# vmap as well in every test at N >= 64: it changes only the time, never a number. Off in tests (and in the
+# servers they start); tests/test_engine.py turns it on to test it.
+os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
+
 # A fresh results store per test process: a test must compute, never read a result a previous run stored.
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
 

@@ -11,6 +11,7 @@ import pytest
 from gradlab import engine, losses
 from gradlab.data import load_dataset
 from gradlab.models import ModelSpec, build_model
+from testdata import normal
 
 
 def sq_err(w, x, y):
@@ -155,6 +156,40 @@ def test_second_call_with_same_shapes_does_not_retrace():
     engine.per_example_norms(losses.cross_entropy, m2, xs, ys)
     engine.per_example_grads(losses.cross_entropy, m2, xs, ys)
     assert dict(engine.TRACES) == before
+
+
+def test_auto_times_both_paths_once_and_stays_exact(monkeypatch):
+    """method="auto" on a small computation: the rules and vmap are timed once per (loss, shapes, N), the choice
+    is kept (a second call adds none), either choice agrees with a loop of jax.grad; inside a jit nothing is timed;
+    a computation slower than AUTO_TIMING_S keeps the rules untimed."""
+    monkeypatch.setattr(engine, "AUTO_CHOICES", __import__("collections").OrderedDict())
+    monkeypatch.setattr(engine, "AUTO_TIMING", True)
+    monkeypatch.setattr(engine, "AUTO_TIMING_S", float("inf"))
+    n = engine.AUTO_MIN_N + 2  # n - 2 examples are still timed
+    xs = normal(0, (n, 3))
+    ys = jnp.arange(n) % 2
+    w = normal(1, (3, 2))
+    loss = lambda w, x, y: -jax.nn.log_softmax(jnp.tanh(x @ w) @ w.T @ w)[y]  # noqa: E731 - w used three times
+    want = np.stack([np.asarray(jax.grad(loss)(w, xs[i], ys[i]), np.float64) for i in range(n)]).reshape(n, -1)
+    norms = np.linalg.norm(want, axis=1)
+    np.testing.assert_allclose(engine.per_example_norms(loss, w, xs, ys), norms, rtol=1e-5)
+    total = engine.clipped_grad_sum(loss, w, xs, ys, 0.5)
+    np.testing.assert_allclose(total.ravel(), np.minimum(1, 0.5 / norms) @ want, rtol=1e-5, atol=1e-6)
+    choices = dict(engine.AUTO_CHOICES)
+    assert sorted(k[0] for k in choices) == ["clipped_grad_sum", "norms"]
+    assert set(choices.values()) <= {"auto", "vmap"}
+    for choice in ("auto", "vmap"):  # each kept choice gives the loop's numbers
+        for k in choices:
+            engine.AUTO_CHOICES[k] = choice
+        np.testing.assert_allclose(engine.per_example_norms(loss, w, xs, ys), norms, rtol=1e-5)
+        np.testing.assert_allclose(engine.clipped_grad_sum(loss, w, xs, ys, 0.5).ravel(),
+                                   np.minimum(1, 0.5 / norms) @ want, rtol=1e-5, atol=1e-6)
+    assert len(engine.AUTO_CHOICES) == 2
+    jax.jit(lambda w: engine.per_example_norms(loss, w, xs[:n - 1], ys[:n - 1]))(w)  # traced: not timed
+    assert len(engine.AUTO_CHOICES) == 2
+    monkeypatch.setattr(engine, "AUTO_TIMING_S", 0.0)
+    engine.per_example_norms(loss, w, xs[:n - 2], ys[:n - 2])
+    assert list(engine.AUTO_CHOICES.values())[-1] == "auto"
 
 
 def test_streamed_norms_never_allocate_n_by_p():

@@ -135,20 +135,38 @@ def test_python_float_params_fall_back_to_vmap():
         engine.per_example_norms(loss, (1.0, 0.0), xs, ys, method="ghost")
 
 
-def test_penalty_inside_the_loss_falls_back_for_that_leaf():
-    """An L2 penalty reads the weight a second time: that leaf (and the bias) fall back, exactly."""
+def test_a_penalty_inside_the_loss_adds_one_gradient_to_every_example():
+    """An L2 penalty reads the weight a second time, from no example: its gradient p is one array for every
+    example, so the weight keeps its dense rule (‖gᵢ‖² = ‖dᵢ‖² + 2⟨dᵢ, p⟩ + ‖p‖², the ghost form); a leaf read
+    only by a penalty (`s`) has gᵢ = p. Against a loop of jax.grad: gradients, norms, dots, the clipped sum."""
     model = models.Linear(3, 2, key=KEY)
+    s = jnp.array([0.5, -1.0])
 
-    def penalized(m, x, y):
-        return losses.cross_entropy(m, x, y) + 0.1 * jnp.sum(m.layer.weight ** 2)
+    def penalized(p, x, y):
+        m, s = p
+        return losses.cross_entropy(m, x, y) + 0.1 * jnp.sum(m.layer.weight ** 2) + jnp.sum(jnp.exp(s))
 
-    xs, ys = _data(4, 3, 2)
-    assert engine.resolve_method("auto", penalized, model, xs, ys) == "vmap"
-    why = {r["leaf"]: r["why"] for r in engine.explain(penalized, model, xs, ys)}
-    assert "used 2 times" in why[".layer.weight"]
-    want = _oracle(penalized, model, xs, ys)
-    got = engine.per_example_grads(penalized, model, xs, ys)
-    np.testing.assert_allclose(got.layer.weight, want.layer.weight, rtol=1e-5, atol=1e-6)
+    params = (model, s)
+    xs, ys = _data(5, 3, 2)
+    rows = {r["leaf"]: r for r in engine.explain(penalized, params, xs, ys)}
+    assert rows["[0].layer.weight"]["kind"] == "dense+data-free" and "2⟨dᵢ, p⟩" in rows["[0].layer.weight"]["why"]
+    assert rows["[1]"]["kind"] == "data-free", rows
+    want = _oracle(penalized, params, xs, ys)
+    got = engine.per_example_grads(penalized, params, xs, ys, chunk_size=2)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    flat = np.concatenate([np.reshape(w, (5, -1)) for w in jax.tree.leaves(want)], axis=1).astype(np.float64)
+    norms = np.linalg.norm(flat, axis=1)
+    np.testing.assert_allclose(engine.per_example_norms(penalized, params, xs, ys, chunk_size=2), norms, rtol=1e-5)
+    v = jax.tree.map(lambda a: jnp.cos(jnp.arange(a.size, dtype=a.dtype)).reshape(a.shape), engine.as_params(params))
+    v_flat = np.concatenate([np.ravel(a) for a in jax.tree.leaves(v)])
+    np.testing.assert_allclose(engine.per_example_dots(penalized, params, xs, ys, v, chunk_size=2), flat @ v_flat,
+                               rtol=1e-5, atol=1e-6)
+    c = float(np.median(norms))
+    total = engine.clipped_grad_sum(penalized, params, xs, ys, c, chunk_size=2)
+    scale = np.minimum(1.0, c / norms)
+    for g, w in zip(jax.tree.leaves(total), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, np.tensordot(scale, w, axes=1), rtol=1e-5, atol=1e-6)
 
 
 def test_a_layer_applied_twice_takes_the_summed_rule():

@@ -90,17 +90,18 @@ def token_zoo():
 
 
 def tied_zoo():
-    """Tied weights (the table also projects back to the vocabulary) and an L2 term inside the loss."""
+    """Tied weights (the table also projects back to the vocabulary) and an L2 term inside the loss (a gradient
+    the same for every example, added to the dense rule's)."""
     p = {"emb": _normal(0, (20, 6)), "w": _normal(1, (6, 6)), "v": _normal(2, (6, 6))}
 
     def loss(p, ids, y):
         h = jnp.tanh(p["emb"][ids] @ p["w"])                   # emb: used twice (a lookup and a dense layer)
         h = h @ p["v"]
         logits = h.mean(0) @ p["emb"].T
-        return jax.nn.logsumexp(logits) - logits[y] + 0.01 * jnp.sum(p["v"] ** 2)   # v: penalty -> fallback
+        return jax.nn.logsumexp(logits) - logits[y] + 0.01 * jnp.sum(p["v"] ** 2)   # v: dense + a data-free penalty
 
     ids = randint(3, (N, 4), 20)
-    return loss, p, ids, jnp.arange(N) % 20, {"['emb']", "['w']"}
+    return loss, p, ids, jnp.arange(N) % 20, {"['emb']", "['w']", "['v']"}
 
 
 def floats_zoo():
@@ -116,7 +117,8 @@ def floats_zoo():
 
 
 def transposed_conv_zoo():
-    """lhs_dilation (a transposed convolution) and a weight passed through relu: both fall back, exactly."""
+    """lhs_dilation (a transposed convolution: the conv rule on the dilated input's patches) and a weight passed
+    through relu (the dense rule for relu(u), then relu's VJP at u)."""
     p = {"k": _normal(0, (2, 1, 3, 3)), "u": _normal(1, (4, 3)), "r": _normal(2, (2 * 9 * 9, 2))}
 
     def loss(p, x, y):
@@ -124,7 +126,7 @@ def transposed_conv_zoo():
         q = x.reshape(-1)[:4] @ jax.nn.relu(p["u"])
         return jnp.sum((z.reshape(-1) @ p["r"] - y) ** 2) + jnp.sum(q ** 2)
 
-    return loss, p, _normal(3, (N, 1, 5, 5), 1.0), _normal(4, (N, 2), 1.0), {"['r']"}
+    return loss, p, _normal(3, (N, 1, 5, 5), 1.0), _normal(4, (N, 2), 1.0), {"['k']", "['r']", "['u']"}
 
 
 def equinox_cnn_zoo():
