@@ -12,6 +12,9 @@ import streamlit as st
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "gradlab", "xla"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))  # bytes; least recently used go first
+# A shared server keeps the engine's rules (`engine.AUTO_TIMING`): timing vmap beside them would compile a second
+# program for every cold computation, and a crowd's load makes such timings noise. Both paths are exact.
+os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 
 from gradlab import memory, ui  # noqa: E402
 from gradlab.ui import lecture as ui_lecture  # noqa: E402
