@@ -627,17 +627,20 @@ def assert_rel(got, want, what, scale=0.0):
 # The slower twin of each rule family runs in the whole suite only: embeddings stay pinned by equinox_tokens_zoo,
 # convolutions by conv_zoo and transposed_conv_zoo, scans by gru_zoo, typed keys in xs by test_engine_exact.py,
 # elementwise scales (BatchNorm's γ, β) by the LayerNorm of equinox_tokens_zoo.
-# Flax models: the NNX MLP runs in the quick subset, the other NNX models and the linen GPT in the whole suite.
+# Flax models: the NNX MLP runs in the quick subset, the NNX GPT in the whole suite, the rest with GRADLAB_ZOO=all.
 # COVERAGE_ONLY models run only with GRADLAB_ZOO=all (each passed when added, 2026-11-25; 25-90 s each on the loaded
 # 2-core machine, the suite's time): the linen MLP, CNN and attention (their Dense, Conv, DenseGeneral and LayerNorm
 # pinned by the linen GPT and the NNX models), Opacus' conv 1-D and 3-D (the conv rule's spatial ranks; 2-D pinned
 # by conv_zoo), GroupNorm/InstanceNorm (the scale rule pinned by BatchNorm and LayerNorm) and Equinox's
 # MultiheadAttention (pinned by the NNX attention), the mean-pooled embedding bag (embeddings pinned by
 # equinox_tokens_zoo, a loss undefined at a zero input by test_engine_exact.py) and the Elman RNN (scans: the GRU).
+# Since 2026-11-26 also the linen GPT (the NNX GPT pins Flax's Embed, attention and tied head), the NNX attention
+# (pinned by both GPTs), the NNX CNN (Flax's Conv: the conv rule, pinned by conv_zoo) and gradlab's CNN (pinned by
+# test_engine_ghost.py's cnn case): 10-17 s each in a clean clone with an empty XLA cache.
 # benchmarks/rule_coverage.py counts and times them all.
 COVERAGE_ONLY = () if os.environ.get("GRADLAB_ZOO") == "all" else (
     linen_mlp_zoo, linen_cnn_zoo, linen_attention_zoo, conv1d_zoo, conv3d_zoo, group_instance_norm_zoo,
-    equinox_attention_zoo, embedding_bag_zoo, rnn_zoo)
+    equinox_attention_zoo, embedding_bag_zoo, rnn_zoo, linen_gpt_zoo, nnx_attention_zoo, nnx_cnn_zoo, equinox_cnn_zoo)
 SLOW_ZOO = (token_zoo, equinox_cnn_zoo, lstm_zoo, batchnorm_inference_zoo, dropout_zoo, gpt_zoo, embedding_bag_zoo,
             rnn_zoo, *OPACUS_ZOO, *(f for f in FLAX_ZOO if f is not nnx_mlp_zoo))
 
