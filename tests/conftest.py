@@ -23,6 +23,12 @@ os.environ.setdefault("GRADLAB_MEMORY_BUDGET_MB", "0")
 # servers they start); tests/test_engine.py turns it on to test it.
 os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 
+# Most of a cold run is XLA compiling small programs, which LLVM's optimization passes dominate: without them the
+# quick subset compiles about a quarter faster, at the price of slower loops in the few tests whose time is compute
+# (SimpleCNN's training, the largest links). Numbers are unchanged: every oracle runs in the same process. The
+# extreme-links browser test gives its server the default level: it measures the memory a user's server takes.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+
 # A fresh results store per test process: a test must compute, never read a result a previous run stored.
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
 
@@ -70,3 +76,50 @@ def browser():
         b = launch(p)
         yield b
         b.close()
+
+
+#: Library and page tests of the quick subset that take over ~3 s from an empty compile cache on 2 cores: they run in
+#: the whole suite only, so that `-m "not slow"` stays an inner loop (measured: benchmarks/RESULTS.md#test-suite).
+#: A faster quick test reaches the same code (the restart's: test_store.py's store on disk).
+WHOLE_SUITE_ONLY = {
+    "test_audit.py": ["test_microbatch_bug_is_caught", "test_input_canary_audit_is_sound",
+                      "test_planted_bug_is_caught[noise divided by the batch size twice]"],
+    "test_cli.py": ["test_influence_columns_are_the_library_scores", "test_dp_sgd_npz_epsilon_from_the_accountant"],
+    "test_code_panels.py": ["test_privacy_audit_panel", "test_geometry_panel", "test_equivalence_panel"],
+    "test_data_train.py": ["test_adam_linear_is_optax_adam_on_a_linear_schedule_and_tracin_sees_the_decayed_rate"],
+    "test_engine.py": ["test_auto_times_both_paths_once_and_stays_exact", "test_streamed_reductions_equal_materialized[mlp]",
+                       "test_per_example_grads_match_python_loop[mlp]"],
+    "test_engine_ghost.py": ["test_rules_equal_the_loop_on_every_model[cnn]",
+                             "test_a_penalty_inside_the_loss_adds_one_gradient_to_every_example",
+                             "test_rules_equal_the_loop_on_every_model[mlp-relu-2]"],
+    "test_engine_precision.py": ["test_low_precision_matches_the_loop_and_clipped_norms_stay_below_c[mixed_precision-vmap]",
+                                 "test_low_precision_matches_the_loop_and_clipped_norms_stay_below_c[bf16_params-auto]"],
+    "test_engine_zoo.py": ["test_every_engine_function_matches_a_loop_of_grad[conv_zoo]",
+                           "test_every_engine_function_matches_a_loop_of_grad[simple_cnn_zoo]",
+                           "test_every_engine_function_matches_a_loop_of_grad[control_flow_zoo]",
+                           "test_every_engine_function_matches_a_loop_of_grad[tied_zoo]",
+                           "test_every_engine_function_matches_a_loop_of_grad[transposed_conv_zoo]",
+                           "test_every_engine_function_matches_a_loop_of_grad[gru_zoo]",
+                           "test_every_engine_function_matches_a_loop_of_grad[nnx_mlp_zoo]"],
+    "test_influence.py": ["test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel",
+                          "test_subset_models_are_the_models_train_returns_on_each_subset",
+                          "test_truncated_cg_of_many_test_points_is_each_points_own_solve[3]",
+                          "test_self_influence_finds_a_planted_mislabel", "test_own_retraining_agrees_with_scipy",
+                          "test_equinox_model_auto_switches_to_cg_with_a_note"],
+    "test_pages_audit.py": ["test_membership_and_audit_render", "test_planted_bug_is_caught_on_the_page",
+                           "test_bad_setting_is_a_message_not_a_traceback"],
+    "test_pages_equiv_perf.py": ["test_performance_page_sweep_and_controls"],
+    "test_pages_fashion.py": ["test_the_training_button_trains_and_the_page_goes_on",
+                             "test_norms_page_on_fashion_names_rows_by_their_fashion_mnist_index"],
+    "test_pages_norms.py": ["test_norms_page_on_2d_and_regression_data", "test_impossible_settings_give_messages_not_tracebacks"],
+    "test_privacy.py": ["test_epsilon_curve_is_incremental_composition", "test_dp_sgd_noise_and_epsilon_per_checkpoint"],
+    "test_restart.py": ["test_a_restarted_server_answers_its_first_visitor_from_disk"],
+    "test_robustness.py": ["test_memory_estimates_match_the_real_arrays"],
+    "test_url.py": ["test_short_codes_work_and_a_bad_link_value_is_named_not_dropped_silently"],
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.name in WHOLE_SUITE_ONLY.get(item.path.name, ()):
+            item.add_marker(pytest.mark.slow)
