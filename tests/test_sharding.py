@@ -117,7 +117,8 @@ def test_four_forced_host_devices():
     """Runs this file's `four` tests on 4 forced host CPU devices in a fresh interpreter."""
     if FOUR:
         pytest.skip("already on 4 devices")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    flags = f"--xla_force_host_platform_device_count=4 {os.environ.get('XLA_FLAGS', '')}"  # and conftest's
+    env = {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--durations=3", __file__, "-k", "four"],
         env=env, capture_output=True, text=True, timeout=600,
