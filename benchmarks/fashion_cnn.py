@@ -17,14 +17,12 @@ import os
 import resource
 import time
 
-import jax.numpy as jnp
 import numpy as np
 
 from gradlab import costs, losses, privacy
-from gradlab.experiment import (DP_SGD_DEFAULTS, Experiment, count_params, fit, forward_macs, init_model, load_data,
-                                recipe)
+from gradlab.experiment import DP_SGD_DEFAULTS, Experiment, count_params, fit, forward_macs, init_model, load_data
 from gradlab.summary import norm_summary, summary_size
-from gradlab.train import train, train_dp_sgd
+from gradlab.train import train_dp_sgd
 
 
 class Clock:
@@ -52,8 +50,8 @@ def main(argv=None):
     p.add_argument("--order", default=None, help="minibatch order: random | epoch (default: the recipe's)")
     p.add_argument("--ema", type=float, default=None, help="moving-average decay of the parameters, 0 = off "
                                                           "(default: the recipe's)")
-    p.add_argument("--label-smoothing", type=float, default=0.0, help="train on the label-smoothed NLL (the app "
-                                                                      "does not: a sweep option)")
+    p.add_argument("--label-smoothing", type=float, default=None, help="ε of the training loss's label smoothing "
+                                                                       "(default: the recipe's)")
     p.add_argument("--full-test", action="store_true", help="with --seeds: also the accuracy on all 10,000 test "
                                                             "images of Debian's dataset-fashion-mnist")
     p.add_argument("--seeds", help="a range 'a-b' or a list 'a,b,c' of Experiment seeds (initialization and minibatch "
@@ -114,32 +112,22 @@ def full_test_set(data):
     return ((x - data.x_mean) / data.x_std).astype(np.float32), y
 
 
-def smoothed(loss_fn, eps: float):
-    """Label smoothing (Szegedy et al. 2016) of an NLL on log-probabilities: (1 − ε) NLL + ε · mean_k(−log p_k)."""
-    return lambda model, x, y: (1 - eps) * loss_fn(model, x, y) - eps * jnp.mean(model(x))
-
-
 def seeds(a):
-    """The recipe at each seed through the app's own path (`fit` on the Experiment; with --label-smoothing,
-    `train.train` with the smoothed loss): test accuracy on the subset's 1,000 test images (and with --full-test on
+    """The recipe at each seed through the app's own path (`fit` on the Experiment): test accuracy on the subset's 1,000 test images (and with --full-test on
     all 10,000) and the training's CPU-seconds (the first seed's include compiling, unless the XLA cache has it)."""
     base = Experiment.for_model("simple_cnn").replace(dataset="fashion", steps=a.steps, batch_size=a.batch, lr=a.lr,
                                                       optimizer=a.optimizer, l2=a.l2)
-    base = base.replace(**{k: v for k, v in (("order", a.order), ("ema", a.ema)) if v is not None})
+    base = base.replace(**{k: v for k, v in (("order", a.order), ("ema", a.ema), ("label_smoothing", a.label_smoothing))
+                           if v is not None})
     print(f"{base.steps} steps × {base.batch_size}, {base.optimizer} {base.lr:g}, l2 {base.l2:g}, order {base.order}, "
-          f"ema {base.ema:g}, label smoothing {a.label_smoothing:g}:", flush=True)
+          f"ema {base.ema:g}, label smoothing {base.label_smoothing:g}:", flush=True)
     accs, fulls, cpus = [], [], []
     full = None
     for s in parse_seeds(a.seeds):
         exp = base.replace(seed=s)
         data = load_data(exp)
         cpu = time.process_time()
-        if a.label_smoothing:
-            run = train(init_model(exp, data), smoothed(losses.cross_entropy, a.label_smoothing), data.x_train,
-                        data.y_train, **recipe(exp), seed=exp.seed)
-            model = run.final
-        else:
-            model = fit(exp, data).model
+        model = fit(exp, data).model
         cpus.append(time.process_time() - cpu)
         accs.append(accuracy(model, data))
         line = f"  seed {s}: test accuracy {accs[-1]:.3f}"

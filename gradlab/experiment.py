@@ -54,10 +54,11 @@ class Experiment:
     seed: int = 0
     checkpoint_every: int = 50
     test_fraction: float = dataclasses.field(default=0.2, metadata={"control": False})
-    #: How minibatches are drawn (`train.ORDERS`) and the parameters' moving-average decay (0: off): set by a model's
-    #: recipe (`MODEL_DEFAULTS`), not in the sidebar.
+    #: How minibatches are drawn (`train.ORDERS`), the parameters' moving-average decay (0: off) and the label
+    #: smoothing of the training loss (0: off): set by a model's recipe (`MODEL_DEFAULTS`), not in the sidebar.
     order: str = dataclasses.field(default="random", metadata={"control": False})
     ema: float = dataclasses.field(default=0.0, metadata={"control": False})
+    label_smoothing: float = dataclasses.field(default=0.0, metadata={"control": False})
 
     def replace(self, **changes) -> "Experiment":
         return dataclasses.replace(self, **changes)
@@ -326,4 +327,4 @@ def fit(exp: Experiment, data: data_mod.Dataset | None = None, progress=None) ->
 def recipe(exp: Experiment) -> dict:
     """The keyword arguments of `gradlab.train.train` that `exp`'s fields set (all but the seed)."""
     return dict(optimizer=exp.optimizer, lr=exp.lr, steps=exp.steps, batch_size=exp.batch_size, l2=exp.l2,
-                checkpoint_every=exp.checkpoint_every, order=exp.order, ema=exp.ema)
+                checkpoint_every=exp.checkpoint_every, order=exp.order, ema=exp.ema, label_smoothing=exp.label_smoothing)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradlab import privacy
+from gradlab import losses, privacy
 from gradlab.params import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9",
@@ -214,6 +214,7 @@ def train(
     checkpoint_every: int = 50,
     order: str = "random",
     ema: float = 0.0,
+    label_smoothing: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> TrainResult:
     """Train `model` on `(xs, ys)` with an optax optimizer, keeping checkpoints.
@@ -230,11 +231,14 @@ def train(
       the parameters over the steps so far, debiased (Polyak averaging with exponential weights: Polyak & Juditsky
       1992; Izmailov et al. 2018, arXiv:1803.05407), not the last step's parameters; the optimizer itself goes on
       from the last step's.
+    - `label_smoothing`: ε in [0, 1): minimize `losses.smoothed_cross_entropy` in place of `loss_fn`, which must then
+      be `losses.cross_entropy` (the checkpoints are explored with it; `TrainResult.losses` are the smoothed ones).
 
     **Returns** a `TrainResult`.
 
     **Raises** `TrainingError` if the loss becomes NaN/inf (with the step and what to change) or a
-    setting is impossible (no examples, lr ≤ 0, an unknown order, a decay outside [0, 1)).
+    setting is impossible (no examples, lr ≤ 0, an unknown order, a decay outside [0, 1), label smoothing outside
+    [0, 1) or of a loss other than `losses.cross_entropy`).
     """
     n = _check_run(xs, steps, checkpoint_every, l2)
     opt = make_optimizer(optimizer, lr, max(steps, 1))
@@ -246,12 +250,13 @@ def train(
     if not 0.0 <= ema < 1.0:
         raise TrainingError(f"the moving average's decay must be in [0, 1) (0: off), got {ema:g}")
     decay = jnp.float32(ema)
+    objective_loss = _training_loss(loss_fn, label_smoothing)
     avg = (jax.tree.map(jnp.zeros_like, eqx.filter(params, eqx.is_inexact_array)), jnp.int32(0)) if ema else None
     checkpoints, at, losses, done = [params], [0], [], 0
     lrs = [_lr_in_use(opt_state, lr)]  # TracIn weights: the learning rate the optimizer used at each checkpoint
     while done < steps:
         k = min(checkpoint_every, steps - done)
-        params, opt_state, avg, seg = _segment(loss_fn, params, opt_state, avg, opt.update, xs, ys,
+        params, opt_state, avg, seg = _segment(objective_loss, params, opt_state, avg, opt.update, xs, ys,
                                                batches[done : done + k], batch_size, jnp.float32(l2), decay)
         seg = np.asarray(seg)
         if not np.all(np.isfinite(seg)):
@@ -274,6 +279,18 @@ def train(
         losses=np.concatenate(losses) if losses else np.zeros(0),
         lrs=tuple(lrs),
     )
+
+
+def _training_loss(loss_fn, label_smoothing: float):
+    """The loss `train` minimizes: `loss_fn`, or with ε > 0 `losses.smoothed_cross_entropy` at ε (a
+    `jax.tree_util.Partial`: ε is traced, so another ε compiles nothing new). **Raises** `TrainingError` (see `train`)."""
+    if not 0.0 <= label_smoothing < 1.0:
+        raise TrainingError(f"label smoothing must be in [0, 1) (0: off), got {label_smoothing:g}")
+    if not label_smoothing:
+        return loss_fn
+    if loss_fn is not losses.cross_entropy:
+        raise TrainingError("label smoothing applies to the cross-entropy of a classifier; set it to 0 for this loss")
+    return jax.tree_util.Partial(losses.smoothed_cross_entropy, smoothing=jnp.float32(label_smoothing))
 
 
 def _lr_in_use(opt_state, default: float) -> float:

@@ -183,6 +183,27 @@ def test_the_moving_average_checkpoints_are_the_debiased_ema_of_every_steps_para
         train(model, losses.cross_entropy, d.x_train, d.y_train, steps=2, ema=1.0)
 
 
+def test_label_smoothing_trains_on_the_cross_entropy_against_the_smoothed_target():
+    import jax
+
+    from gradlab.train import train
+
+    d = load_dataset("digits")
+    model = build_model(ModelSpec("linear"), d.n_features, d.n_classes, key=jax.random.key(0))
+    x, y = d.x_train[:5], d.y_train[:5]
+    z = np.asarray(jax.vmap(model)(x), np.float64)  # float64 oracle: −Σ_k q_k log softmax(z)_k, q = 0.8 onehot + 0.2 / K
+    q = 0.8 * np.eye(d.n_classes)[y] + 0.2 / d.n_classes
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    got = [float(losses.smoothed_cross_entropy(model, x[i], y[i], 0.2)) for i in range(5)]
+    np.testing.assert_allclose(got, -(q * logp).sum(1), rtol=1e-5)
+    kw = dict(optimizer="adam", lr=0.05, steps=4, batch_size=32, checkpoint_every=4)
+    plain = train(model, losses.cross_entropy, d.x_train, d.y_train, **kw)
+    smooth = train(model, losses.cross_entropy, d.x_train, d.y_train, label_smoothing=0.2, **kw)
+    assert smooth.losses[0] > plain.losses[0]  # same first batch and weights: the smoothed target costs more
+    with pytest.raises(TrainingError, match="cross-entropy"):
+        train(model, losses.mse, d.x_train, d.y_train.astype(np.float32), steps=2, label_smoothing=0.1)
+
+
 def test_a_model_starts_from_its_recipe_and_simple_cnns_fits_the_work_budget():
     from gradlab import costs
     from gradlab.experiment import MODEL_DEFAULTS, count_params, forward_macs, load_data
