@@ -1,11 +1,14 @@
 """Seed 003's SimpleCNN on the bundled Fashion-MNIST subset: training time and test accuracy, a cold Gradient
 norms page (the library calls it makes, in a fresh process), and DP-SGD at a target ε.
 
-    python -m benchmarks.fashion_cnn                       # SimpleCNN's defaults (300 steps of 32, adam_warmup 0.005) + norms page
+    python -m benchmarks.fashion_cnn                       # SimpleCNN's defaults (300 steps of 32, adam_warmup 0.005,
+                                                           # epoch order, label smoothing 0.1) + norms page
     python -m benchmarks.fashion_cnn --steps 200 --batch 64 --optimizer adam
     python -m benchmarks.fashion_cnn --dp                  # also DP-SGD at ε = 3 (δ = 1e-5), RDP accountant, the DP page's start
     python -m benchmarks.fashion_cnn --seeds 0-4           # test accuracy of the recipe at each Experiment seed
     python -m benchmarks.fashion_cnn --seeds 0-4 --steps 500 --batch 16 --lr 0.0015   # another recipe, same seeds
+    python -m benchmarks.fashion_cnn --seeds 0-9 --full-test   # also on all 10,000 test images (dataset-fashion-mnist)
+    python -m benchmarks.fashion_cnn --seeds 0-9 --order random --label-smoothing 0 --ema 0.99   # recipe fields
 
 Prints wall seconds and process CPU-seconds (both cores): on a shared machine the CPU-seconds are what to compare.
 """
