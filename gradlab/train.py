@@ -175,9 +175,9 @@ def minibatch_order(n: int, steps: int, batch_size: int, seed: int, order: str =
     """Each step's minibatch: `"random"` → `(steps,)` PRNG keys, each step drawing `batch_size` of the N examples
     without replacement independently of the other steps (`_segment`); `"epoch"` → `(steps, batch_size)` int32
     indices from a new random permutation of the N examples per epoch, cut into consecutive batches (every example
-    once per epoch; a batch that spans two epochs takes the end of one and the start of the next), as PyTorch's
-    `DataLoader(shuffle=True)` without its short last batch. `batch_size` ≤ N. **Raises** `TrainingError` for another
-    order."""
+    once per epoch; a batch that spans two epochs takes the end of one and the start of the next, and may hold an
+    example twice), as PyTorch's `DataLoader(shuffle=True)` without its short last batch. `batch_size` ≤ N.
+    **Raises** `TrainingError` for another order."""
     if order == "random":
         return jax.random.split(jax.random.key(seed), max(steps, 1))
     if order != "epoch":
