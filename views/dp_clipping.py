@@ -51,7 +51,7 @@ def analysis_at(exp, checkpoint, clip_norm, _fitted):
 
 # ------------------------------------------------------------------ clipping at a checkpoint
 st.header("Clipping at a checkpoint")
-c1, c2, c3, c4 = st.columns([2.6, 1.6, 1.2, 1.2])  # C is the widest: its placeholder "3 (median)"
+c1, c2, c3, c4 = st.columns([3, 1.3, 1.3, 1.3])
 with c1:
     ckpt = ui.checkpoint_picker(fitted, key="dp_clip_checkpoint")
 norms = norms_at(exp, ckpt, ui.summary_size(exp, fitted), fitted)
@@ -61,8 +61,8 @@ if len(norms) < n_train:
                "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
 with c2:
     c_in = ui.control(st.number_input,
-        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g} (median)", key="dp_clip_c",
-        help="Empty: the median per-example gradient norm at this checkpoint (Abadi et al. 2016's advice).")
+        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
+        help=f"Empty: the median per-example gradient norm at this checkpoint, {median:.4g} (Abadi et al. 2016's advice).")
 with c3:
     sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
                          help="The noise added to the clipped sum has std σ·C.")
