@@ -3,6 +3,8 @@
 
     python -m benchmarks.screenshots                 # Geometry + lecture step 8, both modes, both sizes
     python -m benchmarks.screenshots --steps 1,7,9   # other lecture steps
+    python -m benchmarks.screenshots --dp-fashion    # the DP clipping page on SimpleCNN / Fashion-MNIST, presenter
+                                                     # mode at 1024×768, after "Train the model" and the DP-SGD button
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", default="8")
     parser.add_argument("--out", default=str(ROOT / "screenshots"))
+    parser.add_argument("--dp-fashion", action="store_true", help="only the DP clipping page on SimpleCNN, after its "
+                                                                   "two buttons (several minutes of training)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(exist_ok=True)
+    if args.dp_fashion:
+        return dp_fashion(out)
     views = [("geometry", "geometry?geo_clip=true&geo_noise=true&geo_paths=true&geo_c=2&geo_t=20")]
     views += [(f"lecture_step{s}", f"lecture?step={s}") for s in args.steps.split(",") if s.strip()]
     from playwright.sync_api import sync_playwright
@@ -48,6 +54,49 @@ def main(argv=None) -> int:
                     errors = page_errors(page)
                     print(file, "errors:", errors[:1] if errors else "none")
             page.close()
+        browser.close()
+    return 0
+
+
+def shoot(page, file: Path, width: int, height: int) -> None:
+    """The window, then the whole page (`…_full.png`: the app scrolls inside its own container, so a window 3,200 px
+    tall of the same width shows it all)."""
+    page.screenshot(path=str(file))
+    page.set_viewport_size({"width": width, "height": 3200})
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(file.with_name(file.stem + "_full.png")))
+    page.set_viewport_size({"width": width, "height": height})
+    page.wait_for_timeout(500)
+
+
+def dp_fashion(out: Path, size=(1024, 768)) -> int:
+    """The DP clipping page on `?dataset=fashion&model=simple_cnn` in presenter mode: the link, "Train the model",
+    then "Train private and non-private models"; a screenshot after each, the page's metrics and errors printed."""
+    import time
+
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.browser import metrics
+
+    w, h = size
+    with streamlit_server() as (base, _), sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": w, "height": h})
+        page.goto(f"{base}/dp_clipping?dataset=fashion&model=simple_cnn&presenter=true")
+        wait_until_idle(page, timeout=600)
+        for step, label in (("link", None), ("trained", "Train the model"),
+                            ("dp_sgd", "Train private and non-private models")):
+            if label:
+                start = time.perf_counter()
+                page.get_by_role("button", name=label).first.click()
+                page.wait_for_timeout(2000)
+                wait_until_idle(page, timeout=900)
+                print(f"{label!r}: {time.perf_counter() - start:.1f} s wall")
+            page.wait_for_timeout(1500)
+            file = out / f"dp_fashion_{step}_presenter_{w}x{h}.png"
+            shoot(page, file, w, h)
+            errors = page_errors(page)
+            print(file, "metrics:", metrics(page), "errors:", errors[:1] if errors else "none", flush=True)
         browser.close()
     return 0
 

@@ -22,6 +22,15 @@ def cross_entropy(model, x, y):
     return jax.nn.logsumexp(logits) - logits[y]
 
 
+def smoothed_cross_entropy(model, x, y, smoothing):
+    """Cross-entropy against the label-smoothed target `(1 − ε) onehot(y) + ε / K` (Szegedy et al. 2016,
+    arXiv:1512.00567, section 7): `logsumexp(z) − (1 − ε) z_y − ε mean_k z_k` for logits `z = model(x) (K,)`; ε =
+    `smoothing` in [0, 1), a scalar (ε = 0 is `cross_entropy`). A training objective only: the pages explore
+    `cross_entropy`."""
+    logits = model(x)
+    return jax.nn.logsumexp(logits) - (1 - smoothing) * logits[y] - smoothing * jnp.mean(logits)
+
+
 def loss_for(task: str):
     """The loss for a task: `cross_entropy` for classification, `mse` for regression."""
     return cross_entropy if task == "classification" else mse

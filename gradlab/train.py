@@ -17,13 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradlab import privacy
+from gradlab import losses, privacy
 from gradlab.params import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9",
               "adam_linear": "Adam, its learning rate decayed linearly to 0 over the run",
               "adam_warmup": "Adam (β₂ = 0.99), its learning rate raised linearly over the first 10% of the run, "
                              "then decayed linearly to 0"}
+#: How `train` draws its minibatches (`minibatch_order`).
+ORDERS = {"random": "each step draws its batch at random, independently of the others",
+          "epoch": "a new random order of the training examples each epoch, every example once per epoch"}
 
 #: The share of the run `adam_warmup` spends raising its learning rate, and its β₂ (Adam's default 0.999 averages the
 #: squared gradients over ~1,000 steps, longer than a 300-step run; on SimpleCNN 0.99 measured the same within noise).
@@ -76,7 +79,8 @@ def adam_warmup(learning_rate, total_steps, warmup_fraction=WARMUP_FRACTION) -> 
     """Adam with β₂ = `WARMUP_B2` whose step size rises linearly to `learning_rate` over the first tenth of
     `total_steps` and falls linearly to 0 at `total_steps` (`warmup_linear`). The warm-up lets seed 003's SimpleCNN
     take a higher peak rate than `adam_linear`: 300 steps of 32 at 0.005 average 85.4% test accuracy over ten seeds,
-    against 84.7% for `adam_linear`'s 500 steps of 16 at 0.0015 (benchmarks/RESULTS.md, "SimpleCNN over ten seeds")."""
+    against 84.7% for `adam_linear`'s 500 steps of 16 at 0.0015 (benchmarks/RESULTS.md, "SimpleCNN over ten seeds";
+    its recipe since adds an epoch order and label smoothing, "SimpleCNN on every seed")."""
     return optax.chain(optax.scale_by_adam(b2=WARMUP_B2), optax.scale_by_schedule(
         lambda t: -learning_rate * warmup_linear(t, total_steps, warmup_fraction)))
 
@@ -135,20 +139,53 @@ def objective(loss_fn, params, xs, ys, l2: float):
 
 
 @eqx.filter_jit
-def _segment(loss_fn, params, opt_state, update, xs, ys, keys, batch_size, l2):
-    """Run len(keys) minibatch steps with lax.scan; returns (params, opt_state, losses)."""
+def _segment(loss_fn, params, opt_state, avg, update, xs, ys, batches, batch_size, l2, decay):
+    """Run len(batches) minibatch steps with lax.scan; returns (params, opt_state, avg, losses).
+
+    `batches`: one PRNG key per step (a minibatch drawn without replacement from N) or one row of example indices
+    per step `(k, batch_size)`. `avg`: None, or `(ema, t)` an exponential moving average of the parameters with
+    `decay` (zero-initialized, `t` steps so far; `_averaged` debiases it)."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
     n = xs.shape[0]
 
-    def step(carry, key):
-        d, s = carry
-        idx = jax.random.choice(key, n, (batch_size,), replace=False)
+    def step(carry, batch):
+        d, s, a = carry
+        idx = batch if jnp.issubdtype(batch.dtype, jnp.integer) else jax.random.choice(batch, n, (batch_size,), replace=False)
         value, g = jax.value_and_grad(lambda d: objective(loss_fn, eqx.combine(d, static), xs[idx], ys[idx], l2))(d)
         updates, s = update(g, s, d)
-        return (optax.apply_updates(d, updates), s), value
+        d = optax.apply_updates(d, updates)
+        if a is not None:
+            a = (jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, a[0], d), a[1] + 1)
+        return (d, s, a), value
 
-    (diff, opt_state), losses = jax.lax.scan(step, (diff, opt_state), keys)
-    return eqx.combine(diff, static), opt_state, losses
+    (diff, opt_state, avg), losses = jax.lax.scan(step, (diff, opt_state, avg), batches)
+    return eqx.combine(diff, static), opt_state, avg, losses
+
+
+@eqx.filter_jit
+def _averaged(params, avg, decay):
+    """The debiased moving average `ema / (1 − decay^t)` as a model like `params` (Adam's bias correction;
+    `optax.ema(debias=True)`): at t = 1 it is the first step's parameters, not a mix with zeros."""
+    diff, static = eqx.partition(params, eqx.is_inexact_array)
+    ema, t = avg
+    return eqx.combine(jax.tree.map(lambda e: e / (1 - decay ** t), ema), static)
+
+
+def minibatch_order(n: int, steps: int, batch_size: int, seed: int, order: str = "random"):
+    """Each step's minibatch: `"random"` → `(steps,)` PRNG keys, each step drawing `batch_size` of the N examples
+    without replacement independently of the other steps (`_segment`); `"epoch"` → `(steps, batch_size)` int32
+    indices from a new random permutation of the N examples per epoch, cut into consecutive batches (every example
+    once per epoch; a batch that spans two epochs takes the end of one and the start of the next, and may hold an
+    example twice), as PyTorch's `DataLoader(shuffle=True)` without its short last batch. `batch_size` ≤ N.
+    **Raises** `TrainingError` for another order."""
+    if order == "random":
+        return jax.random.split(jax.random.key(seed), max(steps, 1))
+    if order != "epoch":
+        raise TrainingError(f"unknown minibatch order {order!r}; choose one of {', '.join(ORDERS)}")
+    rng = np.random.default_rng(seed)
+    epochs = -(-max(steps, 1) * batch_size // n)
+    flat = np.concatenate([rng.permutation(n) for _ in range(epochs)])
+    return flat[: max(steps, 1) * batch_size].reshape(max(steps, 1), batch_size).astype(np.int32)
 
 
 def _check_run(xs, steps: int, checkpoint_every: int, l2: float) -> int:
@@ -176,6 +213,9 @@ def train(
     l2: float = 0.0,
     seed: int = 0,
     checkpoint_every: int = 50,
+    order: str = "random",
+    ema: float = 0.0,
+    label_smoothing: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> TrainResult:
     """Train `model` on `(xs, ys)` with an optax optimizer, keeping checkpoints.
@@ -186,11 +226,20 @@ def train(
       examples drawn without replacement (the full set when batch_size ≥ N).
     - `l2`: L2 penalty λ in `mean loss + λ/2 ‖θ‖²`.
     - `checkpoint_every`: steps between checkpoints; `progress(step, steps)` is called after each.
+    - `order`: how minibatches are drawn, `"random"` (each step independently) or `"epoch"` (a new permutation of
+      the examples per epoch); see `minibatch_order`.
+    - `ema`: 0 (off), or a decay in (0, 1): every checkpoint after step 0 is then the exponential moving average of
+      the parameters over the steps so far, debiased (Polyak averaging with exponential weights: Polyak & Juditsky
+      1992; Izmailov et al. 2018, arXiv:1803.05407), not the last step's parameters; the optimizer itself goes on
+      from the last step's.
+    - `label_smoothing`: ε in [0, 1): minimize `losses.smoothed_cross_entropy` in place of `loss_fn`, which must then
+      be `losses.cross_entropy` (the checkpoints are explored with it; `TrainResult.losses` are the smoothed ones).
 
     **Returns** a `TrainResult`.
 
     **Raises** `TrainingError` if the loss becomes NaN/inf (with the step and what to change) or a
-    setting is impossible (no examples, lr ≤ 0).
+    setting is impossible (no examples, lr ≤ 0, an unknown order, a decay outside [0, 1), label smoothing outside
+    [0, 1) or of a loss other than `losses.cross_entropy`).
     """
     n = _check_run(xs, steps, checkpoint_every, l2)
     opt = make_optimizer(optimizer, lr, max(steps, 1))
@@ -198,12 +247,18 @@ def train(
     opt_state = opt.init(eqx.filter(params, eqx.is_inexact_array))
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     batch_size = int(min(batch_size, n))
-    keys = jax.random.split(jax.random.key(seed), max(steps, 1))
+    batches = minibatch_order(n, steps, batch_size, seed, order)
+    if not 0.0 <= ema < 1.0:
+        raise TrainingError(f"the moving average's decay must be in [0, 1) (0: off), got {ema:g}")
+    decay = jnp.float32(ema)
+    objective_loss = _training_loss(loss_fn, label_smoothing)
+    avg = (jax.tree.map(jnp.zeros_like, eqx.filter(params, eqx.is_inexact_array)), jnp.int32(0)) if ema else None
     checkpoints, at, losses, done = [params], [0], [], 0
     lrs = [_lr_in_use(opt_state, lr)]  # TracIn weights: the learning rate the optimizer used at each checkpoint
     while done < steps:
         k = min(checkpoint_every, steps - done)
-        params, opt_state, seg = _segment(loss_fn, params, opt_state, opt.update, xs, ys, keys[done : done + k], batch_size, jnp.float32(l2))
+        params, opt_state, avg, seg = _segment(objective_loss, params, opt_state, avg, opt.update, xs, ys,
+                                               batches[done : done + k], batch_size, jnp.float32(l2), decay)
         seg = np.asarray(seg)
         if not np.all(np.isfinite(seg)):
             bad = done + int(np.argmin(np.isfinite(seg))) + 1
@@ -214,7 +269,7 @@ def train(
             )
         done += k
         losses.append(seg)
-        checkpoints.append(params)
+        checkpoints.append(params if avg is None else _averaged(params, avg, decay))
         at.append(done)
         lrs.append(_lr_in_use(opt_state, lr))
         if progress is not None:
@@ -225,6 +280,18 @@ def train(
         losses=np.concatenate(losses) if losses else np.zeros(0),
         lrs=tuple(lrs),
     )
+
+
+def _training_loss(loss_fn, label_smoothing: float):
+    """The loss `train` minimizes: `loss_fn`, or with ε > 0 `losses.smoothed_cross_entropy` at ε (a
+    `jax.tree_util.Partial`: ε is traced, so another ε compiles nothing new). **Raises** `TrainingError` (see `train`)."""
+    if not 0.0 <= label_smoothing < 1.0:
+        raise TrainingError(f"label smoothing must be in [0, 1) (0: off), got {label_smoothing:g}")
+    if not label_smoothing:
+        return loss_fn
+    if loss_fn is not losses.cross_entropy:
+        raise TrainingError("label smoothing applies to the cross-entropy of a classifier; set it to 0 for this loss")
+    return jax.tree_util.Partial(losses.smoothed_cross_entropy, smoothing=jnp.float32(label_smoothing))
 
 
 def _lr_in_use(opt_state, default: float) -> float:

@@ -145,6 +145,65 @@ def test_adam_warmup_is_optax_adam_with_b2_099_on_a_joined_warmup_and_decay_sche
     np.testing.assert_allclose(run.lrs, [0.005, 0.01 * 15 / 18, 0.01 * 10 / 18, 0.01 * 5 / 18, 0.0], rtol=1e-5)
 
 
+def test_epoch_order_shows_every_example_once_per_epoch_and_random_order_draws_each_batch_without_repeats():
+    from gradlab.train import minibatch_order
+
+    idx = minibatch_order(10, 7, 4, seed=3, order="epoch")  # 28 draws: epochs 1 and 2 whole, 8 of the third
+    assert idx.shape == (7, 4)
+    flat = idx.ravel()
+    for epoch in (flat[:10], flat[10:20]):
+        assert sorted(epoch) == list(range(10))
+    assert len(set(flat[20:])) == 8
+    assert not np.array_equal(flat[:10], flat[10:20])  # a new order each epoch
+    np.testing.assert_array_equal(idx, minibatch_order(10, 7, 4, seed=3, order="epoch"))  # seeded
+    with pytest.raises(TrainingError, match="order"):
+        minibatch_order(10, 7, 4, seed=3, order="sorted")
+
+
+def test_the_moving_average_checkpoints_are_the_debiased_ema_of_every_steps_parameters():
+    import jax
+
+    from gradlab.train import train
+
+    d = load_dataset("digits")
+    model = build_model(ModelSpec("linear"), d.n_features, d.n_classes, key=jax.random.key(0))
+    kw = dict(optimizer="adam_warmup", lr=0.05, steps=12, batch_size=32, seed=1, order="epoch")
+    every = train(model, losses.cross_entropy, d.x_train, d.y_train, checkpoint_every=1, **kw)  # θ_1 … θ_12
+    avg = train(model, losses.cross_entropy, d.x_train, d.y_train, checkpoint_every=5, ema=0.9, **kw)
+    assert avg.steps == (0, 5, 10, 12)
+    ema = np.zeros(np.asarray(model.layer.weight).shape)  # float64 oracle: e_t = 0.9 e_(t-1) + 0.1 θ_t, then e_t / (1 − 0.9^t)
+    for t in range(1, 13):
+        ema = 0.9 * ema + 0.1 * np.asarray(every.checkpoints[t].layer.weight, np.float64)
+        if t in avg.steps:
+            np.testing.assert_allclose(avg.checkpoints[avg.steps.index(t)].layer.weight, ema / (1 - 0.9 ** t),
+                                       rtol=2e-5, atol=1e-7)
+    np.testing.assert_array_equal(avg.checkpoints[0].layer.weight, model.layer.weight)  # step 0: the initialization
+    np.testing.assert_array_equal(avg.losses, every.losses)  # the optimizer's own path is unchanged
+    with pytest.raises(TrainingError, match="decay"):
+        train(model, losses.cross_entropy, d.x_train, d.y_train, steps=2, ema=1.0)
+
+
+def test_label_smoothing_trains_on_the_cross_entropy_against_the_smoothed_target():
+    import jax
+
+    from gradlab.train import train
+
+    d = load_dataset("digits")
+    model = build_model(ModelSpec("linear"), d.n_features, d.n_classes, key=jax.random.key(0))
+    x, y = d.x_train[:5], d.y_train[:5]
+    z = np.asarray(jax.vmap(model)(x), np.float64)  # float64 oracle: −Σ_k q_k log softmax(z)_k, q = 0.8 onehot + 0.2 / K
+    q = 0.8 * np.eye(d.n_classes)[y] + 0.2 / d.n_classes
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    got = [float(losses.smoothed_cross_entropy(model, x[i], y[i], 0.2)) for i in range(5)]
+    np.testing.assert_allclose(got, -(q * logp).sum(1), rtol=1e-5)
+    kw = dict(optimizer="adam", lr=0.05, steps=4, batch_size=32, checkpoint_every=4)
+    plain = train(model, losses.cross_entropy, d.x_train, d.y_train, **kw)
+    smooth = train(model, losses.cross_entropy, d.x_train, d.y_train, label_smoothing=0.2, **kw)
+    assert smooth.losses[0] > plain.losses[0]  # same first batch and weights: the smoothed target costs more
+    with pytest.raises(TrainingError, match="cross-entropy"):
+        train(model, losses.mse, d.x_train, d.y_train.astype(np.float32), steps=2, label_smoothing=0.1)
+
+
 def test_a_model_starts_from_its_recipe_and_simple_cnns_fits_the_work_budget():
     from gradlab import costs
     from gradlab.experiment import MODEL_DEFAULTS, count_params, forward_macs, load_data

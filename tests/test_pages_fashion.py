@@ -57,9 +57,13 @@ def test_the_training_button_trains_and_the_page_goes_on(monkeypatch):
     monkeypatch.setattr(costs, "TRAIN_BUTTON_SECONDS", 0.0)  # every training from a button: a small one here
     at = open_page("norms", dataset="fashion", model="linear", steps=25, checkpoint_every=25, seed=11)
     assert not at.metric
+    assert any("No one has trained it" in i.value for i in at.info)
     at.button(key="run_train").click().run()
     assert_clean(at)
     assert metric(at, "Training examples") == "6,000"
+    # the run that trained goes on to the page: the notice and its button are gone from it
+    assert not any("No one has trained it" in i.value for i in at.info)
+    assert not [b for b in at.button if b.key == "run_train"]
 
 
 def test_the_sidebar_starts_simple_cnn_from_its_recipe_and_gives_it_back_on_another_model():
@@ -89,6 +93,17 @@ def test_norms_page_on_simple_cnn_cold():
     assert "P = 1,199,882 parameters" in next(m.help for m in at.metric if m.label.startswith("Training examples"))
     print(f"norms page, SimpleCNN on Fashion-MNIST, 25 steps of 32, cold: {time.perf_counter() - start:.1f} s")
 
+
+
+@pytest.mark.slow  # trains SimpleCNN for 25 steps (~10 s)
+def test_the_dp_page_on_simple_cnn_says_its_clipping_analysis_is_not_computed_as_a_warning_not_an_error():
+    """The analysis refused by its estimate is a choice for this model, not a failure: a warning naming the estimate,
+    no error box, and the DP-SGD section still offers its button."""
+    at = open_page("dp_clipping", dataset="fashion", model="simple_cnn", steps=25, batch_size=32, checkpoint_every=25)
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any(w.value.startswith("**Not computed for this model**") and "CPU-seconds" in w.value for w in at.warning)
+    assert [b for b in at.button if b.key == "run_dp_sgd"]
 
 
 def test_the_clipping_analysis_of_simple_cnn_is_refused_by_its_estimate_and_the_digits_mlp_is_not():

@@ -232,6 +232,11 @@ def test_diverging_preset_says_so():
 def test_every_models_recipe_is_a_value_its_sidebar_controls_offer():
     from gradlab.experiment import MODEL_DEFAULTS
 
+    from gradlab.experiment import CONTROLS
+    from gradlab.train import ORDERS
+
     for model in MODEL_DEFAULTS:
         exp = Experiment.for_model(model)
-        assert all(getattr(exp, k) in ALLOWED[k] for k in MODEL_DEFAULTS[model]), model
+        assert all(getattr(exp, k) in ALLOWED[k] for k in MODEL_DEFAULTS[model] if k in CONTROLS), model
+        # the recipe-only fields (no sidebar control) hold values `train` takes
+        assert exp.order in ORDERS and 0 <= exp.ema < 1 and 0 <= exp.label_smoothing < 1, model

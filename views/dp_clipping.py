@@ -61,8 +61,8 @@ if len(norms) < n_train:
                "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
 with c2:
     c_in = ui.control(st.number_input,
-        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g} (median)", key="dp_clip_c",
-        help="Empty: the median per-example gradient norm at this checkpoint (Abadi et al. 2016's advice).")
+        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
+        help=f"Empty: the median per-example gradient norm at this checkpoint, {median:.4g} (Abadi et al. 2016's advice).")
 with c3:
     sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
                          help="The noise added to the clipped sum has std σ·C.")
@@ -75,58 +75,63 @@ clip_norm = median if c_in is None else float(c_in)
 
 with ui.guard("The clipping analysis could not be computed"):
     privacy.check_clip_norm(clip_norm)
+    over = None  # the analysis's estimate when it is over the work budget: a model too large, said as a warning
     if not analysis_at.stored(exp, ckpt, clip_norm, None):
         passes = clipping.analysis_passes(fitted.model, n_train, data.n_classes if classify else 0)
         macs = 0 if exp.is_own else ui.macs(exp)  # a served model's forward is the user's own, run locally
-        costs.check_work(costs.clipping_seconds(engine.num_params(fitted.model), n_train, passes, macs),
-                         f"Clipping all {n_train:,} examples at {passes} weighted backward passes",
-                         "Pick a smaller model in the sidebar for this analysis (DP-SGD training below still works "
-                         "on this one).")
-    with st.spinner("Streaming per-example gradients for every C on the grid…"):
-        a = analysis_at(exp, ckpt, clip_norm, fitted)
-    i = a.index
-    left, right = st.columns(2)
-    with left:
-        ui.chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
-    with right:
-        ui.chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
-                                                  norm_ratio_layer=a.norm_ratio_layer, fraction_clipped=a.fraction_clipped),
-                        width="stretch")
-    m = st.columns(5)
-    m[0].metric("Clipping norm C", f"{clip_norm:.3g}", help="Median per-example norm" if c_in is None else "Set by hand")
-    m[1].metric("Fraction clipped", f"{a.fraction_clipped[i]:.1%}", help="Share of examples with ‖gᵢ‖ > C.")
-    m[2].metric("cos∠(Ḡ_C, G)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
-    m[3].metric("‖Ḡ_C‖ / ‖G‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
-    m[4].metric("Per-layer: cos, fraction", f"{a.cosine_layer[i]:.3f}, {a.fraction_clipped_layer[i]:.0%}",
-                help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
-    st.caption(
-        "Flat clipping (solid) scales the whole gradient of an example; per-layer clipping (dashed) clips each of the "
-        f"{len(a.layer_norms)} parameter leaves to C/√{len(a.layer_norms)} separately: same total sensitivity C, "
-        "same noise, but a different bias."
-    )
+        seconds = costs.clipping_seconds(engine.num_params(fitted.model), n_train, passes, macs)
+        over = seconds if seconds > costs.WORK_BUDGET_SECONDS else None
+    if over is not None:
+        st.warning(f"**Not computed for this model**: clipping all {n_train:,} examples at {passes} weighted backward "
+                   f"passes would take about {over:,.0f} CPU-seconds on this shared server (the limit is "
+                   f"{costs.WORK_BUDGET_SECONDS:.0f}). Pick a smaller model in the sidebar for this analysis; DP-SGD "
+                   "training below works on this one.", icon=":material/hourglass_disabled:")
+    else:
+        with st.spinner("Streaming per-example gradients for every C on the grid…"):
+            a = analysis_at(exp, ckpt, clip_norm, fitted)
+        i = a.index
+        left, right = st.columns(2)
+        with left:
+            ui.chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
+        with right:
+            ui.chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
+                                                      norm_ratio_layer=a.norm_ratio_layer, fraction_clipped=a.fraction_clipped),
+                            width="stretch")
+        m = st.columns(5)
+        m[0].metric("Clipping norm C", f"{clip_norm:.3g}", help="Median per-example norm" if c_in is None else "Set by hand")
+        m[1].metric("Fraction clipped", f"{a.fraction_clipped[i]:.1%}", help="Share of examples with ‖gᵢ‖ > C.")
+        m[2].metric("cos∠(Ḡ_C, G)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
+        m[3].metric("‖Ḡ_C‖ / ‖G‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
+        m[4].metric("Per-layer: cos, fraction", f"{a.cosine_layer[i]:.3f}, {a.fraction_clipped_layer[i]:.0%}",
+                    help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
+        st.caption(
+            "Flat clipping (solid) scales the whole gradient of an example; per-layer clipping (dashed) clips each of the "
+            f"{len(a.layer_norms)} parameter leaves to C/√{len(a.layer_norms)} separately: same total sensitivity C, "
+            "same noise, but a different bias."
+        )
 
-    if classify:
-        st.subheader("Per class: clipping hits rare and hard classes hardest")
-        ui.chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
-                                                 a.class_norm_ratio, clip_norm), width="stretch")
-        worst = int(np.nanargmin(a.class_norm_ratio))
-        st.markdown(f"Class **{ui.inert(data.class_names[worst])}** loses most: its clipped mean gradient keeps "
-                    f"{a.class_norm_ratio[worst]:.0%} of its norm ({a.class_fraction_clipped[worst]:.0%} of its examples clipped).")
+        if classify:
+            st.subheader("Per class: clipping hits rare and hard classes hardest")
+            ui.chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
+                                                     a.class_norm_ratio, clip_norm), width="stretch")
+            worst = int(np.nanargmin(a.class_norm_ratio))
+            st.markdown(f"Class **{ui.inert(data.class_names[worst])}** loses most: its clipped mean gradient keeps "
+                        f"{a.class_norm_ratio[worst]:.0%} of its norm ({a.class_fraction_clipped[worst]:.0%} of its examples clipped).")
 
-    st.subheader("Noise against signal")
-    with ui.guard("The signal-to-noise comparison could not be computed"):
-        snr = clipping.signal_to_noise(a, sigma_a, batch_a)
-        grid_noise = privacy.check_noise_multiplier(sigma_a) * a.grid / batch_a
-        s = st.columns(4)
-        s[0].metric("Noise std per coordinate σC/B", f"{snr.noise_std:.3g}")
-        s[1].metric("Noise norm σC√P/B", f"{snr.noise_norm:.3g}", help=f"P = {a.num_params:,} parameters.")
-        s[2].metric("Signal ‖Ḡ_C‖", f"{snr.signal_norm:.3g}")
-        s[3].metric("Signal / noise", f"{snr.ratio:.2f}" if np.isfinite(snr.ratio) else "∞",
-                    help="Below 1 a single step is mostly noise; only averaging over many steps recovers the signal.")
-        ui.chart(plots.signal_noise_curve(a.grid, a.norm_ratio * a.mean_norm, grid_noise * math.sqrt(a.num_params),
-                                                 clip_norm, noise_std=grid_noise), width="stretch")
-        st.caption("Raising C lets more signal through, but the noise grows in proportion to C: the best C balances "
-                   "the clipping bias against the noise.")
+        st.subheader("Noise against signal")
+        with ui.guard("The signal-to-noise comparison could not be computed"):
+            snr = clipping.signal_to_noise(a, sigma_a, batch_a)
+            grid_noise = privacy.check_noise_multiplier(sigma_a) * a.grid / batch_a
+            s = st.columns(4)
+            s[0].metric("Noise std per coordinate σC/B", f"{snr.noise_std:.3g}")
+            s[1].metric("Noise norm σC√P/B", f"{snr.noise_norm:.3g}", help=f"P = {a.num_params:,} parameters.")
+            s[2].metric("Signal ‖Ḡ_C‖", f"{snr.signal_norm:.3g}")
+            s[3].metric("Signal / noise", f"{snr.ratio:.2f}" if np.isfinite(snr.ratio) else "∞",
+                        help="Below 1 a single step is mostly noise; only averaging over many steps recovers the signal.")
+            ui.chart(plots.signal_noise_curve(a.grid, a.norm_ratio * a.mean_norm, grid_noise * math.sqrt(a.num_params),
+                                                     clip_norm, noise_std=grid_noise), width="stretch")
+            st.caption("Raising C lets more signal through, but the noise grows in proportion to C: the best C balances "
+                       "the clipping bias against the noise.")
 
 # ------------------------------------------------------------------ DP-SGD
 st.header("DP-SGD: a private and a non-private model side by side")
@@ -257,7 +262,8 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
             acc_p = np.array([e[0] for e in evals["private"]])
             acc_n = np.array([e[0] for e in evals["public"]])
             m = st.columns(5)
-            m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts vs non-private")
+            m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts",
+                        help="Under the value: DP-SGD's test accuracy minus the non-private run's, in percentage points.")
             m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
             m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.2f}", help=privacy.ACCOUNTANTS[accountant])
             m[3].metric("Noise multiplier σ", f"{sigma:.3f}")

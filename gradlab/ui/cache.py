@@ -255,7 +255,8 @@ def _forward_macs(exp: Experiment, _upload: dict | None) -> int:
 
 #: Settings that change how a model trains, never its shapes: P and the forward's multiply-adds do not depend on them,
 #: so a visitor who changes one (the seed, the learning rate…) reaches the queue without tracing the model again.
-_TRAINING_ONLY = ("optimizer", "lr", "steps", "batch_size", "l2", "label_noise", "seed", "checkpoint_every")
+_TRAINING_ONLY = ("optimizer", "lr", "steps", "batch_size", "l2", "label_noise", "seed", "checkpoint_every", "order", "ema",
+                  "label_smoothing")
 
 
 def _shapes_only(exp: Experiment) -> Experiment:
@@ -322,12 +323,16 @@ def fitted(exp: Experiment) -> Fitted:
         if not _fit.stored(exp):
             check_training_work(exp, _num_params(_shapes_only(exp), upload), _forward_macs(_shapes_only(exp), upload))
             if _fit.cost(exp, upload) > costs.TRAIN_BUTTON_SECONDS:  # a large model: a link alone never trains it
-                st.info(f"This page needs the {MODELS.get(exp.model, exp.model)} trained on {DATASETS.get(exp.dataset, 'your data')} "
-                        f"({exp.steps} steps of {exp.batch_size}). No one has trained it on this server yet; a link alone "
-                        "never starts work this large, so it starts when you ask.", icon=":material/model_training:")
-                trained = on_request(_fit, exp, upload, name="train", button="Train the model")
+                ask = st.empty()  # the notice and its button go once trained (this run goes on to the page)
+                with ask.container():
+                    st.info(f"This page needs the {MODELS.get(exp.model, exp.model)} trained on "
+                            f"{DATASETS.get(exp.dataset, 'your data')} ({exp.steps} steps of {exp.batch_size}). No one has "
+                            "trained it on this server yet; a link alone never starts work this large, so it starts when "
+                            "you ask.", icon=":material/model_training:")
+                    trained = on_request(_fit, exp, upload, name="train", button="Train the model")
                 if trained is None:
                     st.stop()
+                ask.empty()
                 return trained
         return _fit(exp, upload)
     raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover

@@ -117,7 +117,7 @@ def _model_recipe() -> None:
     recipe, when the new model has one or the settings were another model's recipe (so SimpleCNN's 500 steps
     of 16 do not follow a visitor back to the MLP; settings a visitor chose for other models stay)."""
     new = Experiment.for_model(st.session_state["model"])
-    for key in {k for recipe in MODEL_DEFAULTS.values() for k in recipe}:
+    for key in {k for recipe in MODEL_DEFAULTS.values() for k in recipe} & set(CONTROLS):  # the sidebar's own
         current = st.session_state.get(key, getattr(DEFAULT, key))
         if new.model in MODEL_DEFAULTS or any(current == recipe.get(key) for recipe in MODEL_DEFAULTS.values()):
             st.session_state[key] = getattr(new, key)
