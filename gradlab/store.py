@@ -201,7 +201,7 @@ class Job:
 
     key: str
     name: str
-    fn: Callable[[Callable], Any]
+    fn: Callable[[Callable], Any] | None  # None while only reserved (`Gate.reserve`): not ready to run
     est_seconds: float
     est_bytes: int
     waiters: int = 0
@@ -273,12 +273,30 @@ class Gate:
         """
         with self._lock:
             job = self._jobs.get(key)
+            est = est_seconds if est_seconds is not None else self._seconds.get(name, 5.0)
             if job is None:
-                est = est_seconds if est_seconds is not None else self._seconds.get(name, 5.0)
                 job = Job(key, name, fn, float(est), int(est_bytes))
                 self._jobs[key] = job
                 self._queue.append(job)
                 self._lock.notify_all()
+            elif job.fn is None:  # reserved: ready now, in the place it was reserved
+                job.fn, job.est_seconds, job.est_bytes = fn, float(est), int(est_bytes)
+                self._lock.notify_all()
+            job.waiters += 1
+            return job
+
+    def reserve(self, key: str, name: str) -> Job:
+        """Take a place in the queue for a request under `key` that is not ready yet (its checks still run), or
+        join the job already queued or running under `key`. The place shows in `position` (its own and that of
+        later requests) from now on; jobs behind it that are ready run first while it is not. `submit` with the
+        same key makes it ready; the caller must `leave(job)` when it stops waiting (a place never made ready
+        is then given up). Returns the `Job`."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None:
+                job = Job(key, name, None, self._seconds.get(name, 5.0), 0)
+                self._jobs[key] = job
+                self._queue.append(job)
             job.waiters += 1
             return job
 
@@ -324,31 +342,37 @@ class Gate:
             raise job.error
         return job.result
 
-    def _next(self) -> Job | None:
-        """The first queued job that fits the memory budget (or the first, when nothing runs)."""
-        for job in self._queue:
+    def _next(self) -> tuple[Job | None, bool]:
+        """The first queued job that fits the memory budget, or (when nothing runs) the first, with whether memory
+        must be relieved before it starts."""
+        ready = [job for job in self._queue if job.fn is not None]
+        for job in ready:
             if self._rss() + job.est_bytes <= self.budget_bytes:
-                return job
-        if not self._running and self._queue:
-            self._relieve()
-            return self._queue[0]
-        return None
+                return job, False
+        if not self._running and ready:
+            return ready[0], True
+        return None, False
 
     def _work(self, slot: int) -> None:
         self._local.worker = True
         while True:
             with self._lock:
-                while not self._queue:
+                while not any(job.fn is not None for job in self._queue):  # reserved places are not ready to run
                     self._lock.wait(0.5)
             with self._hold(slot):  # another process may hold this slot: wait for it with the job still queued
                 with self._lock:
-                    job = self._next()
+                    job, relieve = self._next()
                     if job is None:  # over the memory budget while others run: wait for one to end
                         self._lock.wait(0.5)
                         continue
                     self._queue.remove(job)
                     self._running.append(job)
                     job.started = time.monotonic()
+                if relieve:  # outside the lock: meanwhile visitors still join the queue and read their place
+                    try:
+                        self._relieve()
+                    except Exception:  # noqa: BLE001 - the job runs anyway, as it would without relief
+                        log.exception("relieving memory before a computation")
                 try:
                     job.result = job.fn(job.report)
                 except BaseException as err:  # noqa: BLE001 - handed to every waiter
