@@ -106,6 +106,11 @@ class Visit:
     moved_s: float | None = None  # follow mode: when the page's URL reached the room's new step
 
     @property
+    def sign_s(self) -> float | None:
+        """When the visitor first saw that the server had its request: its place in the queue or a progress bar."""
+        return min((t for t in (self.queued_s, self.progress_s) if t is not None), default=None)
+
+    @property
     def clean(self) -> bool:
         """Finished, with no exception element and no error alert."""
         return self.status == "ok" and not self.exceptions and not self.errors
@@ -460,26 +465,31 @@ def summary_row(scenario: str, group: str, visits: list[Visit], peak_mb: tuple[f
     charts = [v.chart_s for v in visits if v.chart_s is not None]
     done = [v.finished_s for v in visits if v.finished_s is not None]
     queued = [v.queued_s for v in visits if v.queued_s is not None]
+    signs = [v.sign_s for v in visits if v.sign_s is not None]
     bad = [v for v in visits if v.exceptions or v.errors]
     failed = [v for v in visits if v.status != "ok"]
     return (f"| {scenario} | {group} | {len(visits)} | {len(charts)} | {_s(_q(charts, 50))} | {_s(_q(charts, 95))} | "
             f"{_s(_q(done, 50))} | {_s(_q(done, 95))} | {len(bad)} | {len(failed)} | "
-            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | {peak_mb[0]:.0f} ({peak_mb[1]:.0f}) |")
+            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | "
+            f"{_s(statistics.median(signs)) if signs else '–'} / {_s(max(signs, default=None))} | "
+            f"{peak_mb[0]:.0f} ({peak_mb[1]:.0f}) |")
 
 
 SUMMARY_HEAD = ("| scenario | visitors | n | with chart | chart p50 s | chart p95 s | done p50 s | done p95 s | "
-                "error/exception | not finished | saw Queued | Queued after s (median) | server peak MB (anonymous) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                "error/exception | not finished | saw Queued | Queued after s (median) | "
+                "Queued or progress after s (median / max) | server peak MB (anonymous) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
-DETAIL_HEAD = ("| scenario | visitor | page?query | first chart s | done s | Queued after s | error/exception | status |\n"
-               "|---|---|---|---|---|---|---|---|")
+DETAIL_HEAD = ("| scenario | visitor | page?query | first chart s | done s | Queued after s | progress after s | "
+               "error/exception | status |\n"
+               "|---|---|---|---|---|---|---|---|---|")
 
 
 def detail_row(scenario: str, v: Visit) -> str:
     bad = "; ".join(v.exceptions + v.errors)[:120].replace("|", "/").replace("\n", " ") or "no"
     where = f"/{v.page}" + (f"?{v.query}" if v.query else "")
     return (f"| {scenario} | {v.name} | `{where}` | {_s(v.chart_s)} | {_s(v.finished_s)} | {_s(v.queued_s)} | "
-            f"{bad} | {v.status}{' ' + v.note if v.note else ''} |")
+            f"{_s(v.progress_s)} | {bad} | {v.status}{' ' + v.note if v.note else ''} |")
 
 
 # ---------------------------------------------------------------- the benchmark
