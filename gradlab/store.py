@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import pickle
+import statistics
 import threading
 import time
 from typing import Any, Callable
@@ -238,9 +239,11 @@ class Gate:
     - `rss`: the process's resident bytes now; `relieve`: frees memory (drop caches) when over budget.
     - `after`: called after each computation in the worker (e.g. return freed memory to the system).
     - `hold(i)`: a context manager held by worker `i` while it runs a computation: `Store.slot(i)` makes the
-      slots machine-wide (two servers, or `python -m gradlab.ui.warm`, sharing a store directory share them).
+      slots machine-wide (two servers, or `python -m gradlab.ui.warm`, sharing a store directory share them);
+      while a worker waits for a slot held elsewhere, `position` counts that computation ahead of every queued job.
 
-    Computations run in the gate's worker threads; a caller waits on the `Job` (`submit`, `position`).
+    Computations run in the gate's worker threads; a caller waits on the `Job` (`submit`, `position`); a caller
+    whose request is not ready yet can take its place in the queue first (`reserve`).
     A computation submitted from inside a worker runs inline (nested cached calls cannot deadlock).
     """
 
@@ -256,6 +259,7 @@ class Gate:
         self._running: list[Job] = []
         self._jobs: dict[str, Job] = {}
         self._seconds: dict[str, float] = {}  # recent duration per computation name, for wait estimates
+        self._elsewhere = 0  # workers waiting for a slot another process holds (`hold`): its computation runs
         self._local = threading.local()
         for i in range(self.slots):
             threading.Thread(target=self._work, args=(i,), name=f"gradlab-gate-{i}", daemon=True).start()
@@ -317,9 +321,14 @@ class Gate:
             if job.started is not None or job not in self._queue:
                 return 0, 0.0
             ahead = self._queue[: self._queue.index(job)]
-            running = sorted(j.remaining(now) for j in self._running)
+            running = sorted([j.remaining(now) for j in self._running] + [self._typical()] * self._elsewhere)
         wait = (min(running) if len(running) >= self.slots else 0.0) + sum(j.est_seconds for j in ahead) / self.slots
         return len(ahead) + len(running), wait
+
+    def _typical(self) -> float:
+        """Seconds a computation of another process holding a slot is counted for (its own estimate is not known
+        here): the median of this gate's recent durations, else 5 s."""
+        return statistics.median(self._seconds.values()) if self._seconds else 5.0
 
     def run(self, key: str, name: str, fn: Callable[[Callable], Any], *, on_wait: Callable[[Job], None] | None = None,
             poll: float = 0.25, **estimates):
@@ -359,7 +368,14 @@ class Gate:
             with self._lock:
                 while not any(job.fn is not None for job in self._queue):  # reserved places are not ready to run
                     self._lock.wait(0.5)
-            with self._hold(slot):  # another process may hold this slot: wait for it with the job still queued
+            with contextlib.ExitStack() as held:
+                with self._lock:
+                    self._elsewhere += 1  # until the slot is ours, another process's computation is ahead of ours
+                try:
+                    held.enter_context(self._hold(slot))  # another process may hold it: wait with the job queued
+                finally:
+                    with self._lock:
+                        self._elsewhere -= 1
                 with self._lock:
                     job, relieve = self._next()
                     if job is None:  # over the memory budget while others run: wait for one to end

@@ -219,6 +219,7 @@ def test_gate_slots_are_held_across_processes(tmp_path):
     job = gate.submit("k", "demo", lambda report: 5)
     time.sleep(0.6)
     assert job.started is None and not job.done.is_set()
+    assert gate.position(job)[0] == 1  # the other process's computation is ahead: the visitor sees "Queued"
     other.release()
     assert job.done.wait(5) and job.result == 5
     gate.leave(job)
