@@ -294,17 +294,18 @@ def _trim() -> None:
         libc.malloc_trim(0)
 
 
-def release_memory(force: bool = False) -> None:
+def release_memory(force: bool = False, *, full: bool | None = None) -> None:
     """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
     leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB` (or with `force`), drop
     JAX's compiled functions (`jax.clear_caches()`), which other sessions simply recompile when they need them,
     and collect what that left as cyclic garbage: an ordinary collection (milliseconds: the imported heap is
-    frozen), and a full one (`collect_everything`) when none ran in the last `FULL_COLLECT_EVERY_S`."""
+    frozen), and a full one (`collect_everything`) when `full`, or (`full=None`) when none ran in the last
+    `FULL_COLLECT_EVERY_S`. The gate asks for a full one when nobody waits for it (`ui.cache`)."""
     _trim()
     if force or (MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB):
         before = rss_mb()
         jax.clear_caches()
-        if time.monotonic() - _LAST_FULL[0] >= FULL_COLLECT_EVERY_S:
+        if full or (full is None and time.monotonic() - _LAST_FULL[0] >= FULL_COLLECT_EVERY_S):
             collect_everything()
         else:
             gc.collect()

@@ -265,6 +265,12 @@ class Gate:
             threading.Thread(target=self._work, args=(i,), name=f"gradlab-gate-{i}", daemon=True).start()
 
     @property
+    def waiting(self) -> int:
+        """How many requests wait in the queue (reserved places included)."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
     def in_worker(self) -> bool:
         """Whether the calling thread is one of the gate's workers."""
         return getattr(self._local, "worker", False)

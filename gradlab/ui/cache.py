@@ -101,15 +101,21 @@ STORE = Store(int(STORE_MB * MB), default_directory(),
 def _relieve() -> None:
     """A heavy job would take the server over its budget: drop what is rebuilt on demand before it starts, compiled
     programs first, then (if that is not enough) stored results' memory tier and the shared figures."""
-    release_memory(force=True)
+    release_memory(force=True, full=_nobody_waits())
     if (rss_mb() * MB + memory.BUDGET_BYTES + memory.COMPILE_BYTES) > SERVER_BUDGET_MB * MB:
         STORE.clear_memory()
         FIGURES.clear()
         release_memory()
 
 
+def _nobody_waits() -> bool | None:
+    """A full collection (0.3–0.5 s under the GIL) whenever no request waits in the gate's queue; while some
+    do, at most every `memory.FULL_COLLECT_EVERY_S` (None)."""
+    return True if not GATE.waiting else None
+
+
 GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
-            relieve=_relieve, after=lambda: release_memory(), hold=STORE.slot)
+            relieve=_relieve, after=lambda: release_memory(full=_nobody_waits()), hold=STORE.slot)
 
 
 def _show_queued(slot, ahead: int, wait: float) -> None:
