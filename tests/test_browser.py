@@ -273,7 +273,8 @@ def test_extreme_shared_links_keep_the_server_up_and_within_690_mb(browser):
     sweep, lr 100, label noise 1.0, q = 1, unknown values): no traceback, the server stays up,
     and its peak RSS over the whole run stays within Streamlit Community Cloud's 690 MB."""
     failures = []
-    with streamlit_server(log_path=SHOTS / "streamlit_extreme.log") as (base, proc):
+    # the gate's memory relief as deployed (tests/conftest.py turns it off for the tests' own processes)
+    with streamlit_server(log_path=SHOTS / "streamlit_extreme.log", env={"GRADLAB_SERVER_BUDGET_MB": "600"}) as (base, proc):
         sampler = Sampler(proc.pid)
         sampler.start()
         pg = browser.new_context(viewport=VIEWPORT).new_page()
