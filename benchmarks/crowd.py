@@ -28,6 +28,11 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
    fragment does (its auto-rerun every second); the lecturer moves the room one step on: when does each
    student's URL reach the new step, and its first chart come?
 
+`--servers 2` runs the same scenarios against two servers sharing the store and XLA cache behind nginx
+(`benchmarks/balancer.py`, sticky by client address; each visitor connects from its own loopback address, so its
+upload reaches its own server); memory is then each server's (the larger is reported, both are printed), and the
+run ends with how many stored results were written twice (two servers computing one result).
+
 Server memory is the peak, sampled every 0.2 s from /proc (`benchmarks/browser.Sampler`; psutil is not a
 dependency), of the server's RSS plus its children's private pages. RSS counts the shared libraries' pages
 (about 200 MB of JAX's, SciPy's…) that a memory-limited host reclaims before it kills anything; with
@@ -38,21 +43,25 @@ instance, and the run ends with the cgroup's peak and how many processes the ker
     python -m benchmarks.crowd --visitors 3 --changes 3 --uploads 2 --scenarios 1,2,3
     python -m benchmarks.crowd --dir /tmp/crowd-warm   # run twice: the second run is warm
     python -m benchmarks.crowd --memory-limit 690      # as root: the server in a 690 MB memory cgroup
+    python -m benchmarks.crowd --servers 2 --scenarios 1,2,3   # two servers behind nginx (Debian's nginx)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import http.client
 import io
+import itertools
 import os
 import random
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -63,6 +72,7 @@ from streamlit.proto.Common_pb2 import FileURLs, UploadedFileInfo
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 
+from benchmarks import balancer
 from benchmarks.browser import MemoryLimit, Sampler, free_port, run_times, streamlit_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +116,11 @@ class Visit:
     moved_s: float | None = None  # follow mode: when the page's URL reached the room's new step
 
     @property
+    def sign_s(self) -> float | None:
+        """When the visitor first saw that the server had its request: its place in the queue or a progress bar."""
+        return min((t for t in (self.queued_s, self.progress_s) if t is not None), default=None)
+
+    @property
     def clean(self) -> bool:
         """Finished, with no exception element and no error alert."""
         return self.status == "ok" and not self.exceptions and not self.errors
@@ -115,17 +130,46 @@ def ws_url(base: str) -> str:
     return base.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/_stcore/stream"
 
 
-def xsrf_cookie(base: str) -> str:
+#: Behind a load balancer that is sticky by client address (`--servers 2`), each visitor connects from its own
+#: loopback address (127.0.0.2, 127.0.0.3, …: Linux routes all of 127/8 to itself), as each student's browser has
+#: its own: its websocket, its XSRF cookie and its upload's PUT then all reach one server. None: 127.0.0.1.
+_SOURCES: itertools.cycle | None = None
+
+
+def distinct_sources(on: bool = True) -> None:
+    """Give each new visitor (`Session`) its own loopback source address (`on`), or the default one."""
+    global _SOURCES
+    _SOURCES = itertools.cycle(f"127.0.{i // 250}.{i % 250 + 2}" for i in range(250 * 250)) if on else None
+
+
+def _request(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict | None = None,
+             source: str | None = None, timeout: float = 60) -> http.client.HTTPResponse:
+    """An HTTP request from the loopback address `source` (None: any); returns the read response."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout,
+                                      source_address=(source, 0) if source else None)
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=body, headers=headers or {})
+        r = conn.getresponse()
+        r.read()
+        if r.status >= 400:
+            raise OSError(f"HTTP {r.status} from {method} {url}")
+        return r
+    finally:
+        conn.close()
+
+
+def xsrf_cookie(base: str, source: str | None = None) -> str:
     """The `_streamlit_xsrf` cookie the server sets (on /_stcore/health); an upload PUT must echo it."""
-    with urllib.request.urlopen(base + "/_stcore/health", timeout=30) as r:
-        for header in r.headers.get_all("Set-Cookie") or []:
-            name, _, rest = header.partition("=")
-            if name.strip() == "_streamlit_xsrf":
-                return rest.split(";", 1)[0]
+    r = _request(base + "/_stcore/health", source=source, timeout=30)
+    for header in r.headers.get_all("Set-Cookie") or []:
+        name, _, rest = header.partition("=")
+        if name.strip() == "_streamlit_xsrf":
+            return rest.split(";", 1)[0]
     return ""
 
 
-def put_file(base: str, upload_url: str, name: str, data: bytes, cookie: str) -> int:
+def put_file(base: str, upload_url: str, name: str, data: bytes, cookie: str, source: str | None = None) -> int:
     """PUT `data` as a multipart form file to the upload URL (as the browser does); returns the HTTP status."""
     boundary = uuid.uuid4().hex
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
@@ -134,9 +178,7 @@ def put_file(base: str, upload_url: str, name: str, data: bytes, cookie: str) ->
     if cookie:
         headers |= {"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"}
     url = upload_url if upload_url.startswith("http") else base + upload_url
-    req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return r.status
+    return _request(url, method="PUT", body=body, headers=headers, source=source).status
 
 
 class Session:
@@ -144,6 +186,7 @@ class Session:
 
     def __init__(self, base: str):
         self.base = base
+        self.source = next(_SOURCES) if _SOURCES is not None else None  # this visitor's address (`distinct_sources`)
         self.ws = None
         self.session_id = ""
         self.widgets: dict[str, str] = {}  # element type/label -> widget id, of the last run
@@ -156,7 +199,8 @@ class Session:
     async def __aenter__(self):
         # No pings: a busy 2-core server may answer a ping late, and the browser does not ping either.
         self.ws = await websockets.connect(ws_url(self.base), subprotocols=["streamlit"], max_size=None,
-                                           ping_interval=None, open_timeout=120, close_timeout=5)
+                                           ping_interval=None, open_timeout=120, close_timeout=5,
+                                           **({"local_addr": (self.source, 0)} if self.source else {}))
         return self
 
     async def __aexit__(self, *exc):
@@ -289,8 +333,8 @@ class Session:
                     fm.file_urls_response.response_id == request.file_urls_request.request_id:
                 break
         urls = fm.file_urls_response.file_urls[0]
-        cookie = await asyncio.to_thread(xsrf_cookie, self.base)
-        await asyncio.to_thread(put_file, self.base, urls.upload_url, name, data, cookie)
+        cookie = await asyncio.to_thread(xsrf_cookie, self.base, self.source)
+        await asyncio.to_thread(put_file, self.base, urls.upload_url, name, data, cookie, self.source)
         state = WidgetState(id=uploader)
         state.file_uploader_state_value.uploaded_file_info.append(UploadedFileInfo(
             name=name, size=len(data), file_id=urls.file_id,
@@ -460,69 +504,143 @@ def summary_row(scenario: str, group: str, visits: list[Visit], peak_mb: tuple[f
     charts = [v.chart_s for v in visits if v.chart_s is not None]
     done = [v.finished_s for v in visits if v.finished_s is not None]
     queued = [v.queued_s for v in visits if v.queued_s is not None]
+    signs = [v.sign_s for v in visits if v.sign_s is not None]
     bad = [v for v in visits if v.exceptions or v.errors]
     failed = [v for v in visits if v.status != "ok"]
     return (f"| {scenario} | {group} | {len(visits)} | {len(charts)} | {_s(_q(charts, 50))} | {_s(_q(charts, 95))} | "
             f"{_s(_q(done, 50))} | {_s(_q(done, 95))} | {len(bad)} | {len(failed)} | "
-            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | {peak_mb[0]:.0f} ({peak_mb[1]:.0f}) |")
+            f"{len(queued)} | {_s(statistics.median(queued)) if queued else '–'} | "
+            f"{_s(statistics.median(signs)) if signs else '–'} / {_s(max(signs, default=None))} | "
+            f"{peak_mb[0]:.0f} ({peak_mb[1]:.0f}) |")
 
 
 SUMMARY_HEAD = ("| scenario | visitors | n | with chart | chart p50 s | chart p95 s | done p50 s | done p95 s | "
-                "error/exception | not finished | saw Queued | Queued after s (median) | server peak MB (anonymous) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                "error/exception | not finished | saw Queued | Queued after s (median) | "
+                "Queued or progress after s (median / max) | server peak MB (anonymous) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
-DETAIL_HEAD = ("| scenario | visitor | page?query | first chart s | done s | Queued after s | error/exception | status |\n"
-               "|---|---|---|---|---|---|---|---|")
+DETAIL_HEAD = ("| scenario | visitor | page?query | first chart s | done s | Queued after s | progress after s | "
+               "error/exception | status |\n"
+               "|---|---|---|---|---|---|---|---|---|")
 
 
 def detail_row(scenario: str, v: Visit) -> str:
     bad = "; ".join(v.exceptions + v.errors)[:120].replace("|", "/").replace("\n", " ") or "no"
     where = f"/{v.page}" + (f"?{v.query}" if v.query else "")
     return (f"| {scenario} | {v.name} | `{where}` | {_s(v.chart_s)} | {_s(v.finished_s)} | {_s(v.queued_s)} | "
-            f"{bad} | {v.status}{' ' + v.note if v.note else ''} |")
+            f"{_s(v.progress_s)} | {bad} | {v.status}{' ' + v.note if v.note else ''} |")
 
 
 # ---------------------------------------------------------------- the benchmark
 
 
-class Server:
-    """A `streamlit run app.py` with a memory sampler; `restart()` keeps its store and caches."""
+class Peaks:
+    """Peak-memory samplers (0.2 s) on each server's process tree: `.peak` and `.peak_anon` are the largest of any
+    one server (each server is its own instance, with its own memory), `.each` says every server's."""
 
-    def __init__(self, directory: Path, log_dir: Path, limit: MemoryLimit | None = None):
+    def __init__(self, pids: list[int]):
+        self.samplers = [Sampler(pid, interval=0.2) for pid in pids]
+        for sampler in self.samplers:
+            sampler.start()
+
+    @property
+    def peak(self) -> float:
+        return max(s.peak for s in self.samplers)
+
+    @property
+    def peak_anon(self) -> float:
+        return max(s.peak_anon for s in self.samplers)
+
+    @property
+    def each(self) -> str:
+        return " / ".join(f"{s.peak:.0f} ({s.peak_anon:.0f})" for s in self.samplers)
+
+    def stop(self) -> None:
+        for sampler in self.samplers:
+            sampler.stop.set()
+
+
+class Server:
+    """`servers` × `streamlit run app.py` sharing one results store and XLA cache, with a memory sampler; with more
+    than one, nginx in front (`benchmarks/balancer.py`, sticky by client address) is `base`. `restart()` keeps the
+    store, the caches and the ports (nginx keeps running)."""
+
+    def __init__(self, directory: Path, log_dir: Path, limit_mb: float = 0.0, servers: int = 1):
         self.env = {"GRADLAB_STORE_DIR": str(directory / "store"), "JAX_COMPILATION_CACHE_DIR": str(directory / "xla"),
                     "GRADLAB_LOG_RUNS": "1"}
-        self.log_dir, self.limit = log_dir, limit
+        self.log_dir, self.servers = log_dir, servers
+        self.limits = [MemoryLimit(limit_mb) for _ in range(servers)] if limit_mb else [None] * servers
+        self.ports = [free_port() for _ in range(servers)]
         self.starts = 0
-        self._cm = None
+        self._stack: contextlib.ExitStack | None = None
+        self._nginx = contextlib.ExitStack()
+        self.prefix: Path | None = None  # nginx's, with its access.log
         self.base = ""
-        self.proc = None
-        self.sampler = None
+        self.procs: list = []
+        self.peaks: Peaks | None = None
 
     def start(self) -> float:
-        """Start the server; returns the seconds until /_stcore/health answered."""
+        """Start the servers (and nginx, the first time); returns the seconds until every /_stcore/health answered."""
         self.starts += 1
         t0 = time.perf_counter()
-        self._cm = streamlit_server(free_port(), timeout=300, env=self.env, limit=self.limit,
-                                    log_path=self.log_dir / f"server{self.starts}.log")
-        self.base, self.proc = self._cm.__enter__()
+        self._stack = contextlib.ExitStack()
+        self.procs = []
+        for port, limit, log in zip(self.ports, self.limits, self.logs):
+            base, proc = self._stack.enter_context(streamlit_server(port, timeout=300, env=self.env, limit=limit,
+                                                                    log_path=log))
+            self.procs.append(proc)
+        if self.servers == 1:
+            self.base = base
+        elif self.prefix is None:
+            port = free_port()
+            self.prefix = self._nginx.enter_context(balancer.nginx(port, self.ports, sticky="$remote_addr"))
+            self.base = f"http://127.0.0.1:{port}"
         return time.perf_counter() - t0
 
     @property
-    def log(self) -> Path:
-        return self.log_dir / f"server{self.starts}.log"
+    def logs(self) -> list[Path]:
+        """Each server's log of its current start."""
+        return [self.log_dir / f"server{self.starts}{'abcdefgh'[i] if self.servers > 1 else ''}.log"
+                for i in range(self.servers)]
+
+    def run_times(self) -> list[list[tuple[str, float]]]:
+        """Each server's script runs logged since its current start (`browser.run_times`)."""
+        return [run_times(log) if log.exists() else [] for log in self.logs]
+
+    def run_seconds_since(self, before: list[list]) -> float:
+        """Server time of the script runs logged since `before` (an earlier `run_times()`), all servers together."""
+        return sum(t for old, new in zip(before, self.run_times()) for _, t in new[len(old):])
 
     def stop(self) -> None:
-        if self._cm is not None:
-            self._cm.__exit__(None, None, None)
-            self._cm = None
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
 
-    def measure(self) -> Sampler:
-        """A fresh peak-memory sampler (0.2 s) on the server's process tree."""
-        if self.sampler is not None:
-            self.sampler.stop.set()
-        self.sampler = Sampler(self.proc.pid, interval=0.2)
-        self.sampler.start()
-        return self.sampler
+    def close(self) -> None:
+        """Stop the servers and nginx; print each memory cgroup's report."""
+        self.stop()
+        self._nginx.close()
+        for i, limit in enumerate(self.limits):
+            if limit is not None:
+                r = limit.report()
+                print(f"# memory cgroup{f' of server {i + 1}' if self.servers > 1 else ''}: limit {r['limit_mb']:.0f} MB, "
+                      f"peak {r['peak_mb']:.0f} MB (with reclaimable file pages), processes killed for memory: "
+                      f"{r['oom_kills']}", flush=True)
+                limit.close()
+
+    def measure(self) -> Peaks:
+        """Fresh peak-memory samplers on the servers."""
+        if self.peaks is not None:
+            self.peaks.stop()
+        self.peaks = Peaks([proc.pid for proc in self.procs])
+        return self.peaks
+
+    def routing(self) -> str:
+        """Behind nginx: how many websockets each server got so far."""
+        if self.prefix is None:
+            return ""
+        per = balancer.websockets_per_server(self.prefix, self.ports)
+        return "websockets per server " + " / ".join(str(per[p]) for p in self.ports)
 
 
 def main(argv=None) -> int:
@@ -542,7 +660,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="per visitor, s")
     ap.add_argument("--detail", action="store_true", help="also list every visitor of scenario 1")
     ap.add_argument("--memory-limit", type=float, default=0,
-                    help="run the server in a memory cgroup of this many MB (root; cgroup v1 or v2)")
+                    help="run the server in a memory cgroup of this many MB (root; cgroup v1 or v2); each server in "
+                         "its own with --servers")
+    ap.add_argument("--servers", type=int, default=1,
+                    help="this many servers sharing the store and XLA cache behind nginx (sticky by client address; "
+                         "each visitor connects from its own loopback address)")
     args = ap.parse_args(argv)
     scenarios = {int(s) for s in args.scenarios.split(",") if s.strip()}
 
@@ -550,15 +672,18 @@ def main(argv=None) -> int:
     warm = bool(args.dir) and (directory / "store").exists()
     directory.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="gradlab-crowd-logs-"))
-    limit = MemoryLimit(args.memory_limit) if args.memory_limit else None
-    server = Server(directory, logs, limit)
+    server = Server(directory, logs, args.memory_limit, args.servers)
+    distinct_sources(args.servers > 1)
+    written = balancer.ValueFiles(directory / "store", interval=0.1) if args.servers > 1 else None
     summary, details = [], []
     print(f"# crowd: {'warm' if warm else 'cold'} store and XLA cache in {directory}; server logs in {logs}", flush=True)
     print(f"# machine: {os.cpu_count()} cores; command: python -m benchmarks.crowd {' '.join(sys.argv[1:] if argv is None else argv)}",
           flush=True)
     try:
         up = server.start()
-        print(f"# server healthy after {up:.1f} s", flush=True)
+        print(f"# {args.servers} server{'s behind nginx' if args.servers > 1 else ''} healthy after {up:.1f} s", flush=True)
+        if written is not None:
+            written.start()
 
         if 1 in scenarios:
             sampler = server.measure()
@@ -567,7 +692,8 @@ def main(argv=None) -> int:
                     [(f"norms-{i}", "norms", "") for i in range(n)]
             t0 = time.perf_counter()
             visits = crowd(server.base, specs, spread=args.spread, timeout=args.timeout)
-            print(f"# scenario 1: {time.perf_counter() - t0:.1f} s", flush=True)
+            print(f"# scenario 1: {time.perf_counter() - t0:.1f} s; peak MB (anonymous) {sampler.each}; {server.routing()}",
+                  flush=True)
             summary.append(summary_row("1 arrive", f"Lecture step 1 (`/lecture?step=1`)", visits[:n], (sampler.peak, sampler.peak_anon)))
             summary.append(summary_row("1 arrive", "Gradient norms (`/norms`)", visits[n:], (sampler.peak, sampler.peak_anon)))
             if args.detail:
@@ -585,7 +711,8 @@ def main(argv=None) -> int:
             else:
                 visits = asyncio.run(changes(server.base, "norms", CHANGES[: args.changes], timeout=args.timeout))
                 group = "one control each, widget changed in an open `/norms`"
-            print(f"# scenario 2: {time.perf_counter() - t0:.1f} s", flush=True)
+            print(f"# scenario 2: {time.perf_counter() - t0:.1f} s; peak MB (anonymous) {sampler.each}; {server.routing()}",
+                  flush=True)
             summary.append(summary_row("2 change", group, visits, (sampler.peak, sampler.peak_anon)))
             details += [detail_row("2", v) for v in visits]
 
@@ -598,7 +725,8 @@ def main(argv=None) -> int:
 
             t0 = time.perf_counter()
             visits = asyncio.run(uploads())
-            print(f"# scenario 3: {time.perf_counter() - t0:.1f} s", flush=True)
+            print(f"# scenario 3: {time.perf_counter() - t0:.1f} s; peak MB (anonymous) {sampler.each}; {server.routing()}",
+                  flush=True)
             for v in visits:
                 v.note = "(times from the upload's rerun)"
             summary.append(summary_row("3 upload", "a different CSV each (`/norms?dataset=upload`)", visits, (sampler.peak, sampler.peak_anon)))
@@ -617,11 +745,11 @@ def main(argv=None) -> int:
                 tour, peak = [], (0.0, 0.0)
                 for path, title in pages:
                     sampler = server.measure()
-                    before = len(run_times(server.log))
+                    before = server.run_times()
                     v = asyncio.run(visit(server.base, title, path, timeout=args.timeout))
                     time.sleep(0.3)  # the app logs its run time as the run ends
                     peak = (max(peak[0], sampler.peak), max(peak[1], sampler.peak_anon))
-                    v.note = (f"(server run {sum(t for _, t in run_times(server.log)[before:]):.1f} s, "
+                    v.note = (f"(server run {server.run_seconds_since(before):.1f} s, "
                               f"peak {sampler.peak:.0f} MB, {sampler.peak_anon:.0f} anonymous)")
                     tour.append(v)
                     details.append(detail_row(f"4 {when}", v))
@@ -641,12 +769,11 @@ def main(argv=None) -> int:
                                        visits, (sampler.peak, sampler.peak_anon)))
             details += [detail_row("5", v) for v in visits if not v.clean or args.detail]
     finally:
-        server.stop()
-        if limit is not None:
-            r = limit.report()
-            print(f"# memory cgroup: limit {r['limit_mb']:.0f} MB, peak {r['peak_mb']:.0f} MB (with reclaimable file "
-                  f"pages), processes killed for memory: {r['oom_kills']}", flush=True)
-            limit.close()
+        server.close()
+        if written is not None:
+            twice = written.written_twice()
+            print(f"# shared store: {len(written.present())} result files, {len(twice)} written twice (a value file "
+                  f"replaced: two servers computed one result); {server.routing()}", flush=True)
 
     print()
     print(SUMMARY_HEAD)

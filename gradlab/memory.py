@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import sys
+import time
 from typing import Callable, Iterable, TypeVar
 
 import jax
@@ -252,18 +253,26 @@ def freeze_imported_heap() -> None:
         gc.freeze()
 
 
+#: Seconds between two of `release_memory`'s full collections (`collect_everything`) while visitors wait: each
+#: holds the GIL for 0.3–0.5 s, which stalls every visitor's page and the server's sending. Before and after every
+#: computation they took 9.4 s of a 47 s run of ten changes at once (py-spy, `benchmarks/crowd.py` scenario 2).
+FULL_COLLECT_EVERY_S = float(os.environ.get("GRADLAB_FULL_COLLECT_EVERY_S", "60"))
+_LAST_FULL = [float("-inf")]  # time.monotonic() of the last full collection
+
+
 def collect_everything() -> None:
     """A full `gc.collect()` that also reaches the frozen objects, which stay frozen afterwards.
 
     `freeze_imported_heap` freezes whatever is alive at that moment, the sessions of a crowd included; what of
     theirs later becomes cyclic garbage would otherwise never be freed (26 MB after a cold crowd of 60,
-    `benchmarks/crowd.py` scenario 1). Takes ~0.5 s under the GIL, so it runs only on a new import and when
-    the memory budget drops compiled programs (`release_memory`)."""
+    `benchmarks/crowd.py` scenario 1). Takes ~0.3–0.5 s under the GIL, so it runs only on a new import and, at
+    most every `FULL_COLLECT_EVERY_S`, when the memory budget drops compiled programs (`release_memory`)."""
     frozen = gc.get_freeze_count()
     gc.unfreeze()
     gc.collect()
     if frozen:
         gc.freeze()
+    _LAST_FULL[0] = time.monotonic()
 
 
 def peak_rss_mb(reset: bool = False) -> float:
@@ -285,15 +294,21 @@ def _trim() -> None:
         libc.malloc_trim(0)
 
 
-def release_memory(force: bool = False) -> None:
+def release_memory(force: bool = False, *, full: bool | None = None) -> None:
     """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
     leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB` (or with `force`), drop
-    JAX's compiled functions (`jax.clear_caches()`), which other sessions simply recompile when they need them."""
+    JAX's compiled functions (`jax.clear_caches()`), which other sessions simply recompile when they need them,
+    and collect what that left as cyclic garbage: an ordinary collection (milliseconds: the imported heap is
+    frozen), and a full one (`collect_everything`) when `full`, or (`full=None`) when none ran in the last
+    `FULL_COLLECT_EVERY_S`. The gate asks for a full one when nobody waits for it (`ui.cache`)."""
     _trim()
     if force or (MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB):
         before = rss_mb()
         jax.clear_caches()
-        collect_everything()
+        if full or (full is None and time.monotonic() - _LAST_FULL[0] >= FULL_COLLECT_EVERY_S):
+            collect_everything()
+        else:
+            gc.collect()
         _trim()
         log.info("memory budget %.0f MB: dropped compiled functions, RSS %.0f -> %.0f MB",
                  MEMORY_BUDGET_MB, before, rss_mb())

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import pickle
+import statistics
 import threading
 import time
 from typing import Any, Callable
@@ -201,7 +202,7 @@ class Job:
 
     key: str
     name: str
-    fn: Callable[[Callable], Any]
+    fn: Callable[[Callable], Any] | None  # None while only reserved (`Gate.reserve`): not ready to run
     est_seconds: float
     est_bytes: int
     waiters: int = 0
@@ -238,9 +239,11 @@ class Gate:
     - `rss`: the process's resident bytes now; `relieve`: frees memory (drop caches) when over budget.
     - `after`: called after each computation in the worker (e.g. return freed memory to the system).
     - `hold(i)`: a context manager held by worker `i` while it runs a computation: `Store.slot(i)` makes the
-      slots machine-wide (two servers, or `python -m gradlab.ui.warm`, sharing a store directory share them).
+      slots machine-wide (two servers, or `python -m gradlab.ui.warm`, sharing a store directory share them);
+      while a worker waits for a slot held elsewhere, `position` counts that computation ahead of every queued job.
 
-    Computations run in the gate's worker threads; a caller waits on the `Job` (`submit`, `position`).
+    Computations run in the gate's worker threads; a caller waits on the `Job` (`submit`, `position`); a caller
+    whose request is not ready yet can take its place in the queue first (`reserve`).
     A computation submitted from inside a worker runs inline (nested cached calls cannot deadlock).
     """
 
@@ -256,9 +259,16 @@ class Gate:
         self._running: list[Job] = []
         self._jobs: dict[str, Job] = {}
         self._seconds: dict[str, float] = {}  # recent duration per computation name, for wait estimates
+        self._elsewhere = 0  # workers waiting for a slot another process holds (`hold`): its computation runs
         self._local = threading.local()
         for i in range(self.slots):
             threading.Thread(target=self._work, args=(i,), name=f"gradlab-gate-{i}", daemon=True).start()
+
+    @property
+    def waiting(self) -> int:
+        """How many requests wait in the queue (reserved places included)."""
+        with self._lock:
+            return len(self._queue)
 
     @property
     def in_worker(self) -> bool:
@@ -273,12 +283,30 @@ class Gate:
         """
         with self._lock:
             job = self._jobs.get(key)
+            est = est_seconds if est_seconds is not None else self._seconds.get(name, 5.0)
             if job is None:
-                est = est_seconds if est_seconds is not None else self._seconds.get(name, 5.0)
                 job = Job(key, name, fn, float(est), int(est_bytes))
                 self._jobs[key] = job
                 self._queue.append(job)
                 self._lock.notify_all()
+            elif job.fn is None:  # reserved: ready now, in the place it was reserved
+                job.fn, job.est_seconds, job.est_bytes = fn, float(est), int(est_bytes)
+                self._lock.notify_all()
+            job.waiters += 1
+            return job
+
+    def reserve(self, key: str, name: str) -> Job:
+        """Take a place in the queue for a request under `key` that is not ready yet (its checks still run), or
+        join the job already queued or running under `key`. The place shows in `position` (its own and that of
+        later requests) from now on; jobs behind it that are ready run first while it is not. `submit` with the
+        same key makes it ready; the caller must `leave(job)` when it stops waiting (a place never made ready
+        is then given up). Returns the `Job`."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None:
+                job = Job(key, name, None, self._seconds.get(name, 5.0), 0)
+                self._jobs[key] = job
+                self._queue.append(job)
             job.waiters += 1
             return job
 
@@ -299,9 +327,14 @@ class Gate:
             if job.started is not None or job not in self._queue:
                 return 0, 0.0
             ahead = self._queue[: self._queue.index(job)]
-            running = sorted(j.remaining(now) for j in self._running)
+            running = sorted([j.remaining(now) for j in self._running] + [self._typical()] * self._elsewhere)
         wait = (min(running) if len(running) >= self.slots else 0.0) + sum(j.est_seconds for j in ahead) / self.slots
         return len(ahead) + len(running), wait
+
+    def _typical(self) -> float:
+        """Seconds a computation of another process holding a slot is counted for (its own estimate is not known
+        here): the median of this gate's recent durations, else 5 s."""
+        return statistics.median(self._seconds.values()) if self._seconds else 5.0
 
     def run(self, key: str, name: str, fn: Callable[[Callable], Any], *, on_wait: Callable[[Job], None] | None = None,
             poll: float = 0.25, **estimates):
@@ -324,31 +357,44 @@ class Gate:
             raise job.error
         return job.result
 
-    def _next(self) -> Job | None:
-        """The first queued job that fits the memory budget (or the first, when nothing runs)."""
-        for job in self._queue:
+    def _next(self) -> tuple[Job | None, bool]:
+        """The first queued job that fits the memory budget, or (when nothing runs) the first, with whether memory
+        must be relieved before it starts."""
+        ready = [job for job in self._queue if job.fn is not None]
+        for job in ready:
             if self._rss() + job.est_bytes <= self.budget_bytes:
-                return job
-        if not self._running and self._queue:
-            self._relieve()
-            return self._queue[0]
-        return None
+                return job, False
+        if not self._running and ready:
+            return ready[0], True
+        return None, False
 
     def _work(self, slot: int) -> None:
         self._local.worker = True
         while True:
             with self._lock:
-                while not self._queue:
+                while not any(job.fn is not None for job in self._queue):  # reserved places are not ready to run
                     self._lock.wait(0.5)
-            with self._hold(slot):  # another process may hold this slot: wait for it with the job still queued
+            with contextlib.ExitStack() as held:
                 with self._lock:
-                    job = self._next()
+                    self._elsewhere += 1  # until the slot is ours, another process's computation is ahead of ours
+                try:
+                    held.enter_context(self._hold(slot))  # another process may hold it: wait with the job queued
+                finally:
+                    with self._lock:
+                        self._elsewhere -= 1
+                with self._lock:
+                    job, relieve = self._next()
                     if job is None:  # over the memory budget while others run: wait for one to end
                         self._lock.wait(0.5)
                         continue
                     self._queue.remove(job)
                     self._running.append(job)
                     job.started = time.monotonic()
+                if relieve:  # outside the lock: meanwhile visitors still join the queue and read their place
+                    try:
+                        self._relieve()
+                    except Exception:  # noqa: BLE001 - the job runs anyway, as it would without relief
+                        log.exception("relieving memory before a computation")
                 try:
                     job.result = job.fn(job.report)
                 except BaseException as err:  # noqa: BLE001 - handed to every waiter

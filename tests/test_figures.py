@@ -54,7 +54,7 @@ def test_the_gates_relief_drops_shared_figures_and_stored_results(monkeypatch):
     from gradlab.ui import cache
 
     monkeypatch.setattr(cache, "SERVER_BUDGET_MB", 0)  # still over budget once compiled programs are dropped
-    monkeypatch.setattr(cache, "release_memory", lambda force=False: None)  # keep the worker's compiled programs
+    monkeypatch.setattr(cache, "release_memory", lambda force=False, full=None: None)  # keep the worker's compiled programs
     norms = np.linspace(0.5, 2.0, 30)
     first = plots.norm_histogram(norms)
     cache.STORE.put("relief-test", np.zeros(10), persist=False)

@@ -1,5 +1,6 @@
 """The results store and the gate: eviction by bytes, disk that outlives the object, single flight, queue."""
 
+import sys
 import threading
 import time
 
@@ -95,6 +96,90 @@ def test_a_queued_caller_is_told_its_place_at_once():
     assert seen and seen[0] == 1  # one computation ahead, told before any poll
 
 
+def test_a_reserved_place_keeps_its_turn_and_relieving_memory_does_not_hold_the_gate():
+    """A caller reserves its place before its checks (`reserve`): later callers count it ahead, ready jobs behind it
+    run while it is not ready, `submit` under its key makes it ready in its place, and an unused place is given up.
+    Relieving memory before a job runs outside the gate's lock: meanwhile others join the queue and read their place."""
+    relieving, hold, ran = threading.Event(), threading.Event(), []
+
+    def relieve():
+        relieving.set()
+        hold.wait(5)
+
+    gate = Gate(slots=1, budget_bytes=0, relieve=relieve)  # every job over budget: relieved before it starts
+    early = gate.reserve("early", "fit")
+    assert gate.position(early) == (0, 0.0)  # nothing ahead: nothing to show
+    first = gate.submit("first", "first", lambda report: ran.append("first"), est_seconds=4.0, est_bytes=1)
+    assert relieving.wait(5)  # the first ready job runs although the earlier place is not ready
+    t0 = time.monotonic()
+    gone = gate.reserve("gone", "fit")
+    late = gate.submit("late", "late", lambda report: ran.append("late"), est_seconds=3.0)
+    assert gate.position(late)[0] == 3  # the running job, the place reserved early, the one given up below
+    assert time.monotonic() - t0 < 1.0  # not blocked by the relief (which waits up to 5 s)
+    gate.leave(gone)
+    assert gone.done.is_set() and gone.error is not None and gate.position(late)[0] == 2
+    assert gate.submit("early", "fit", lambda report: ran.append("early"), est_seconds=2.0) is early
+    hold.set()
+    for job in (first, early, late):
+        assert job.done.wait(5)
+    assert ran == ["first", "early", "late"]
+    for job in (first, early, early, late):  # `early` was reserved and submitted: two waits to leave
+        gate.leave(job)
+
+
+def _fitted_page():
+    import streamlit as st
+
+    from gradlab import ui
+    from gradlab.experiment import Experiment
+
+    st.write(f"fitted: {ui.fitted(Experiment(seed=9_876))}")
+
+
+def test_a_waiting_visitor_sees_their_place_before_the_training_checks(monkeypatch):
+    """Behind a running computation, `ui.fitted` shows "Queued" before it checks the model (P and multiply-adds
+    traced for a new shape: up to 1 s on a busy server); the place is gone once the model is trained."""
+    from streamlit.testing.v1 import AppTest
+
+    from gradlab.ui import cache
+
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # a script run replaces it; spawn reads it
+    events, hold = [], threading.Event()
+    busy = cache.GATE.submit("test-busy", "busy", lambda report: hold.wait(30))
+    shown = cache._show_queued
+    monkeypatch.setattr(cache, "_show_queued", lambda slot, ahead, wait: (events.append(f"queued {ahead}"),
+                                                                         shown(slot, ahead, wait)))
+    monkeypatch.setattr(cache, "check_training_work", lambda *args: (events.append("checked"), hold.set()))
+    monkeypatch.setattr(cache, "fit", lambda exp, data, progress: (events.append("trained"), "a model")[1])
+    try:
+        at = AppTest.from_function(_fitted_page, default_timeout=60).run()
+    finally:
+        hold.set()
+        cache.GATE.leave(busy)
+    assert events[:2] == ["queued 1", "checked"] and events[-1] == "trained", events
+    assert [m.value for m in at.markdown] == ["fitted: a model"]
+    assert not [i.value for i in at.info if "Queued" in i.value]
+
+
+def test_dropping_compiled_programs_collects_everything_at_most_once_a_minute(monkeypatch):
+    """A full collection holds the GIL for 0.3–0.5 s: `release_memory` runs it at most every
+    `FULL_COLLECT_EVERY_S` (an ordinary collection otherwise), or when asked to (`full=True`: nobody waits)."""
+    from gradlab import memory
+
+    full = []
+    monkeypatch.setattr(memory, "collect_everything", lambda: (full.append(1), memory._LAST_FULL.__setitem__(0, time.monotonic())))
+    monkeypatch.setattr(memory, "_LAST_FULL", [float("-inf")])
+    for _ in range(3):
+        memory.release_memory(force=True)
+    assert len(full) == 1
+    memory._LAST_FULL[0] -= memory.FULL_COLLECT_EVERY_S
+    memory.release_memory(force=True)
+    memory.release_memory(force=True, full=False)
+    assert len(full) == 2
+    memory.release_memory(force=True, full=True)  # nobody waits in the gate's queue: collect everything now
+    assert len(full) == 3
+
+
 def test_keys_hash_arrays_by_content():
     assert key_of(np.arange(3), 1.0) == key_of(np.arange(3), 1.0) != key_of(np.arange(1, 4), 1.0)
 
@@ -137,6 +222,7 @@ def test_gate_slots_are_held_across_processes(tmp_path):
     job = gate.submit("k", "demo", lambda report: 5)
     time.sleep(0.6)
     assert job.started is None and not job.done.is_set()
+    assert gate.position(job)[0] == 1  # the other process's computation is ahead: the visitor sees "Queued"
     other.release()
     assert job.done.wait(5) and job.result == 5
     gate.leave(job)

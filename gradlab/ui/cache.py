@@ -19,6 +19,7 @@ Streamlit's own `clear_cache` (any visitor can send it) clears `st.cache_*` only
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -27,6 +28,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -99,15 +101,69 @@ STORE = Store(int(STORE_MB * MB), default_directory(),
 def _relieve() -> None:
     """A heavy job would take the server over its budget: drop what is rebuilt on demand before it starts, compiled
     programs first, then (if that is not enough) stored results' memory tier and the shared figures."""
-    release_memory(force=True)
+    release_memory(force=True, full=_nobody_waits())
     if (rss_mb() * MB + memory.BUDGET_BYTES + memory.COMPILE_BYTES) > SERVER_BUDGET_MB * MB:
         STORE.clear_memory()
         FIGURES.clear()
         release_memory()
 
 
+def _nobody_waits() -> bool | None:
+    """A full collection (0.3–0.5 s under the GIL) whenever no request waits in the gate's queue; while some
+    do, at most every `memory.FULL_COLLECT_EVERY_S` (None)."""
+    return True if not GATE.waiting else None
+
+
 GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
-            relieve=_relieve, after=lambda: release_memory(), hold=STORE.slot)
+            relieve=_relieve, after=lambda: release_memory(full=_nobody_waits()), hold=STORE.slot)
+
+
+def _show_queued(slot, ahead: int, wait: float) -> None:
+    """The gate's queue message in `slot` (an `st.empty()`)."""
+    slot.info(f"**Queued:** {ahead} computation{'s' * (ahead > 1)} ahead of yours, about {wait:.0f} s. "
+              "The server runs one heavy computation at a time; the rest of the page works meanwhile.",
+              icon=":material/hourglass_top:")
+
+
+_PLACE = threading.local()  # the slot `place_in_queue` drew in, for the gated computation that follows in this run
+
+
+def _take_place():
+    slot, _PLACE.slot = getattr(_PLACE, "slot", None), None
+    return slot
+
+
+def _clear_place() -> None:
+    slot = _take_place()
+    if slot is not None:
+        slot.empty()
+
+
+@contextlib.contextmanager
+def place_in_queue(fn, *args):
+    """Take this visitor's place in the gate's queue for the gated computation `fn(*args)` (a `shared` function)
+    that this block is about to request, and show it at once, before the block's checks (a model's P and
+    multiply-adds traced for a new shape, its cost): on a busy 2-core server those checks share the GIL with the
+    running computation and took up to 1 s (`benchmarks/crowd.py` scenario 2), and a visitor behind them is
+    served in the order they came, not the order their checks ended (`Gate.reserve`). The computation's own
+    queue message and progress bar then draw in the same place; the place is given up, and its message
+    cleared, when the block ends."""
+    if GATE.in_worker:
+        yield
+        return
+    job = GATE.reserve(fn.key(*args), fn.__name__)
+    slot = None
+    try:
+        ahead, wait = GATE.position(job)
+        if ahead:
+            slot = _PLACE.slot = st.empty()
+            _show_queued(slot, ahead, wait)
+        yield
+    finally:
+        _PLACE.slot = None
+        GATE.leave(job)
+        if slot is not None:
+            slot.empty()
 
 
 def _key_part(value):
@@ -171,7 +227,7 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
 
         if not gated:
             return compute(lambda *a, **kw: None)
-        slot, shown = [None], [None]
+        slot, shown = [_take_place()], [None]  # the place a page showed before its checks (`place_in_queue`), if any
 
         def on_wait(job):
             ahead, wait = GATE.position(job)
@@ -182,9 +238,7 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
             if slot[0] is None:
                 slot[0] = st.empty()
             if ahead:
-                slot[0].info(f"**Queued:** {ahead} computation{'s' * (ahead > 1)} ahead of yours, about {wait:.0f} s. "
-                             "The server runs one heavy computation at a time; the rest of the page works meanwhile.",
-                             icon=":material/hourglass_top:")
+                _show_queued(slot[0], ahead, wait)
             else:
                 slot[0].progress(job.fraction, text=f"{label}… {job.text}")
 
@@ -320,9 +374,12 @@ def fitted(exp: Experiment) -> Fitted:
             return fit(exp)
     upload = require_upload(exp) if exp.is_upload else None
     with guard("These settings cannot be trained", stop=True):
-        if not _fit.stored(exp):
+        if _fit.stored(exp):
+            return _fit(exp, upload)
+        with place_in_queue(_fit, exp, upload):
             check_training_work(exp, _num_params(_shapes_only(exp), upload), _forward_macs(_shapes_only(exp), upload))
             if _fit.cost(exp, upload) > costs.TRAIN_BUTTON_SECONDS:  # a large model: a link alone never trains it
+                _clear_place()  # nothing is queued for this visitor until they ask
                 ask = st.empty()  # the notice and its button go once trained (this run goes on to the page)
                 with ask.container():
                     st.info(f"This page needs the {MODELS.get(exp.model, exp.model)} trained on "
@@ -334,7 +391,7 @@ def fitted(exp: Experiment) -> Fitted:
                     st.stop()
                 ask.empty()
                 return trained
-        return _fit(exp, upload)
+            return _fit(exp, upload)
     raise AssertionError("unreachable: guard(stop=True) stops the page")  # pragma: no cover
 
 
