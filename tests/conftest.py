@@ -86,7 +86,8 @@ def browser():
 
 #: Library and page tests of the quick subset that take over ~3 s from an empty compile cache on 2 cores: they run in
 #: the whole suite only, so that `-m "not slow"` stays an inner loop (measured: benchmarks/RESULTS.md#test-suite).
-#: A faster quick test reaches the same code (the restart's: test_store.py's store on disk).
+#: The library code they reach keeps a faster quick test; the Privacy audit and Influence pages and the restart are
+#: checked by the whole suite only.
 WHOLE_SUITE_ONLY = {
     "test_audit.py": ["test_microbatch_bug_is_caught", "test_input_canary_audit_is_sound",
                       "test_planted_bug_is_caught[noise divided by the batch size twice]"],
