@@ -92,7 +92,8 @@ WHOLE_SUITE_ONLY = {
     "test_audit.py": ["test_microbatch_bug_is_caught", "test_input_canary_audit_is_sound",
                       "test_planted_bug_is_caught[noise divided by the batch size twice]"],
     "test_cli.py": ["test_influence_columns_are_the_library_scores", "test_dp_sgd_npz_epsilon_from_the_accountant"],
-    "test_code_panels.py": ["test_privacy_audit_panel", "test_geometry_panel", "test_equivalence_panel"],
+    "test_code_panels.py": ["test_privacy_audit_panel", "test_geometry_panel", "test_equivalence_panel",
+                            "test_norms_panel"],
     "test_data_train.py": ["test_adam_linear_is_optax_adam_on_a_linear_schedule_and_tracin_sees_the_decayed_rate"],
     "test_engine.py": ["test_auto_times_both_paths_once_and_stays_exact", "test_streamed_reductions_equal_materialized[mlp]",
                        "test_per_example_grads_match_python_loop[mlp]"],
@@ -123,6 +124,7 @@ WHOLE_SUITE_ONLY = {
     "test_pages_fashion.py": ["test_the_training_button_trains_and_the_page_goes_on",
                              "test_norms_page_on_fashion_names_rows_by_their_fashion_mnist_index"],
     "test_pages_norms.py": ["test_norms_page_on_2d_and_regression_data", "test_impossible_settings_give_messages_not_tracebacks"],
+    "test_practice_sandbox.py": ["test_endless_loop_is_stopped_by_the_cpu_or_wall_clock_limit"],  # burns its CPU limit
     "test_privacy.py": ["test_epsilon_curve_is_incremental_composition", "test_dp_sgd_noise_and_epsilon_per_checkpoint"],
     "test_restart.py": ["test_a_restarted_server_answers_its_first_visitor_from_disk"],
     "test_robustness.py": ["test_memory_estimates_match_the_real_arrays"],
