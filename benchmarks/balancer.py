@@ -23,8 +23,9 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from benchmarks.browser import wait_healthy
 
 NGINX_CONF = """
 {user}
@@ -85,21 +86,10 @@ def nginx(port: int, upstreams: list[int], *, sticky: str = "$remote_port", time
     conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, servers=servers, sticky=sticky))
     proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    error_log = tmp / "error.log"
     try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                log = (tmp / "error.log").read_text() if (tmp / "error.log").exists() else ""
-                raise RuntimeError(f"nginx exited with code {proc.returncode}: {log[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError(f"nginx did not answer within {timeout:.0f} s")
-            time.sleep(0.2)
+        wait_healthy(proc, f"http://127.0.0.1:{port}", timeout, "nginx", poll=0.2,
+                     exit_detail=lambda: f": {error_log.read_text()[-2000:]}" if error_log.exists() else "")
         yield tmp
     finally:
         proc.terminate()  # SIGTERM: fast shutdown, the access log is flushed

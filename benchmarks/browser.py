@@ -90,6 +90,26 @@ class MemoryLimit:
             self.path.rmdir()
 
 
+def wait_healthy(proc: subprocess.Popen, base: str, timeout: float, name: str, *, poll: float = 0.5,
+                 exit_detail=lambda: "") -> None:
+    """Return once `base + "/_stcore/health"` answers 200 (a Streamlit server, or a balancer in front of one).
+    **Raises** `RuntimeError` when `proc` (`name`) exits first (with `exit_detail()` appended), `TimeoutError` after
+    `timeout` s."""
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} before it was healthy{exit_detail()}")
+        try:
+            with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise TimeoutError(f"{name} did not answer /_stcore/health within {timeout:.0f} s")
+        time.sleep(poll)
+
+
 @contextlib.contextmanager
 def streamlit_server(port: int | None = None, *, timeout: float = 120, log_path: Path | None = None,
                      env: dict | None = None, limit: MemoryLimit | None = None):
@@ -106,19 +126,7 @@ def streamlit_server(port: int | None = None, *, timeout: float = 120, log_path:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited with code {proc.returncode} before it was healthy")
-            try:
-                with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError(f"streamlit did not answer /_stcore/health within {timeout} s")
-            time.sleep(0.5)
+        wait_healthy(proc, base, timeout, "streamlit")
         yield base, proc
     finally:
         proc.terminate()

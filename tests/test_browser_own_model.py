@@ -19,7 +19,8 @@ import jax
 import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
-from benchmarks.browser import CHROMIUM, ROOT, free_port, metrics, normalized, page_errors, title, wait_until_idle
+from benchmarks.browser import (CHROMIUM, ROOT, free_port, metrics, normalized, page_errors, title, wait_healthy,
+                                wait_until_idle)
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,19 +47,8 @@ def serve(model_file: Path, port: int, log, timeout: float = 240) -> subprocess.
 
 def answering(proc: subprocess.Popen, port: int, timeout: float = 240) -> subprocess.Popen:
     """`proc` once the explorer it started answers on `port`. **Raises** when it exits or does not answer in time."""
-    deadline = time.time() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[1:4]} exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        if time.time() > deadline:
-            raise TimeoutError(f"the served explorer did not answer within {timeout} s")
-        time.sleep(0.5)
+    wait_healthy(proc, f"http://127.0.0.1:{port}", timeout, " ".join(proc.args[1:4]))
+    return proc
 
 
 #: The Flax example visits every page; the Equinox example (the same pages' code, another library's params) the
