@@ -44,7 +44,7 @@ from gradlab.ui.figures import FIGURES
 from gradlab.ui.upload import require_upload
 from gradlab.ui.widgets import guard
 from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
-                                forward_macs, load_data)
+                                forward_macs, load_data, recipe)
 
 log = logging.getLogger("gradlab")
 LOG_RUNS = bool(os.environ.get("GRADLAB_LOG_RUNS"))  # benchmarks/latency.py reads the server times
@@ -309,8 +309,8 @@ def _forward_macs(exp: Experiment, _upload: dict | None) -> int:
 
 #: Settings that change how a model trains, never its shapes: P and the forward's multiply-adds do not depend on them,
 #: so a visitor who changes one (the seed, the learning rate…) reaches the queue without tracing the model again.
-_TRAINING_ONLY = ("optimizer", "lr", "steps", "batch_size", "l2", "label_noise", "seed", "checkpoint_every", "order", "ema",
-                  "label_smoothing")
+#: `train`'s keyword arguments (`recipe`), the training labels' noise and the seed.
+_TRAINING_ONLY = (*recipe(Experiment()), "label_noise", "seed")
 
 
 def _shapes_only(exp: Experiment) -> Experiment:
