@@ -75,17 +75,18 @@ clip_norm = median if c_in is None else float(c_in)
 
 with ui.guard("The clipping analysis could not be computed"):
     privacy.check_clip_norm(clip_norm)
-    over = None  # the analysis's estimate when it is over the work budget: a model too large, said as a warning
+    refused = None  # the work budget's refusal (a model too large for the analysis), said as a warning, not an error
     if not analysis_at.stored(exp, ckpt, clip_norm, None):
         passes = clipping.analysis_passes(fitted.model, n_train, data.n_classes if classify else 0)
         macs = 0 if exp.is_own else ui.macs(exp)  # a served model's forward is the user's own, run locally
-        seconds = costs.clipping_seconds(engine.num_params(fitted.model), n_train, passes, macs)
-        over = seconds if seconds > costs.WORK_BUDGET_SECONDS else None
-    if over is not None:
-        st.warning(f"**Not computed for this model**: clipping all {n_train:,} examples at {passes} weighted backward "
-                   f"passes would take about {over:,.0f} CPU-seconds on this shared server (the limit is "
-                   f"{costs.WORK_BUDGET_SECONDS:.0f}). Pick a smaller model in the sidebar for this analysis; DP-SGD "
-                   "training below works on this one.", icon=":material/hourglass_disabled:")
+        try:
+            costs.check_work(costs.clipping_seconds(engine.num_params(fitted.model), n_train, passes, macs),
+                             f"clipping all {n_train:,} examples at {passes} weighted backward passes",
+                             "Pick a smaller model in the sidebar for this analysis; DP-SGD training below works on this one.")
+        except ValueError as err:
+            refused = str(err)
+    if refused is not None:
+        st.warning(f"**Not computed for this model**: {refused}", icon=":material/hourglass_disabled:")
     else:
         with st.spinner("Streaming per-example gradients for every C on the grid…"):
             a = analysis_at(exp, ckpt, clip_norm, fitted)
