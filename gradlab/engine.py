@@ -203,13 +203,14 @@ class _Traced:
 
     def example_bytes(self) -> int:
         """Bytes the rules keep per example in a chunk: each ruled op's input (or patches) and output
-        gradient, and the fallback leaves' gradients (the backward pass needs about as much again), and
+        gradient, and the fallback leaves' gradients (and those a rule's norm forms) (the backward pass needs about as much again), and
         LOOP_WEIGHT times what the loss's loops compute on every step (a scan's backward pass keeps every
         step's values, forms as much in cotangents, and the rules stack each step's (a, δ)). Chunks of 16
         to 20 sequences (weight 8) run an LSTM's and a GRU's clipped sum 1.2 to 1.6 times faster than the
         52 to 64 that weight 2 gave (benchmarks/RESULTS.md)."""
         kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled)
-        fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback)
+        formed = [i for i in self.ruled if self.rule(i).forms_grad]  # a clipped sum keeps these gᵢ (`Rule.forms_grad`)
+        fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
     def one(self, leaves, x, y):
@@ -830,9 +831,10 @@ def _low_precision(loss_fn, params, xs, ys) -> bool:
 def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
     """Ghost clipping in ONE pass: per chunk, the rules' (a, δ) give each example's norm, hence its
     factor cᵢ, and then the chunk's Σᵢ cᵢ·gᵢ: for a ruled weight the VJP of its op over the chunk
-    with cᵢ·δᵢ (one matmul, as a batch gradient does), for a fallback leaf Σᵢ cᵢ·gᵢ of its
-    per-example gradients. (The "book-keeping" form of ghost clipping: Bu et al. 2022,
-    arXiv:2210.00038.) No second backward pass, no per-example weight gradient."""
+    with cᵢ·δᵢ (one matmul, as a batch gradient does), for a fallback leaf, or a ruled one whose norm
+    formed gᵢ anyway (`Rule.forms_grad`: a convolution over many positions), Σᵢ cᵢ·gᵢ of those per-example
+    gradients. (The "book-keeping" form of ghost clipping: Bu et al. 2022, arXiv:2210.00038.) No second
+    backward pass."""
     leaves = t.leaves
     n = jax.tree.leaves(xs)[0].shape[0]
     w_all = jnp.ones(n, jnp.float32) if weights is None else weights
@@ -841,18 +843,25 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
     def block(x, y, w):
         loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
         sq = [None] * len(t.diff_index)  # per leaf, (chunk,)
-        for i, g in g_fb.items():
-            sq[i] = jax.vmap(_sq)(g)
+        grads = dict(g_fb)  # per-example gradients: the fallback leaves', and those a rule's norm forms anyway
         for j, i in enumerate(t.ruled):
-            sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), a, d, fixed.get(i)),
-                             axis_size=loss.shape[0])(saved[j], deltas[j])
+            rule, leaf = t.rule(i), t.diff_leaf(leaves, i)
+            if rule.forms_grad:  # includes p: the sum below is Σᵢ cᵢ·gᵢ of these, no second matmul over (a, δ)
+                grads[i] = jax.vmap(lambda a, d: rules.weight_grad(rule, leaf, a, d, fixed.get(i)))(saved[j], deltas[j])
+            else:
+                sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(rule, leaf, a, d, fixed.get(i)),
+                                 axis_size=loss.shape[0])(saved[j], deltas[j])
+        for i, g in grads.items():
+            sq[i] = jax.vmap(_sq)(g)
         sq = jnp.stack(sq)
         norms = jnp.sqrt(jnp.sum(sq, axis=0))
         c = clip_factors(norms, clip_norm, w)
         out = [None] * len(t.diff_index)
-        for i, g in g_fb.items():  # c is never rounded to a bfloat16 gradient's dtype: sums in float32
+        for i, g in grads.items():  # c is never rounded to a bfloat16 gradient's dtype: sums in float32
             out[i] = jnp.tensordot(c.astype(_acc(g)), g.astype(_acc(g)), axes=1)
         for j, i in enumerate(t.ruled):
+            if i in grads:
+                continue
             leaf, a, d = t.diff_leaf(leaves, i), saved[j], deltas[j]
             out[i] = _acc_zeros(leaf)
             if t.rule(i).sites:

@@ -252,6 +252,12 @@ class Rule:
         return not any(_nonlinear(s.chain) for s in self.sites)
 
     @property
+    def forms_grad(self) -> bool:
+        """Whether `weight_sq_norm` forms each example's gradient (an "outer" norm, or one site's), so a clipped
+        sum can reuse it (Σᵢ cᵢ·gᵢ) instead of a second matmul over (a, δ)."""
+        return bool(self.sites) and (self.norm == "outer" or (len(self.sites) == 1 and self.sites[0].norm == "outer"))
+
+    @property
     def layer(self) -> bool:
         """Whether a use is a dense layer, convolution or embedding (the rules that save work)."""
         return any(s.kind in LAYER_KINDS for s in self.sites)
