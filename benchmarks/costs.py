@@ -34,7 +34,7 @@ def norms_rows() -> list:
         measured = cpu_seconds(lambda: out.setdefault("f", fit(exp, d)))
         train = costs.training_seconds(p, exp.steps, exp.batch_size, m)
         rows.append((f"training {exp.model} {exp.steps}×{exp.batch_size} (cold)", measured, train))
-        for size in sorted({summary.summary_size(n, p, m, train), min(n, 1000)}):
+        for size in sorted({summary.summary_size(n, p, m, train), min(n, 1000), n}):
             measured = cpu_seconds(lambda: summary.norm_summary(out["f"], size=size))
             rows.append((f"norm summary {exp.model}, {size:,} of {n:,}", measured, costs.summary_seconds(p, size, m)))
     return rows

@@ -39,9 +39,10 @@ TRAIN_BUTTON_SECONDS = WORK_BUDGET_SECONDS / 2
 #: tables): Gradient norms on seed 003's SimpleCNN, ~4 CPU-s. A link's work before a button is this plus theirs.
 PAGE_SECONDS = 4.0
 #: The norm summary's pass per example against a training step's (`summary_seconds`), and its compiling: 1 s plus
-#: 1 s per 3 M multiply-adds of the forward pass (seed 003's SimpleCNN, 12 M: one fused pass at 4.2 CPU-ms per
-#: example against a training step's 2.8 estimated, its program compiled in ~5 CPU-s; the digits MLP in ~1.3).
-SUMMARY_FACTOR = 1.5
+#: 1 s per 3 M multiply-adds of the forward pass (seed 003's SimpleCNN, 12 M: the fused pass and the predictions at
+#: 2.6 CPU-ms per example against a training step's 2.4 estimated, since the clipped sum reuses the per-example
+#: gradients its convolutions' norms form; its program compiled in ~5 CPU-s; the digits MLP in ~1.3).
+SUMMARY_FACTOR = 1.1
 SUMMARY_SETUP_SECONDS = 1.0
 SUMMARY_COMPILE_MACS = 3e6
 #: Set-up per trained model in a membership attack (tracing a training scan, evaluating it).

@@ -77,8 +77,28 @@ def test_the_sidebar_starts_simple_cnn_from_its_recipe_and_gives_it_back_on_anot
     assert_clean(at)
 
 
+def test_after_its_training_button_simple_cnn_is_summarized_on_every_example():
+    """Seed 003's SimpleCNN at its recipe trains from its own button, so the summary after the press has the whole
+    work budget: every one of the 6,000 examples. Trained by the link (25 steps), the training's estimate comes off."""
+    from types import SimpleNamespace
+
+    from gradlab import costs
+    from gradlab.ui import cache
+
+    exp = Experiment.for_model("simple_cnn").replace(dataset="fashion")
+    fitted = SimpleNamespace(data=load_data(exp))
+    assert cache._training_cost(exp, None) > costs.TRAIN_BUTTON_SECONDS
+    assert cache.summary_size(exp, fitted) == 6000
+    short = exp.replace(steps=25)
+    assert cache.summary_size(short, fitted) == 6000  # 4 CPU-s of training leave room for all of them
+    assert cache.summary_size(short.replace(steps=150), fitted) < 6000  # 14 CPU-s, still the link's: a subset
+
+
 @pytest.mark.slow
-def test_norms_page_on_simple_cnn_cold():
+def test_norms_page_on_simple_cnn_cold(monkeypatch):
+    from gradlab import costs
+
+    monkeypatch.setattr(costs, "PAGE_SECONDS", 20.0)  # a page whose own work leaves the summary less than all 6,000
     start = time.perf_counter()
     at = open_page("norms", dataset="fashion", model="simple_cnn", steps=25, batch_size=32, checkpoint_every=25,
                    lr=0.003)

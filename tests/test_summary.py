@@ -74,9 +74,10 @@ def test_a_subset_summary_is_the_engine_on_those_rows(digits):
 
 
 def test_the_summary_covers_what_the_budget_leaves_after_training():
-    """The digits MLP: every example. Seed 003's SimpleCNN on Fashion-MNIST: its training leaves the summary less
-    than the whole set costs, so the smallest subset (after its training button, training and summary sit near the
-    budget's edge: 25 + 6 + 4 CPU-s estimated, 31 measured, benchmarks/RESULTS.md)."""
+    """The digits MLP: every example. Seed 003's SimpleCNN on Fashion-MNIST, had the link to train it: its training
+    leaves the summary less than the whole set costs, so the smallest subset (training, summary and page near the
+    budget's edge: 25 + 6 + 4 CPU-s estimated). The page trains it from a button instead and then summarizes
+    every example (`ui.cache.summary_size`, tests/test_pages_fashion.py)."""
     for exp, whole in [(Experiment(), True), (Experiment.for_model("simple_cnn").replace(dataset="fashion"), False)]:
         d = load_data(exp)
         p, m, n = count_params(exp, d), forward_macs(exp, d), len(d.y_train)

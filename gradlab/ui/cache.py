@@ -348,12 +348,15 @@ def macs(exp: Experiment) -> int:
 
 def summary_size(exp: Experiment, f: Fitted) -> int:
     """How many training examples `exp`'s norm summary covers before a button (`summary.summary_size`: the
-    training's and the summary's estimates together fit `costs.WORK_BUDGET_SECONDS`); all of a served model's."""
+    training's and the summary's estimates together fit `costs.WORK_BUDGET_SECONDS`); all of a served model's.
+    A training over `costs.TRAIN_BUTTON_SECONDS` runs from its own button, never as a link's work, so the
+    summary after it has the whole budget."""
     n = len(f.data.y_train)
     if exp.is_own:
         return n
     p, m = num_params(exp), macs(exp)
-    return summary.summary_size(n, p, m, costs.training_seconds(p, exp.steps, exp.batch_size, m))
+    train = costs.training_seconds(p, exp.steps, exp.batch_size, m)
+    return summary.summary_size(n, p, m, train if train <= costs.TRAIN_BUTTON_SECONDS else 0.0)
 
 
 def summary_seconds(exp: Experiment, size: int) -> float:
