@@ -39,12 +39,12 @@ TRAIN_BUTTON_SECONDS = WORK_BUDGET_SECONDS / 2
 #: tables): Gradient norms on seed 003's SimpleCNN, ~4 CPU-s. A link's work before a button is this plus theirs.
 PAGE_SECONDS = 4.0
 #: The norm summary's pass per example against a training step's (`summary_seconds`), and its compiling: 1 s plus
-#: 1 s per 3 M multiply-adds of the forward pass (seed 003's SimpleCNN, 12 M: the fused pass and the predictions at
-#: 2.6 CPU-ms per example against a training step's 2.4 estimated, since the clipped sum reuses the per-example
-#: gradients its convolutions' norms form; its program compiled in ~5 CPU-s; the digits MLP in ~1.3).
-SUMMARY_FACTOR = 1.1
+#: 1 s per 6 M multiply-adds of the forward pass (seed 003's SimpleCNN, 12 M: the fused pass, its predictions read
+#: from the same forward pass, at 1.8 CPU-ms per example against a training step's 2.4 estimated; 250 examples in
+#: 3.2 CPU-s from a cold process, 6,000 in 13.8; the digits MLP in ~1.1: `python -m benchmarks.costs --only norms`).
+SUMMARY_FACTOR = 0.8
 SUMMARY_SETUP_SECONDS = 1.0
-SUMMARY_COMPILE_MACS = 3e6
+SUMMARY_COMPILE_MACS = 6e6
 #: Set-up per trained model in a membership attack (tracing a training scan, evaluating it).
 MODEL_SETUP_SECONDS = 0.3
 #: Canary audit: CPU-seconds per (run × step) for each canary; 2,048 gradient-canary trials share a run,
@@ -69,8 +69,8 @@ def training_seconds(num_params: int, steps: int, batch_size: float, macs: int =
 def summary_seconds(num_params: int, n: int, macs: int = 0) -> float:
     """Estimated CPU-seconds of the Gradient norms page's summary (`summary.norm_summary`) over `n` examples:
     compiling (`SUMMARY_SETUP_SECONDS` plus `macs / SUMMARY_COMPILE_MACS`) plus per example `SUMMARY_FACTOR` times a
-    training step's work (`training_seconds`' rates: the fused pass is a forward, a backward and the norms, and the
-    predictions a second forward)."""
+    training step's work (`training_seconds`' rates: the fused pass is a forward, a backward and the norms; the
+    predictions come from its forward)."""
     per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
     return SUMMARY_SETUP_SECONDS + int(macs) / SUMMARY_COMPILE_MACS + SUMMARY_FACTOR * n * per_example
 

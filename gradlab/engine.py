@@ -181,9 +181,10 @@ def _check_method(method: str) -> str:
 
 
 class _Traced:
-    """The single-example loss traced over (all array leaves of params, x, y), and its rule plan."""
+    """The single-example loss traced over (all array leaves of params, x, y), and its rule plan. With
+    `has_aux`, `loss_fn` returns `(loss, aux)` and `one`'s loss is that pair (aux differentiated by nothing)."""
 
-    def __init__(self, loss_fn, params, xs, ys):
+    def __init__(self, loss_fn, params, xs, ys, has_aux=False):
         arrays, rest = eqx.partition(params, eqx.is_array)
         self.leaves, self.treedef = jax.tree.flatten(arrays)
         self.diff_index = [i for i, a in enumerate(self.leaves) if eqx.is_inexact_array(a)]
@@ -196,6 +197,8 @@ class _Traced:
         one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
         sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.leaves]
         self.graph = rules.trace(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))
+        self.aux_def = (jax.tree.structure(jax.eval_shape(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))[1])
+                        if has_aux else None)
         self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
         self.plan = rules.plan(self.graph, self.diff_refs, self.graph.inputs[len(self.leaves):])
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
@@ -224,8 +227,14 @@ class _Traced:
                 vals[self.diff_index[i]] = v
             return rules.run(self.graph, self.plan, vals + xy, probes)
 
+        def f_aux(fb_vals, probes):
+            outs, saved = f(fb_vals, probes)
+            return outs[0], (saved, outs[1:])
+
         fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
-        (loss, saved), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
+        (loss, (saved, aux)), (g_fb, deltas) = jax.value_and_grad(f_aux, argnums=(0, 1), has_aux=True)(fb_vals, probes)
+        if self.aux_def is not None:
+            loss = (loss, jax.tree.unflatten(self.aux_def, aux))
         return loss, dict(zip(self.fallback, g_fb)), saved, deltas
 
     def fixed(self, leaves, xs, ys) -> dict:
@@ -241,12 +250,12 @@ class _Traced:
         return leaves[self.diff_index[i]]
 
 
-def _traced(loss_fn, params, xs, ys, method) -> _Traced | None:
+def _traced(loss_fn, params, xs, ys, method, has_aux=False) -> _Traced | None:
     """The plan for the rules path, or None for the vmap path ("auto" with no rule, or untraceable)."""
     if method == "vmap":
         return None
     try:
-        t = _Traced(loss_fn, params, xs, ys)
+        t = _Traced(loss_fn, params, xs, ys, has_aux)
     except Exception:  # a loss our tracer cannot follow: the reference path is always exact
         if method == "ghost":
             raise
@@ -780,8 +789,10 @@ def clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights=None, chunk=Non
     return _rules_clipped_sum(t, params, xs, ys, clip_norm, weights, _bytes_chunk(n, chunk, t.example_bytes()))[:3]
 
 
-def layer_norms_and_grad_sum(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, chunk_size: int | None = None
-                             ) -> tuple[dict[str, Float[Array, "N"]], Float[Array, "N"], PyTree]:
+def layer_norms_and_grad_sum(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, chunk_size: int | None = None,
+                             has_aux: bool = False
+                             ) -> (tuple[dict[str, Float[Array, "N"]], Float[Array, "N"], PyTree]
+                                   | tuple[dict[str, Float[Array, "N"]], Float[Array, "N"], PyTree, PyTree]):
     """Per-example layer norms, losses and the summed gradient Σᵢ gᵢ from ONE pass over the examples.
 
     What `per_example_layer_norms`, the per-example losses and `batch_grad(reduction="sum")` give apart, for
@@ -789,28 +800,30 @@ def layer_norms_and_grad_sum(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, 
     chunk's sum gradient (one matmul per ruled op: ghost clipping's pass with C = ∞, Bu et al. 2022,
     arXiv:2210.00038); a loss with no rule takes `vmap(grad)` chunk by chunk. Streams: never holds N x P.
 
-    **Arguments** as `per_example_layer_norms` (`chunk_size` None: chunks of about `CHUNK_BYTES`).
+    **Arguments** as `per_example_layer_norms` (`chunk_size` None: chunks of about `CHUNK_BYTES`). `has_aux`:
+    `loss_fn` returns `(loss, aux)`, as for `jax.grad(has_aux=True)` (a prediction from the same forward pass).
 
     **Returns** `({leaf name: (N,) norms}, losses (N,), Σᵢ gᵢ as a pytree like the differentiable params,
-    accumulated in float32 or wider)`.
+    accumulated in float32 or wider)`, and with `has_aux` a fourth element: each example's aux, stacked `(N, ...)`.
 
     **Raises** `ValueError` as `per_example_grads`.
     """
     params = as_params(params)
     n = check_batch(xs, ys)
-    total, losses, norms = _layer_sq_and_sum(loss_fn, params, xs, ys, _chunk(n, chunk_size))
+    total, losses, norms = _layer_sq_and_sum(loss_fn, params, xs, ys, _chunk(n, chunk_size), has_aux)
     names = [jax.tree_util.keystr(path) or "params" for path, _ in
              jax.tree_util.tree_flatten_with_path(split_params(params)[0])[0]]
-    return dict(zip(names, norms)), losses, total
+    layer = dict(zip(names, norms))
+    return (layer, losses[0], total, losses[1]) if has_aux else (layer, losses, total)
 
 
 @eqx.filter_jit
-def _layer_sq_and_sum(loss_fn, params, xs, ys, chunk):
+def _layer_sq_and_sum(loss_fn, params, xs, ys, chunk, has_aux):
     TRACES["layer_norms_and_grad_sum"] += 1
     n = jax.tree.leaves(xs)[0].shape[0]
-    t = _traced(loss_fn, params, xs, ys, "auto")
+    t = _traced(loss_fn, params, xs, ys, "auto", has_aux)
     if t is None:
-        total, losses, _, sq = _clipped_sum_vmap(loss_fn, params, xs, ys, jnp.inf, None, chunk)
+        total, losses, _, sq = _clipped_sum_vmap(loss_fn, params, xs, ys, jnp.inf, None, chunk, has_aux)
     else:
         total, losses, _, sq = _rules_clipped_sum(t, params, xs, ys, jnp.inf, None, _bytes_chunk(n, chunk, t.example_bytes()))
     return total, losses, list(jnp.sqrt(sq))  # one (N,) array per leaf, formed here: no eager op to compile
@@ -850,7 +863,7 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
                 grads[i] = jax.vmap(lambda a, d: rules.weight_grad(rule, leaf, a, d, fixed.get(i)))(saved[j], deltas[j])
             else:
                 sq[i] = jax.vmap(lambda a, d: rules.weight_sq_norm(rule, leaf, a, d, fixed.get(i)),
-                                 axis_size=loss.shape[0])(saved[j], deltas[j])
+                                 axis_size=w.shape[0])(saved[j], deltas[j])
         for i, g in grads.items():
             sq[i] = jax.vmap(_sq)(g)
         sq = jnp.stack(sq)
@@ -886,7 +899,12 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
     zeros = [_acc_zeros(t.diff_leaf(leaves, i)) for i in range(len(t.diff_index))]
     total, (losses, norms, sq) = jax.lax.scan(step, zeros, split)
     sq = jnp.moveaxis(sq, 1, 0).reshape(len(t.diff_index), -1)[:, :n]
-    return _diff_tree(params, total), losses.reshape(-1)[:n], norms.reshape(-1)[:n], sq
+    return _diff_tree(params, total), _unchunk(losses, n), norms.reshape(-1)[:n], sq
+
+
+def _unchunk(a, n: int):
+    """(chunks, chunk, ...) arrays of a pytree back to (n, ...): the padding dropped."""
+    return jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:])[:n], a)
 
 
 def _acc(a):
@@ -897,11 +915,11 @@ def _acc_zeros(a):
     return jnp.zeros(a.shape, _acc(a))
 
 
-def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
+def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk, has_aux=False):
     n = jax.tree.leaves(xs)[0].shape[0]
     diff, static = split_params(params)
     w = jnp.ones(n) if weights is None else weights
-    vg = jax.value_and_grad(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y))
+    vg = jax.value_and_grad(lambda d, x, y: loss_fn(eqx.combine(d, static), x, y), has_aux=has_aux)
 
     def clipped(x, y, wi):
         loss, gi = vg(diff, x, y)
@@ -922,7 +940,7 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk):
         return jax.tree.map(lambda t, a: t + a.sum(0), total, g), (losses, norms, sq)
 
     total, (losses, norms, sq) = jax.lax.scan(step, jax.tree.map(_acc_zeros, diff), (split, mask))
-    return total, losses.reshape(-1)[:n], norms.reshape(-1)[:n], sq.reshape(-1, sq.shape[-1])[:n].T
+    return total, _unchunk(losses, n), norms.reshape(-1)[:n], sq.reshape(-1, sq.shape[-1])[:n].T
 
 
 @eqx.filter_jit

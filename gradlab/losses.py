@@ -36,6 +36,24 @@ def loss_for(task: str):
     return cross_entropy if task == "classification" else mse
 
 
+def cross_entropy_and_prediction(model, x, y):
+    """`(cross_entropy, predicted class id argmax model(x))` of one example from one forward pass."""
+    logits = model(x)
+    return jax.nn.logsumexp(logits) - logits[y], jnp.argmax(logits)
+
+
+def mse_and_prediction(model, x, y):
+    """`(mse, model(x))` of one example from one forward pass."""
+    out = model(x)
+    return jnp.square(out - y), out
+
+
+def with_prediction(task: str):
+    """`loss_for(task)` that also returns the prediction `predict` gives, `(loss, prediction)`: for an engine pass
+    with `has_aux=True` that needs no second forward pass for the predictions."""
+    return cross_entropy_and_prediction if task == "classification" else mse_and_prediction
+
+
 #: Examples per vmapped chunk of a forward pass over a whole set: a convolution's activations are about 1 MB
 #: per example (seed 003's SimpleCNN on 28×28 images), so one vmap over 6,000 images would hold gigabytes.
 FORWARD_CHUNK = 64

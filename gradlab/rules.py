@@ -677,14 +677,15 @@ def zero_probes(pl: Plan) -> list:
 def run(graph: Graph, pl: Plan, values: list, probes: list):
     """Evaluate the loss: `values` for the graph's inputs (ruled leaves as held constants).
 
-    **Returns** `(loss, saved)`: `saved[j]` holds, per site of the j-th ruled leaf (`sorted(pl.rules)`), the
-    op's other operand (patches for a convolution) with its scans' steps first; `probes[j]` (as
-    `zero_probes`) was added to each site's output, so their gradients are the sites' δ.
+    **Returns** `(outputs, saved)`: the graph's outputs (the loss first, then any auxiliary ones);
+    `saved[j]` holds, per site of the j-th ruled leaf (`sorted(pl.rules)`), the op's other operand (patches
+    for a convolution) with its scans' steps first; `probes[j]` (as `zero_probes`) was added to each site's
+    output, so their gradients are the sites' δ.
     """
     sites = list(enumerate(_sites(pl)))
     flat = [p for group in probes for p in group]
     outs, saved = _eval(graph, values, sites, 0, dict(enumerate(flat)))
-    return outs[0], _group(pl, [saved[s] for s, _ in sites])
+    return outs, _group(pl, [saved[s] for s, _ in sites])
 
 
 def fixed_grads(graph: Graph, pl: Plan, values: list) -> dict:

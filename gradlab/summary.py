@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,13 +64,6 @@ def subset(n: int, size: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, size, replace=False))
 
 
-@eqx.filter_jit
-def _arrays(loss_fn, model, xs, ys, task):
-    """The fused engine pass and the predictions, compiled as one program."""
-    layer, per_loss, total = engine.layer_norms_and_grad_sum(loss_fn, model, xs, ys)
-    return layer, per_loss, total, losses.predict(model, xs, task)
-
-
 def norm_summary(f: Fitted, checkpoint: int = -1, *, size: int | None = None) -> NormSummary:
     """Per-example gradient norms (global and per leaf), losses, predictions and B_simple.
 
@@ -89,7 +81,9 @@ def norm_summary(f: Fitted, checkpoint: int = -1, *, size: int | None = None) ->
         layer, per_loss, total = engine.layer_norms_and_grad_sum(f.loss_fn, model, xs, ys)
         predictions = f.predict(model, xs)
     else:
-        layer, per_loss, total, predictions = _arrays(f.loss_fn, model, xs, ys, d.task)
+        # gradlab's own loss (`losses.loss_for`), the predictions read from the engine pass's own forward pass
+        layer, per_loss, total, predictions = engine.layer_norms_and_grad_sum(
+            losses.with_prediction(d.task), model, xs, ys, has_aux=True)
     layer = {k: np.asarray(v) for k, v in layer.items()}
     sq = sum(np.square(v.astype(np.float64)) for v in layer.values())
     g_sq = sum(float(np.sum(np.square(np.asarray(a, np.float64)))) for a in jax.tree.leaves(total)) / len(index) ** 2

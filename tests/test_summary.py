@@ -32,11 +32,18 @@ def no_rule(p, x, y):  # every leaf enters a nonlinearity first: the vmap(grad) 
     return jnp.square(jnp.sum(jnp.sin(p["w"]) * x) + jnp.tanh(p["b"]) - y)
 
 
-@pytest.mark.parametrize("case", [pytest.param("simple_cnn", marks=pytest.mark.slow), "no_rule"])
+def no_rule_and_sum(p, x, y):
+    return no_rule(p, x, y), jnp.sum(x)
+
+
+@pytest.mark.parametrize("case", [pytest.param("simple_cnn", marks=pytest.mark.slow), "mlp", "no_rule"])
 def test_one_pass_equals_the_loop(case):
     if case == "simple_cnn":  # convolutions as patch products, max-pool, dense layers: every leaf by a rule
         params, loss = models.SimpleCNN((10, 10), 3, key=jax.random.key(0)), losses.cross_entropy
         xs, ys = jax.random.normal(jax.random.key(1), (7, 100)), jnp.array([0, 1, 2, 0, 1, 2, 0])
+    elif case == "mlp":
+        params, loss = eqx.nn.MLP(4, 3, 8, 1, key=jax.random.key(0)), losses.cross_entropy
+        xs, ys = jax.random.normal(jax.random.key(1), (7, 4)), jnp.array([0, 1, 2, 0, 1, 2, 0])
     else:
         params, loss = {"w": jnp.linspace(-1.0, 1.0, 5), "b": jnp.float32(0.3)}, no_rule
         xs, ys = jax.random.normal(jax.random.key(1), (7, 5)), jnp.linspace(-1.0, 1.0, 7)
@@ -47,6 +54,13 @@ def test_one_pass_equals_the_loop(case):
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-7)
     for a, b in zip(jax.tree.leaves(total), want_total):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # has_aux: the same pass, and each example's aux (the predicted class) from the loss's own forward pass
+    with_aux = no_rule_and_sum if case == "no_rule" else losses.cross_entropy_and_prediction
+    *same, aux = engine.layer_norms_and_grad_sum(with_aux, params, xs, ys, chunk_size=3, has_aux=True)
+    for a, b in zip(jax.tree.leaves(same), jax.tree.leaves((layer, got_loss, total))):
+        np.testing.assert_array_equal(a, b)
+    want = jnp.sum(xs, 1) if case == "no_rule" else np.argmax(jax.vmap(params)(xs), -1)
+    np.testing.assert_allclose(aux, want, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +90,7 @@ def test_a_subset_summary_is_the_engine_on_those_rows(digits):
 def test_the_summary_covers_what_the_budget_leaves_after_training():
     """The digits MLP: every example. Seed 003's SimpleCNN on Fashion-MNIST, had the link to train it: its training
     leaves the summary less than the whole set costs, so the smallest subset (training, summary and page near the
-    budget's edge: 25 + 6 + 4 CPU-s estimated). The page trains it from a button instead and then summarizes
+    budget's edge: 25 + 3.5 + 4 CPU-s estimated). The page trains it from a button instead and then summarizes
     every example (`ui.cache.summary_size`, tests/test_pages_fashion.py)."""
     for exp, whole in [(Experiment(), True), (Experiment.for_model("simple_cnn").replace(dataset="fashion"), False)]:
         d = load_data(exp)
