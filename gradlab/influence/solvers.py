@@ -5,8 +5,8 @@ Two numbers with two names: **λ (`l2`)** is part of the objective F(θ) = mean_
 to the Hessian only, (H_F + δI) x = v, where H_F = ∇²F(θ̂) already contains λI. A non-convex model
 needs δ > 0 where H_F has negative eigenvalues; a converged convex model needs none.
 
-- `minimize`: converge F (or F without one example, or on a subset) with full-batch L-BFGS
-  (`optax.lbfgs`, zoom line search), warm-started, to a stated gradient norm.
+- `minimize`: converge F (or F without one example, or on a subset) with full-batch L-BFGS (SciPy's
+  L-BFGS-B driving one small jitted value-and-gradient program), warm-started, to a stated gradient norm.
 - `hessian`, `hvp`: the exact P × P Hessian (small models) and Hessian-vector products (`jvp` of
   `grad`; Pearlmutter 1994).
 - `inverse_hvp`: exact solve, conjugate gradient (`conjugate_gradient`, JAX's, also TRAK's solver),
@@ -23,10 +23,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import optax.tree_utils as otu
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
+from scipy import optimize
+from threadpoolctl import threadpool_limits
 
 from gradlab import engine, memory
 from gradlab.train import objective
@@ -70,26 +70,60 @@ def without(n: int, i) -> Array:
 # ------------------------------------------------------------------ the optimum
 
 
+#: L-BFGS-B keeps this many (s, y) pairs (SciPy's `maxcor`, as optax's `memory_size`).
+LBFGS_MEMORY = memory.LBFGS_MEMORY
+
+#: Below this many ulps of F, a difference of two float objective values is rounding more than signal: `_lbfgs`
+#: then gives the line search the trapezoid of the gradients instead.
+RESOLVED_ULPS = 1000
+
+
 @eqx.filter_jit
-def _minimize(loss_fn, params, xs, ys, l2, tol, max_iter):
+def _value_and_grad(loss_fn, params, flat, xs, ys, l2):
+    """(F, ∇F) at the raveled differentiable leaves `flat (P,)` (the rest of `params` as given): a program of one
+    forward and one backward pass, so its compile is small (an L-BFGS loop with its line search inside one XLA
+    program took 150–230 MB to compile, whatever the model)."""
     diff, static = eqx.partition(params, eqx.is_inexact_array)
-    f = lambda d: objective(loss_fn, eqx.combine(d, static), xs, ys, l2)
-    opt = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(f)
+    unravel = ravel_pytree(diff)[1]
+    return jax.value_and_grad(lambda z: objective(loss_fn, eqx.combine(unravel(z), static), xs, ys, l2))(flat)
 
-    def step(carry):
-        d, s = carry
-        value, g = value_and_grad(d, state=s)
-        updates, s = opt.update(g, s, d, value=value, grad=g, value_fn=f)
-        return optax.apply_updates(d, updates), s
 
-    def cond(carry):
-        _, s = carry
-        k = otu.tree_get(s, "count")
-        return (k == 0) | ((k < max_iter) & (otu.tree_norm(otu.tree_get(s, "grad")) >= tol))
+def _lbfgs(value_and_grad: Callable, x0: np.ndarray, *, tol: float, max_iter: int, eps: float) -> tuple[np.ndarray, int]:
+    """L-BFGS-B (`scipy.optimize.minimize`, no bounds, `LBFGS_MEMORY` pairs) from `x0 (P,)` until ‖∇F‖₂ < `tol` or
+    `max_iter` iterations. Returns `(x (P,), iterations)`.
 
-    d, s = jax.lax.while_loop(cond, step, (diff, opt.init(diff)))
-    return eqx.combine(d, static), otu.tree_get(s, "count"), otu.tree_norm(jax.grad(f)(d))
+    `value_and_grad(x) -> (float, (P,) float64)` evaluates F in a precision of machine epsilon `eps`. SciPy's line
+    search (Moré & Thuente 1994) compares F at trial points x with F at the iterate x_k; in float32 a decrease
+    under ~1e-7·|F| is lost in rounding, which would stall ‖∇F‖ near 1e-5 on a convex model. So where
+    |F(x) − F(x_k)| < `RESOLVED_ULPS`·eps·|F| the difference passed is the trapezoid ½(∇F(x_k) + ∇F(x))·(x − x_k),
+    exact for a quadratic (F near its minimum): Hager & Zhang's approximate Wolfe condition (SIAM J. Optim.
+    16(1), 2005, §4), the one optax's zoom line search also uses.
+    """
+    seen: dict = {}     # the last point evaluated: x, F there, the value passed to SciPy, ∇F
+    anchor: dict = {}   # the same at the current iterate x_k
+
+    def fun(x):
+        v, g = value_and_grad(x)
+        if not anchor:
+            anchor.update(x=x.copy(), v=v, passed=v, g=g)
+        dv = v - anchor["v"]
+        if abs(dv) < RESOLVED_ULPS * eps * abs(v):
+            dv = 0.5 * float((anchor["g"] + g) @ (x - anchor["x"]))
+        seen.update(x=x.copy(), v=v, passed=anchor["passed"] + dv, g=g)
+        return seen["passed"], g
+
+    def callback(intermediate_result):  # SciPy's name: after each iteration, at the new iterate
+        if not np.array_equal(seen["x"], intermediate_result.x):
+            fun(intermediate_result.x)
+        anchor.update(seen)
+        if np.linalg.norm(seen["g"]) < tol:
+            raise StopIteration
+
+    # the two-loop recursion's vectors are small: BLAS threads only contend with XLA's (10× slower on 2 cores)
+    with threadpool_limits(1, user_api="blas"):
+        res = optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
+                                options=dict(maxiter=max_iter, maxcor=LBFGS_MEMORY, gtol=0.0, ftol=0.0))
+    return res.x, int(res.nit)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -119,10 +153,10 @@ def minimize(
 ) -> Minimum:
     """Minimize F(θ) = mean_j ℓ(θ, z_j) + l2/2 ‖θ‖² over all examples (or all but `exclude`) from `params`.
 
-    Full-batch L-BFGS (`optax.lbfgs`, zoom line search), warm-started at `params`, until ‖∇F‖ < `tol`
-    (default `default_tol`) or `max_iter` iterations. Compiled once per shape: leaving out example i
-    gathers the other N − 1 (one shape for every i). A ReLU network's F has kinks, where ‖∇F‖ stalls
-    (≈ 1e-3 on the digits MLP): read `Minimum.converged`.
+    Full-batch L-BFGS warm-started at `params` (`_lbfgs`: SciPy's L-BFGS-B on the host, each F and ∇F one call of
+    a small jitted program), until ‖∇F‖₂ < `tol` (default `default_tol`) or `max_iter` iterations. Compiled once
+    per shape: leaving out example i gathers the other N − 1 (one shape for every i). A ReLU network's F has
+    kinks, where ‖∇F‖ stalls (≈ 1e-3 on the digits MLP): read `Minimum.converged`.
 
     **Arguments** `loss_fn(params, x, y) -> scalar`; `params` any pytree; `xs (N, ...)`, `ys (N,)`;
     `l2` λ ≥ 0; `exclude` an example index or None.
@@ -137,10 +171,21 @@ def minimize(
             raise ValueError(f"example {exclude} does not exist (N = {n})")
         idx = without(n, int(exclude))
         xs, ys = xs[idx], ys[idx]
-    dtype = ravel_pytree(split(params)[0])[0].dtype
+    diff, static = split(params)
+    flat0, unravel = ravel_pytree(diff)
+    dtype = flat0.dtype
     tol = default_tol(params) if tol is None else float(tol)
-    p, k, g = _minimize(loss_fn, params, xs, ys, jnp.asarray(l2, dtype), jnp.asarray(tol, dtype), jnp.asarray(max_iter))
-    return Minimum(p, int(k), float(g), tol, float(l2))
+    lam = jnp.asarray(l2, dtype)
+
+    def value_and_grad(x):
+        v, g = _value_and_grad(loss_fn, params, jnp.asarray(x, dtype), xs, ys, lam)
+        return float(v), np.asarray(g, np.float64)
+
+    x, iterations = _lbfgs(value_and_grad, np.asarray(flat0, np.float64), tol=tol, max_iter=int(max_iter),
+                           eps=float(jnp.finfo(dtype).eps))
+    flat = jnp.asarray(x, dtype)
+    g = _value_and_grad(loss_fn, params, flat, xs, ys, lam)[1]   # at the point returned, in its own precision
+    return Minimum(eqx.combine(unravel(flat), static), iterations, float(jnp.linalg.norm(g)), tol, float(l2))
 
 
 # ------------------------------------------------------------------ Hessian and HVPs
