@@ -144,8 +144,12 @@ def dp_sgd_fix(n: int, num_params: int, *, n_features: int = 0) -> str:
         f"Even q = 0.001 does not fit {num_params:,} parameters: use a smaller model."
 
 
-#: optax.lbfgs keeps this many (s, y) pairs of P-vectors (its default `memory_size`).
+#: θ̂'s L-BFGS-B keeps this many (s, y) pairs of P-vectors (SciPy's `maxcor`).
 LBFGS_MEMORY = 10
+
+#: float64 P-vectors θ̂'s L-BFGS-B holds at its peak, on the host: SciPy's workspace ((2·`LBFGS_MEMORY` + 5)·P) and
+#: the copies of θ and ∇F that it and `influence.solvers.minimize` keep (42 measured with tracemalloc at P = 40,962; 44 leaves room for SciPy's small fixed arrays).
+LBFGS_VECTORS = 44
 
 #: Test points TRAK's exact (k ≥ P) Gauss–Newton solve takes at once (`influence.scores.trak`).
 TRAK_CG_BLOCK = 8
@@ -161,11 +165,12 @@ def influence_bytes(num_params: int, proj_dim: int, n_models: int, n_checkpoints
     """Bytes the influence scores hold at once for a model of P parameters (float32): TRAK's P × k
     Gaussian projection and its k × k kernel with two working copies (factorization, solve), or for
     k ≥ P the vectors of its matrix-free conjugate gradient (`TRAK_CG_BLOCK` test points at once), its
-    ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, and θ̂'s L-BFGS history (2 × `LBFGS_MEMORY` P-vectors) plus a few P-vectors of conjugate gradient.
+    ensemble of `n_models` models, TracIn's `n_checkpoints` checkpoints, θ̂'s L-BFGS-B (`LBFGS_VECTORS` float64
+    P-vectors) and a few P-vectors of conjugate gradient.
     Per-example gradients are streamed in the engine's byte-sized chunks and not counted."""
     p, k = int(num_params), int(proj_dim)
     trak = p * k + 3 * k * k if k < p else 5 * p * TRAK_CG_BLOCK  # k ≥ P: conjugate gradient's 5 P-vectors per test point
-    return 4 * (trak + p * (int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6))
+    return 4 * (trak + p * (int(n_models) + int(n_checkpoints) + 2 * LBFGS_VECTORS + 6))
 
 
 def influence_fix(num_params: int, proj_dims: Iterable[int], n_models: int, n_checkpoints: int) -> str:
@@ -176,7 +181,7 @@ def influence_fix(num_params: int, proj_dims: Iterable[int], n_models: int, n_ch
     if k:
         return f"Use a TRAK projection dimension k ≤ {k} (TRAK settings) or a smaller model."
     k = dims[0]  # the largest P with the smallest projected k: P·(k + models + checkpoints + …) + 3k² floats
-    p_max = (BUDGET_BYTES // 4 - 3 * k * k) // (k + int(n_models) + int(n_checkpoints) + 2 * LBFGS_MEMORY + 6)
+    p_max = (BUDGET_BYTES // 4 - 3 * k * k) // (k + int(n_models) + int(n_checkpoints) + 2 * LBFGS_VECTORS + 6)
     return f"Use a model of at most {p_max:,} parameters (a smaller hidden width or fewer layers)."
 
 

@@ -88,15 +88,24 @@ def test_memory_estimates_match_the_real_arrays():
     assert held == 4 * p * 4 and memory.training_bytes(p, 4) == (4 + 4) * p * 4
     g = engine.per_example_grads(f.loss_fn, f.model, f.data.x_train[:32], f.data.y_train[:32])
     assert memory.per_example_grads_bytes(32, p) == memory.XLA_COPIES * sum(a.nbytes for a in jax.tree.leaves(g))
-    # the influence estimate counts TRAK's projection (P x k floats) and optax's L-BFGS history
-    import jax.numpy as jnp
-    import optax
+    # the influence estimate counts TRAK's projection (P x k floats) and θ̂'s L-BFGS-B (float64 P-vectors on the host)
+    import tracemalloc
 
-    from gradlab.influence import scores
+    import jax.numpy as jnp
+
+    from gradlab.influence import scores, solvers
 
     assert scores.random_projection(jax.random.key(0), p, 16, jnp.float32).nbytes == 4 * p * 16
-    state = optax.lbfgs().init(jnp.zeros(p))
-    assert optax.tree_utils.tree_get(state, "diff_params_memory").shape == (memory.LBFGS_MEMORY, p)
+    wide = fit(Experiment(dataset="moons", model="mlp", width=8192, steps=5, checkpoint_every=5))
+    pw, xs, ys = engine.num_params(wide.model), jnp.asarray(wide.data.x_train), jnp.asarray(wide.data.y_train)
+    solvers.minimize(wide.loss_fn, wide.model, xs, ys, l2=1e-2, max_iter=2)  # compiled outside the measurement
+    tracemalloc.start()
+    try:
+        solvers.minimize(wide.loss_fn, wide.model, xs, ys, l2=1e-2, max_iter=20)
+        held = tracemalloc.get_traced_memory()[1]  # NumPy's arrays are traced: SciPy's workspace and the copies
+    finally:
+        tracemalloc.stop()
+    assert 8 * pw * (2 * memory.LBFGS_MEMORY + 5) <= held <= 8 * pw * memory.LBFGS_VECTORS
     assert memory.influence_bytes(p, 16, 5, 4) - memory.influence_bytes(p, 0, 5, 4) == 4 * (p * 16 + 3 * 16 * 16)
     # k ≥ P: no projection and no kernel, conjugate gradient's vectors for 8 test points at a time
     assert scores.random_projection(jax.random.key(0), p, p, jnp.float32) is None
@@ -135,7 +144,7 @@ def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     p = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
     assert memory.influence_bytes(p, 128, 5, 7) <= memory.BUDGET_BYTES < memory.influence_bytes(p, 256, 5, 7)
     assert "k ≤ 128" in memory.influence_fix(p, dims, 5, 7)
-    assert "at most 2" in memory.influence_fix(826_378, dims, 5, 7)
+    assert "at most 147,961 parameters" in memory.influence_fix(826_378, dims, 5, 7)  # θ̂'s L-BFGS-B: 88 P-floats
 
 
 def test_a_link_over_the_work_budget_is_refused_before_training():

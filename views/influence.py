@@ -501,7 +501,7 @@ def loss(params, x, y):                                  # the loss of ONE examp
     return jax.nn.logsumexp(logits) - logits[y]
 
 N = len(xs)
-# one optimum: converge F(θ) = mean loss + λ/2‖θ‖² from the trained model (optax.lbfgs), used everywhere
+# one optimum: converge F(θ) = mean loss + λ/2‖θ‖² from the trained model (L-BFGS), used everywhere
 base = inf.minimize(loss, params, xs, ys, l2=lam, max_iter=500)      # base.grad_norm: ‖∇F(θ̂)‖
 
 # gradient dot product with every training example, streamed in chunks (never N x P)
