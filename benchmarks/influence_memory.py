@@ -41,16 +41,26 @@ def _status() -> dict:
 def optax_minimum(loss_fn, params, xs, ys, l2: float, tol: float = 1e-6, max_iter: int = 500):
     """θ̂ as gradlab converged it before: optax.lbfgs (zoom line search) in one jitted `lax.while_loop`.
     Returns (params, iterations, ‖∇F‖)."""
+    import jax.numpy as jnp
+
+    p, k, g = _optax_program()(loss_fn, params, xs, ys, jnp.asarray(l2, jnp.float32), jnp.asarray(tol, jnp.float32),
+                               jnp.asarray(max_iter))
+    return p, int(k), float(g)
+
+
+def _optax_program():
+    """The jitted program of `optax_minimum`, built once (a second call with the same shapes runs compiled)."""
+    if _OPTAX:
+        return _OPTAX[0]
     import equinox as eqx
     import jax
-    import jax.numpy as jnp
     import optax
     import optax.tree_utils as otu
 
     from gradlab.train import objective
 
     @eqx.filter_jit
-    def run(params, xs, ys, l2, tol, max_iter):
+    def run(loss_fn, params, xs, ys, l2, tol, max_iter):
         diff, static = eqx.partition(params, eqx.is_inexact_array)
         f = lambda d: objective(loss_fn, eqx.combine(d, static), xs, ys, l2)  # noqa: E731
         opt = optax.lbfgs()
@@ -69,8 +79,11 @@ def optax_minimum(loss_fn, params, xs, ys, l2: float, tol: float = 1e-6, max_ite
         d, s = jax.lax.while_loop(cond, step, (diff, opt.init(diff)))
         return eqx.combine(d, static), otu.tree_get(s, "count"), otu.tree_norm(jax.grad(f)(d))
 
-    p, k, g = run(params, xs, ys, jnp.asarray(l2, jnp.float32), jnp.asarray(tol, jnp.float32), jnp.asarray(max_iter))
-    return p, int(k), float(g)
+    _OPTAX.append(run)
+    return run
+
+
+_OPTAX: list = []
 
 
 def _stage(name: str) -> dict:

@@ -148,7 +148,8 @@ def dp_sgd_fix(n: int, num_params: int, *, n_features: int = 0) -> str:
 LBFGS_MEMORY = 10
 
 #: float64 P-vectors θ̂'s L-BFGS-B holds at its peak, on the host: SciPy's workspace ((2·`LBFGS_MEMORY` + 5)·P) and
-#: the copies of θ and ∇F that it and `influence.solvers.minimize` keep (42 measured with tracemalloc at P = 40,962; 44 leaves room for SciPy's small fixed arrays).
+#: the copies of θ and ∇F that it and `influence.solvers.minimize` keep (42–43 measured with tracemalloc at P = 20,000 and
+#: 40,962, the rest SciPy's fixed arrays).
 LBFGS_VECTORS = 44
 
 #: Test points TRAK's exact (k ≥ P) Gauss–Newton solve takes at once (`influence.scores.trak`).
