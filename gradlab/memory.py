@@ -34,8 +34,9 @@ MB = 2**20
 BUDGET_BYTES = int(float(os.environ.get("GRADLAB_COMPUTE_BUDGET_MB", "96")) * MB)
 
 #: What XLA:CPU's compiler holds while it compiles one of the pages' larger programs, on top of the computation's
-#: own bytes: the Influence page's L-BFGS for θ̂ (a while loop around a zoom line search) peaks 200–230 MB above
-#: the process for 11–18 s (`jax.jit(...).lower(...).compile()`, measured with VmHWM; no XLA flag tried cut it).
+#: own bytes: measured on the Influence page's former L-BFGS for θ̂ (optax's zoom line search in one while loop: 200–230
+#: MB above the process, VmHWM; no XLA flag cut it). θ̂ now compiles at +33 MB; the largest rises measured since are
+#: the first influence scores (+105 MB over their few programs) and a training scan (~+90 MB). The margin is kept.
 COMPILE_BYTES = 224 * MB
 
 #: XLA keeps about two more copies of a materialized per-example gradient (the vmapped backward
