@@ -27,7 +27,8 @@ import time
 
 EXPERIMENTS = {  # name: (Experiment fields, λ)
     "digits MLP (the page's default)": (dict(), 1e-2),
-    "digits softmax, 10% flipped (the page test's)": (dict(model="linear", label_noise=0.1, steps=50, checkpoint_every=25), 1e-2),
+    "digits softmax, 10% flipped (the page test's)": (dict(model="linear", label_noise=0.1, steps=50,
+                                                          checkpoint_every=25), 1e-2),
     "digits softmax, λ = 1e-4": (dict(model="linear"), 1e-4),
     "moons MLP, width 256": (dict(dataset="moons", width=256, steps=50, checkpoint_every=25), 1e-2),
 }

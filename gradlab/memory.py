@@ -34,9 +34,10 @@ MB = 2**20
 BUDGET_BYTES = int(float(os.environ.get("GRADLAB_COMPUTE_BUDGET_MB", "96")) * MB)
 
 #: What XLA:CPU's compiler holds while it compiles one of the pages' larger programs, on top of the computation's
-#: own bytes: measured on the Influence page's former L-BFGS for θ̂ (optax's zoom line search in one while loop: 200–230
-#: MB above the process, VmHWM; no XLA flag cut it). θ̂ now compiles at +33 MB; the largest rises measured since are
-#: the first influence scores (+105 MB over their few programs) and a training scan (~+90 MB). The margin is kept.
+#: own bytes: measured on the Influence page's former L-BFGS for θ̂ (optax's zoom line search in one while loop:
+#: 200–230 MB above the process, VmHWM; no XLA flag cut it). θ̂ now compiles at +33 MB; the largest rises measured
+#: since are the first influence scores (+105 MB over their few programs) and a training scan (~+90 MB). The margin
+#: is kept.
 COMPILE_BYTES = 224 * MB
 
 #: XLA keeps about two more copies of a materialized per-example gradient (the vmapped backward
@@ -148,9 +149,9 @@ def dp_sgd_fix(n: int, num_params: int, *, n_features: int = 0) -> str:
 #: θ̂'s L-BFGS-B keeps this many (s, y) pairs of P-vectors (SciPy's `maxcor`).
 LBFGS_MEMORY = 10
 
-#: float64 P-vectors θ̂'s L-BFGS-B holds at its peak, on the host: SciPy's workspace ((2·`LBFGS_MEMORY` + 5)·P) and
-#: the copies of θ and ∇F that it and `influence.solvers.minimize` keep (42–43 measured with tracemalloc at P = 20,000 and
-#: 40,962, the rest SciPy's fixed arrays).
+#: float64 P-vectors θ̂'s L-BFGS-B holds at its peak, on the host: SciPy's workspace ((2·`LBFGS_MEMORY` + 5)·P)
+#: and the copies of θ and ∇F that it and `influence.solvers.minimize` keep (42–43 measured with tracemalloc at
+#: P = 20,000 and 40,962, the rest SciPy's fixed arrays).
 LBFGS_VECTORS = 44
 
 #: Test points TRAK's exact (k ≥ P) Gauss–Newton solve takes at once (`influence.scores.trak`).

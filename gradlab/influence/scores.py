@@ -167,7 +167,7 @@ def influence_scores(
                                 **solver)
     theta, unravel = ravel_pytree(split(params)[0])
     # ⟨∇ℓᵢ, s_t⟩ one test point at a time by the engine's streamed dots: the program grad_dot and TracIn run (no
-    # program of its own to compile), and faster than one pass of flat per-example gradients up to T ≈ 32
+    # program of its own to compile); 1 test point: 1.8 against 78 ms for a pass of flat gradients, 32: about as fast
     dots = jnp.stack([engine.per_example_dots(loss_fn, params, train_xs, train_ys, unravel(row), chunk_size=chunk_size)
                       for row in s])  # (T, N)
     return (dots + l2 * (s @ theta)[:, None]) / n, info

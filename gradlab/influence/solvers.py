@@ -88,7 +88,8 @@ def _value_and_grad(loss_fn, params, flat, xs, ys, l2):
     return jax.value_and_grad(lambda z: objective(loss_fn, eqx.combine(unravel(z), static), xs, ys, l2))(flat)
 
 
-def _lbfgs(value_and_grad: Callable, x0: np.ndarray, *, tol: float, max_iter: int, eps: float) -> tuple[np.ndarray, int]:
+def _lbfgs(value_and_grad: Callable, x0: np.ndarray, *, tol: float, max_iter: int,
+           eps: float) -> tuple[np.ndarray, int]:
     """L-BFGS-B (`scipy.optimize.minimize`, no bounds, `LBFGS_MEMORY` pairs) from `x0 (P,)` until ‖∇F‖₂ < `tol` or
     `max_iter` iterations. Returns `(x (P,), iterations)`.
 
