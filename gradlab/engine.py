@@ -125,9 +125,9 @@ def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
 def _reduce_chunk(n: int, chunk: int | None) -> int:
     """The chunk of a pass that only reduces per-example values (norms, dot products): all n examples in one step
     of a `lax.map` rather than one bare `vmap`. Same numbers; the program XLA:CPU compiles for a vmapped
-    convolution's per-example weight gradient runs 3 to 13 times faster inside the loop (N = 256, norms by
+    convolution's per-example weight gradient runs 2 to 13 times faster inside the loop (N = 256, norms by
     `vmap(grad)`: the zoo's conv 1-D 2.77x -> 0.72x a batch gradient, its transposed conv 4.08x -> 0.70x), and the
-    norms of the other zoo models no slower (benchmarks/RESULTS.md, issue 25)."""
+    rules' norms at most 0.07 slower (as a ratio to a batch gradient) on any zoo model (benchmarks/RESULTS.md)."""
     return n if chunk is None else chunk
 
 
