@@ -684,3 +684,22 @@ def test_every_engine_function_matches_a_loop_of_grad(make):
         assert_rel(g, np.tensordot(scale, w, axes=1), f"clipped sum {name}", floor)
     for name, g, w in zip(names, jax.tree.leaves(engine.batch_grad(loss, params, xs, ys)), want):
         assert_rel(g, w.sum(0), f"batch grad {name}", N * floor)
+
+
+@pytest.mark.parametrize("make", [floats_zoo, tied_zoo, transposed_conv_zoo], ids=lambda f: f.__name__)
+def test_the_default_chunks_at_n_256_match_a_loop_of_grad(make):
+    """N = 256 (the 6 examples repeated) with the engine's own chunking, as `benchmarks.rule_coverage --zoo-timing`
+    times it: XLA:CPU compiles a chunk of 256 differently from the chunks of 4 above (a broadcast product tried for
+    small contractions was exact at chunks of 4 and 7, and wrong in a YNNPACK fusion at 128 and 256)."""
+    loss, params, xs, ys = make()[:4]
+    want = loop_grads(loss, params, xs, ys)
+    xs, ys = engine.pad_examples((xs, ys), 256 - N)
+    norms = np.sqrt(sum(np.sum(w.reshape(N, -1) ** 2, 1) for w in want))
+    for method in ("ghost", "vmap"):
+        got = engine.per_example_norms(loss, params, xs, ys, method=method)
+        assert_rel(got, np.tile(norms, 43)[:256], f"norms ({method})")
+    c = float(np.median(norms))
+    counts = np.bincount(np.arange(256) % N, minlength=N)  # how often each example occurs
+    total = engine.clipped_grad_sum(loss, params, xs, ys, c, method="ghost")
+    for name, g, w in zip(engine.leaf_names(params), jax.tree.leaves(total), want):
+        assert_rel(g, np.tensordot(counts * np.minimum(1.0, c / norms), w, axes=1), f"clipped sum {name}")
