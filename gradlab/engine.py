@@ -191,7 +191,7 @@ def _check_method(method: str) -> str:
 
 class _Traced:
     """The single-example loss traced over (all array leaves of params, x, y), and its rule plan. With
-    `has_aux`, `loss_fn` returns `(loss, aux)` and `one`'s loss is that pair (aux differentiated by nothing)."""
+    `has_aux`, `loss_fn` returns `(loss, aux)` and `one`'s loss is that pair (the aux is not differentiated)."""
 
     def __init__(self, loss_fn, params, xs, ys, has_aux=False):
         arrays, rest = eqx.partition(params, eqx.is_array)
@@ -206,8 +206,8 @@ class _Traced:
         one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
         sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.leaves]
         self.graph = rules.trace(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))
-        self.aux_def = (jax.tree.structure(jax.eval_shape(flat_loss, sds, jax.tree.map(one, xs), jax.tree.map(one, ys))[1])
-                        if has_aux else None)
+        example = (jax.tree.map(one, xs), jax.tree.map(one, ys))
+        self.aux_def = jax.tree.structure(jax.eval_shape(flat_loss, sds, *example)[1]) if has_aux else None
         self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
         self.plan = rules.plan(self.graph, self.diff_refs, self.graph.inputs[len(self.leaves):])
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
@@ -215,13 +215,13 @@ class _Traced:
 
     def example_bytes(self) -> int:
         """Bytes the rules keep per example in a chunk: each ruled op's input (or patches) and output
-        gradient, and the fallback leaves' gradients (and those a rule's norm forms) (the backward pass needs about as much again), and
-        LOOP_WEIGHT times what the loss's loops compute on every step (a scan's backward pass keeps every
-        step's values, forms as much in cotangents, and the rules stack each step's (a, δ)). Chunks of 16
+        gradient, the fallback leaves' gradients and those a rule's norm forms (the backward pass needs about as
+        much again), and LOOP_WEIGHT times what the loss's loops compute on every step (a scan's backward pass
+        keeps every step's values, forms as much in cotangents, and the rules stack each step's (a, δ)). Chunks of 16
         to 20 sequences (weight 8) run an LSTM's and a GRU's clipped sum 1.2 to 1.6 times faster than the
         52 to 64 that weight 2 gave (benchmarks/RESULTS.md)."""
         kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled)
-        formed = [i for i in self.ruled if self.rule(i).forms_grad]  # a clipped sum keeps these gᵢ (`Rule.forms_grad`)
+        formed = [i for i in self.ruled if self.rule(i).forms_grad]  # a clipped sum keeps these gᵢ
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
