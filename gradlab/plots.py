@@ -231,11 +231,13 @@ def layer_share(layer_norms: dict[str, np.ndarray]) -> go.Figure:
     sq = np.stack([np.square(np.asarray(layer_norms[k], np.float64)) for k in names])
     share = sq.sum(1) / max(sq.sum(), 1e-30)
     median = [float(np.median(layer_norms[k])) for k in names]
+    # the bar's label is the share alone (a half-width column at 1024 px cut "8.6% · median …" off); the median
+    # per-example norm of the leaf is in the hover
     fig = go.Figure(go.Bar(x=share * 100, y=names, orientation="h", marker_color="#1f77b4",
-                           text=[f"{s * 100:.1f}% · median ‖g‖ {m:.3g}" for s, m in zip(share, median)],
-                           textposition="auto"))
+                           text=[f"{s * 100:.1f}%" for s in share], textposition="auto", customdata=median,
+                           hovertemplate="%{y}: %{x:.1f}% of Σᵢ‖gᵢ‖², median ‖gᵢ‖ %{customdata:.3g}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
-    return style_figure(fig, "Which layers carry the gradient", "share of Σᵢ‖gᵢ‖² in this parameter leaf (%)",
+    return style_figure(fig, "Which layers carry the gradient", "share of Σᵢ‖gᵢ‖² (%)",
                    "parameter leaf", height=max(260, 60 * len(names) + 120))
 
 

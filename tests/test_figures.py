@@ -68,3 +68,13 @@ def test_image_titles_break_lines_on_newlines_and_keep_markup_as_text():
     texts = [a.text for a in fig.layout.annotations]
     assert texts[0] == "#7 y=cat<br>0.5"
     assert "<b>" not in texts[1] and "x" in texts[1]
+
+
+def test_layer_share_labels_each_leaf_with_its_share_and_hovers_its_median():
+    """The bars' labels are each leaf's share of Σᵢ‖gᵢ‖² (short: a half-width column at 1024 px cut longer ones off);
+    the median per-example norm is in the hover."""
+    layer = {"w": np.array([3.0, 4.0]), "b": np.array([1.0, 0.0])}  # squared sums 25 and 1
+    bar = library.layer_share(layer).data[0]
+    assert list(bar.text) == ["96.2%", "3.8%"]
+    np.testing.assert_allclose(bar.customdata, [3.5, 0.5])
+    assert "median" in bar.hovertemplate
