@@ -10,10 +10,12 @@ import streamlit as st
 # glibc's malloc arenas capped at 2 before this script thread imports JAX (as `gradlab.memory.limit_malloc_arenas`
 # does, which runs only after `gradlab`'s imports): each session's script thread would otherwise keep an arena of
 # its own frees. The tour after a crowd peaked 663–669 MB this way against 682–690 (benchmarks/RESULTS.md).
-try:
-    ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
-except (OSError, AttributeError):  # not glibc
-    pass
+# Once per process: later reruns find `gradlab` imported and the cap set.
+if "gradlab" not in sys.modules:
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 # XLA compiles are most of a first visit (Influence: about 300 programs, 25 s on 2 cores). JAX's persistent cache
 # keeps every compiled program on disk, so a restarted server (a redeploy, a woken Community Cloud app) loads them
