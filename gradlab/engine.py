@@ -230,18 +230,15 @@ class _Traced:
         probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
 
-        def f(fb_vals, probes):
+        def f(fb_vals, probes):  # the loss, and (saved operands, the graph's other outputs: an aux)
             vals = list(leaves)
             for i, v in zip(self.fallback, fb_vals):
                 vals[self.diff_index[i]] = v
-            return rules.run(self.graph, self.plan, vals + xy, probes)
-
-        def f_aux(fb_vals, probes):
-            outs, saved = f(fb_vals, probes)
+            outs, saved = rules.run(self.graph, self.plan, vals + xy, probes)
             return outs[0], (saved, outs[1:])
 
         fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
-        (loss, (saved, aux)), (g_fb, deltas) = jax.value_and_grad(f_aux, argnums=(0, 1), has_aux=True)(fb_vals, probes)
+        (loss, (saved, aux)), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
         if self.aux_def is not None:
             loss = (loss, jax.tree.unflatten(self.aux_def, aux))
         return loss, dict(zip(self.fallback, g_fb)), saved, deltas
