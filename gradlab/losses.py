@@ -11,15 +11,22 @@ import jax
 import jax.numpy as jnp
 
 
+def _squared_error(out, y):
+    return jnp.square(out - y)
+
+
+def _nll(logits, y):
+    return jax.nn.logsumexp(logits) - logits[y]
+
+
 def mse(model, x, y):
     """Squared error `(model(x) - y)²` of one example; `y` a scalar target."""
-    return jnp.square(model(x) - y)
+    return _squared_error(model(x), y)
 
 
 def cross_entropy(model, x, y):
     """Cross-entropy `-log softmax(model(x))[y]` of one example; `y` an int class id."""
-    logits = model(x)
-    return jax.nn.logsumexp(logits) - logits[y]
+    return _nll(model(x), y)
 
 
 def smoothed_cross_entropy(model, x, y, smoothing):
@@ -39,18 +46,19 @@ def loss_for(task: str):
 def cross_entropy_and_prediction(model, x, y):
     """`(cross_entropy, predicted class id argmax model(x))` of one example from one forward pass."""
     logits = model(x)
-    return jax.nn.logsumexp(logits) - logits[y], jnp.argmax(logits)
+    return _nll(logits, y), jnp.argmax(logits)
 
 
 def mse_and_prediction(model, x, y):
     """`(mse, model(x))` of one example from one forward pass."""
     out = model(x)
-    return jnp.square(out - y), out
+    return _squared_error(out, y), out
 
 
 def with_prediction(task: str):
     """`loss_for(task)` that also returns the prediction `predict` gives, `(loss, prediction)`: for an engine pass
-    with `has_aux=True` that needs no second forward pass for the predictions."""
+    with `has_aux=True` that needs no second forward pass for the predictions. Each shares its loss's formula
+    (`_nll`, `_squared_error`), so the two give the same value."""
     return cross_entropy_and_prediction if task == "classification" else mse_and_prediction
 
 
