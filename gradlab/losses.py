@@ -90,15 +90,3 @@ def probabilities(model, xs):
 def per_example_losses(loss_fn, model, xs, ys):
     """`(N,)` losses `loss_fn(model, x_i, y_i)` of a batch (vmapped in chunks of `FORWARD_CHUNK`)."""
     return _forward(lambda x, y: loss_fn(model, x, y), xs, ys)
-
-
-@eqx.filter_jit
-def losses_and_predictions(loss_fn, model, xs, ys, task: str):
-    """`per_example_losses` and `predict` in one chunked pass: the same values, `(N,)` each; the loss and the
-    prediction share one forward pass (XLA merges the two identical calls of `model`), where the two functions
-    apart run it twice (a second of a cold norms page for seed 003's SimpleCNN on 6,000 images)."""
-    def one(x, y):
-        out = model(x)
-        return loss_fn(model, x, y), (jnp.argmax(out, axis=-1) if task == "classification" else out)
-
-    return _forward(one, xs, ys)
