@@ -94,23 +94,6 @@ def test_conv_rule_with_stride_padding_dilation(conv):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow  # the CNN's rules are pinned by test_rules_equal_the_loop_on_every_model[cnn]
-def test_seed_003_cnn_in_chunks_equals_the_loop():
-    """Seed 003's SimpleCNN (conv, conv, MaxPool2d, linear, linear): im2col convolutions, chunks
-    with a remainder, and Linear outer products formed after the chunked pass."""
-    from benchmarks.torch_cnn import SimpleCNN
-
-    model = SimpleCNN(key=KEY)
-    xs = normal(4, (5, 1, 28, 28))
-    ys = jnp.array([3, 1, 4, 1, 5])
-    assert engine.resolve_method("auto", losses.cross_entropy, model, xs, ys) == "ghost"
-    got = engine.per_example_grads(losses.cross_entropy, model, xs, ys, chunk_size=2)  # remainder 1
-    want = _oracle(losses.cross_entropy, model, xs, ys)
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
 def test_module_float_fields_are_not_parameters():
     """A pooling layer's float init (-inf) stays a static field, not a differentiable leaf."""
     model = eqx.nn.Sequential([eqx.nn.Linear(4, 4, key=KEY), eqx.nn.Lambda(lambda x: x[None]),
