@@ -54,11 +54,10 @@ det = detection_roc(s.norms, flipped) if noisy else None
 def histograms():
     """The log-scale toggle reruns only these figures (st.fragment), not the whole page."""
     log = ui.control(st.toggle, "Log scale", value=True, key="log")
-    left, right = st.columns(2)
-    with left:
-        ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
-    with right:
-        ui.chart(plots.layer_share(s.layer_norms), width="stretch")
+    # one figure per row: side by side, a laptop's 1024 px with the sidebar open left each ~250 px, too narrow for
+    # the histogram's title and axis
+    ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
+    ui.chart(plots.layer_share(s.layer_norms), width="stretch")
     if data.task == "classification":
         ui.chart(plots.norm_histogram_by_class(s.norms, y, data.class_names, log=log), width="stretch")
 
