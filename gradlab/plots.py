@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import threading
@@ -54,6 +55,22 @@ def presenter() -> bool:
     return getattr(_STYLE, "presenter", False)
 
 
+def half_width() -> bool:
+    """Whether figures built on this thread are for a column of at most half the page (`in_half_column`)."""
+    return getattr(_STYLE, "half", False)
+
+
+@contextlib.contextmanager
+def in_half_column():
+    """Figures built inside this block wrap their titles for a column of half the page or less: about 250 px on a
+    1024 px laptop screen with the sidebar open, where a one-line title of 50 characters was cut off."""
+    before, _STYLE.half = half_width(), True
+    try:
+        yield
+    finally:
+        _STYLE.half = before
+
+
 #: (tick labels, axis titles, figure title, legend) in px, normal and presenter mode.
 FONT_SIZES = {False: (14, 16, 17, 14), True: (18, 20, 22, 18)}
 TICK_COLOR = "#222222"
@@ -85,19 +102,21 @@ def readable(fig: go.Figure) -> go.Figure:
     Applied to every figure this module builds. In presenter mode (`set_presenter(True)`) tick
     labels are 18 px and axis titles 20 px; long titles wrap instead of being cut at 1024 px.
     """
-    big = presenter()
+    big, half = presenter(), half_width()
     tick, axis, title, legend = FONT_SIZES[big]
     text = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
     lines = 1
     if text:
-        text = _wrap(text, 36 if big else 50)  # a chart in half of a 1024 px page is ~450 px wide
+        # a chart in half of a 1024 px page is ~450 px wide in presenter mode (no sidebar), ~250 px with the sidebar
+        text = _wrap(text, 36 if big else 30 if half else 50)
         lines = text.count("<br>") + 1
         fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
     fig.update_layout(legend=dict(font=dict(size=legend)), font=dict(color="#111111"))
     if text:
         # room above the plot for every line of the title (centred in the top margin) and, below it,
         # the subplot titles that sit just above the plot: a wrapped title overlaps neither
-        subplot_titles = 2 * (12 + tick) if fig.layout.annotations else 0
+        notes = max((str(a.text or "").count("<br>") + 1 for a in fig.layout.annotations), default=0)
+        subplot_titles = (1 + notes) * (12 + tick) if notes else 0
         need = 20 + lines * round(1.3 * title) + subplot_titles
         fig.update_layout(margin=dict(t=max(need, fig.layout.margin.t or 0)))
     # on every axis itself, not on the figure's template: Streamlit's chart theme replaces the template
@@ -105,13 +124,15 @@ def readable(fig: go.Figure) -> go.Figure:
     fig.update_xaxes(**axes)
     fig.update_yaxes(**axes)
     # long axis titles wrap (Plotly cuts them at the figure's edge); a y title runs along a short side
-    fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 40 if big else 60)) if ax.title.text else None)
+    x_chars = 40 if big else 24 if half else 60
+    fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, x_chars)) if ax.title.text else None)
     fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
     x_lines = max((ax.title.text or "").count("<br>") + 1 for ax in fig.select_xaxes())
     fig.for_each_xaxis(_power_ticks)
     fig.for_each_yaxis(_power_ticks)
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
+    if big or half:
         legend = fig.layout.legend
         if legend.orientation == "h" and legend.y is not None and legend.y < 0:
             # a legend below the plot goes to the figure's bottom edge, under room for the tick labels
@@ -469,8 +490,8 @@ def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.nda
                        clip_norm: float) -> go.Figure:
     """Per class at C: fraction of examples clipped and the bias of the class's clipped mean gradient."""
     names = [str(c) for c in class_names]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("fraction of the class clipped",
-                                                        "bias of the class's clipped mean gradient"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16,  # room for the right plot's y title
+                        subplot_titles=("fraction of the class<br>clipped", "bias of the class's<br>clipped mean gradient"))
     fig.add_trace(go.Bar(x=names, y=fraction_clipped, name="fraction clipped", marker_color=PRIVATE_COLOR), 1, 1)
     fig.add_trace(go.Bar(x=names, y=cosine, name="cos∠(Ḡ_C,k, G_k)", marker_color="#1f77b4"), 1, 2)
     fig.add_trace(go.Bar(x=names, y=norm_ratio, name="‖Ḡ_C,k‖/‖G_k‖", marker_color="#ff7f0e"), 1, 2)

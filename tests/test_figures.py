@@ -39,6 +39,21 @@ def test_presenter_mode_is_part_of_the_key_and_other_names_pass_through():
     assert seen["fig"].layout.title.font.size > normal.layout.title.font.size
 
 
+def test_a_figure_for_a_half_width_column_wraps_its_titles_and_is_its_own_entry():
+    """Two charts side by side at 1024 px with the sidebar open are ~250 px wide each: a 42-character title and a
+    54-character axis title on one line were cut off there."""
+    norms = np.linspace(0.1, 3.0, 20)
+    wide = plots.norm_histogram(norms, log=True)
+    with plots.in_half_column():
+        half = plots.norm_histogram(norms, log=True)
+    assert not library.half_width()  # the block ends the style
+    assert half is not wide and "<br>" not in wide.layout.title.text
+    for text, chars in ((half.layout.title.text, 30), (half.layout.xaxis.title.text, 24)):
+        lines = text.split("<br>")
+        assert len(lines) > 1 and max(map(len, lines)) <= chars, text
+    assert half.layout.margin.t > wide.layout.margin.t  # room for the title's second line
+
+
 def test_an_argument_without_a_value_key_builds_unshared():
     rows = [{"n": 4, "approach": "loop", "run_s": 1.0}, {"n": 8, "approach": "loop", "run_s": 2.0}]
     labels = {"loop": "Python loop"}

@@ -90,8 +90,9 @@ FIGURES = _Figures(KEEP)
 def _shared(fn):
     @functools.wraps(fn)
     def build(*args, **kwargs):
-        # presenter mode (this session's thread) changes every figure's type sizes: part of the key
-        h = hashlib.blake2b(f"{fn.__module__}.{fn.__qualname__};{_plots.presenter()};".encode(), digest_size=20)
+        # presenter mode and a half-width column (this session's thread) change a figure's type and wrapping: the key
+        style = f"{_plots.presenter()};{_plots.half_width()}"
+        h = hashlib.blake2b(f"{fn.__module__}.{fn.__qualname__};{style};".encode(), digest_size=20)
         try:
             _feed(h, args)
             _feed(h, sorted(kwargs.items()))
