@@ -44,7 +44,7 @@ h2 { font-size: 1.3rem !important; padding: 0.3rem 0 0.1rem 0 !important; }
 </style>
 """
 
-# Both modes: metric labels and values wrap instead of being cut with "…" at 1024 px; a value wraps
+# Both modes: metric labels and values, and page links, wrap instead of being cut with "…" at 1024 px; a value wraps
 # between its words ("0.802, 13%"), never inside a number: it shrinks to fit its column instead.
 _READABLE_CSS = """
 <style>
@@ -53,6 +53,7 @@ _READABLE_CSS = """
 [data-testid="stMetric"] { container-type: inline-size; }
 [data-testid="stMetricValue"] { font-size: min(2.25rem, 22cqi); }
 [data-testid="stDownloadButton"] button p { white-space: normal; }
+[data-testid="stPageLink"], [data-testid="stPageLink"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; }
 </style>
 """
 
