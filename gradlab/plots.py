@@ -29,12 +29,16 @@ def power_of_ten(k: int) -> str:
     return "10" + str(int(k)).translate(_SUPERSCRIPT)
 
 
-def _decades(fig: go.Figure, log10_values, axis: str = "x") -> go.Figure:
-    """Label an axis that shows log₁₀ values with powers of ten at every integer (10⁻², 10⁻¹, 10⁰)."""
+def _decades(fig: go.Figure, log10_values, axis: str = "x", most: int | None = None) -> go.Figure:
+    """Label an axis that shows log₁₀ values with powers of ten at every integer (10⁻², 10⁻¹, 10⁰), or at every
+    second, third, … decade so that at most `most` labels show (a small facet has room for a few)."""
     v = np.asarray(log10_values, np.float64)
     v = v[np.isfinite(v)]
     if v.size:
         ks = list(range(int(np.floor(v.min())), int(np.ceil(v.max())) + 1))
+        if most and len(ks) > most:
+            step = -(-len(ks) // most)
+            ks = [k for k in ks if k % step == 0]  # multiples of the step: 10⁰ stays labelled
         update = fig.update_xaxes if axis == "x" else fig.update_yaxes
         update(tickvals=ks, ticktext=[power_of_ten(k) for k in ks])
     return fig
@@ -240,7 +244,7 @@ def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, 
     fig.update_yaxes(title_text="")
     rows = int(np.ceil(len(order) / 5))
     if log:
-        _decades(fig, v)
+        _decades(fig, v, most=4)  # a facet is a fifth of the page: ~90 px at 1024 px with the sidebar open
     fig.update_layout(title=f"Per class ({'log-scale ' if log else ''}norm on x, count on y)", height=230 * rows + 80,
                       margin=dict(l=40, r=20, t=70, b=40), font=dict(size=14), showlegend=False)
     return fig

@@ -93,3 +93,11 @@ def test_layer_share_labels_each_leaf_with_its_share_and_hovers_its_median():
     assert list(bar.text) == ["96.2%", "3.8%"]
     np.testing.assert_allclose(bar.customdata, [3.5, 0.5])
     assert "median" in bar.hovertemplate
+
+
+def test_a_small_facet_labels_a_few_decades_with_ten_to_the_zero_among_them():
+    norms = np.geomspace(1e-8, 1.0, 100)  # nine decades: a label each crowded a facet ~90 px wide
+    fig = library.norm_histogram_by_class(norms, np.arange(100) % 10, [str(i) for i in range(10)], log=True)
+    assert list(fig.layout.xaxis.tickvals) == [-6, -3, 0]
+    assert list(fig.layout.xaxis.ticktext) == ["10⁻⁶", "10⁻³", "10⁰"]
+    assert list(library.norm_histogram(norms, log=True).layout.xaxis.tickvals) == list(range(-8, 1))  # room for all
