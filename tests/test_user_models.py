@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from test_engine_zoo import check_every_engine_function
+from test_engine_zoo import check_default_chunks_at_n_256, check_every_engine_function
 from user_models import USER_MODELS, haiku_mlp, jax_fori_stacked
 
 IN_SUITE = tuple(f for f in (haiku_mlp, jax_fori_stacked) if f in USER_MODELS)  # haiku_mlp needs Haiku
@@ -23,3 +23,11 @@ MODELS = USER_MODELS if os.environ.get("GRADLAB_ZOO") == "all" else IN_SUITE
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
 def test_every_engine_function_matches_a_loop_of_grad(make):
     check_every_engine_function(*make())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("GRADLAB_ZOO") != "all", reason="the whole set only (GRADLAB_ZOO=all)")
+@pytest.mark.parametrize("make", USER_MODELS, ids=lambda f: f.__name__)
+def test_the_default_chunks_at_n_256_match_a_loop_of_grad(make):
+    """N = 256 with the engine's own chunking, as the issue measured and `rule_coverage --zoo-timing` times it."""
+    check_default_chunks_at_n_256(*make()[:4])
