@@ -637,7 +637,8 @@ def assert_rel(got, want, what, scale=0.0):
 # Since 2026-11-26 also the linen GPT (the NNX GPT pins Flax's Embed, attention and tied head), the NNX attention
 # (pinned by both GPTs), the NNX CNN (Flax's Conv: the conv rule, pinned by conv_zoo) and gradlab's CNN (pinned by
 # test_engine_ghost.py's cnn case): 10-17 s each in a clean clone with an empty XLA cache.
-# benchmarks/rule_coverage.py counts and times them all.
+# benchmarks/rule_coverage.py counts and times them all. The users' model set (tests/user_models.py, 62 more) runs
+# through the same check in tests/test_user_models.py, also with GRADLAB_ZOO=all (two of it in the whole suite).
 COVERAGE_ONLY = () if os.environ.get("GRADLAB_ZOO") == "all" else (
     linen_mlp_zoo, linen_cnn_zoo, linen_attention_zoo, conv1d_zoo, conv3d_zoo, group_instance_norm_zoo,
     equinox_attention_zoo, embedding_bag_zoo, rnn_zoo, linen_gpt_zoo, nnx_attention_zoo, nnx_cnn_zoo, equinox_cnn_zoo)

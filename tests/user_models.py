@@ -4,7 +4,7 @@ write them, and the layers of Opacus' per-sample-gradient tests the zoo lacked.
 Each maker returns the zoo's 5-tuple `(loss, params, xs, ys, ruled)`: the loss of ONE example, its params, N = 6
 examples, and the leaf names that must take a rule. tests/test_user_models.py checks every engine function on
 each against a loop of `jax.grad` (tests/test_engine_zoo.py's check); benchmarks/rule_coverage.py counts and times
-them with the zoo. Small on purpose (a batch gradient of ~0.2–5 ms at N = 256): the point is the ways people write
+them with the zoo. Small on purpose (a batch gradient of 0.1–9 ms at N = 256): the point is the ways people write
 models, not their size.
 """
 
