@@ -6,11 +6,14 @@
     python -m benchmarks.rule_coverage --runs lstm                  # the LSTM of --timing in 5 runs
     python -m benchmarks.rule_coverage --zoo-timing lstm_zoo gru_zoo   # per zoo model (N = 256 by repeating its
                                                   # examples): norms and clipped sum / one batch gradient
+    python -m benchmarks.rule_coverage --zoo-timing users   # the same over the users' model set (all: every model)
 
 The models are the engine's test zoo (tests/test_engine_zoo.py: dict params, lax calls, Equinox, an LSTM and a
-GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint, Flax linen and NNX models) and its low-precision models
-(tests/test_engine_precision.py). A *weight-like* leaf is a differentiable leaf with at least one axis (Python
-floats and 0-d scalars excluded). Only tracing runs (`engine.explain`), nothing is compiled.
+GRU by lax.scan, BatchNorm, dropout, cond/switch, custom_vjp, checkpoint, Flax linen and NNX models), its
+low-precision models (tests/test_engine_precision.py) and the users' model set (tests/user_models.py: Flax linen
+and NNX, Equinox, Haiku, plain JAX and optax losses, the rest of Opacus' per-layer matrix; issue 25). A
+*weight-like* leaf is a differentiable leaf with at least one axis (Python floats and 0-d scalars excluded).
+Only tracing runs (`engine.explain`), nothing is compiled.
 """
 
 from __future__ import annotations
@@ -43,8 +46,14 @@ def _module(name: str):
 
 
 def zoo() -> list:
-    """`(name, make)` for every model of the two test files; `make()` returns (loss, params, xs, ys, …)."""
-    return [(f.__name__, f) for f in _module("test_engine_zoo").ZOO + _module("test_engine_precision").MODELS]
+    """`(name, make)` for every model of the three test files; `make()` returns (loss, params, xs, ys, …)."""
+    return [(f.__name__, f) for f in _module("test_engine_zoo").ZOO + _module("test_engine_precision").MODELS
+            + users()]
+
+
+def users() -> list:
+    """The users' model set alone (tests/user_models.py)."""
+    return _module("user_models").USER_MODELS
 
 
 def coverage(models) -> tuple[list, collections.Counter]:
@@ -139,8 +148,9 @@ def zoo_timing(names, n=256) -> None:
     ratios to it; N examples by repeating the model's own (best of 20 interleaved rounds); and which path
     `method="auto"` kept for norms and the clipped sum (`engine.AUTO_CHOICES`: the rules or vmap, timed once)."""
     print(f"{'model':28s} {'batch grad':>10s} {'norms':>6s} {'clipped':>8s} {'vmap clipped':>12s}  auto took")
+    mine = {f.__name__ for f in users()}
     for name, make in zoo():
-        if names != ["all"] and name not in names:
+        if names != ["all"] and name not in names and not (names == ["users"] and name in mine):
             continue
         loss, p, xs, ys = make()[:4]
         xs, ys = engine.pad_examples((xs, ys), n - jax.tree.leaves(xs)[0].shape[0])
@@ -158,7 +168,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timing", action="store_true", help="also time a GPT block with and without bias rules")
     parser.add_argument("--runs", choices=["lstm", "gru"], help="the LSTM or GRU timed in 5 separate runs")
-    parser.add_argument("--zoo-timing", nargs="+", metavar="MODEL", help="time these zoo models ('all': every one)")
+    parser.add_argument("--zoo-timing", nargs="+", metavar="MODEL",
+                        help="time these zoo models ('all': every one, 'users': the users' model set)")
     args = parser.parse_args()
     if args.runs:
         rnn_runs(args.runs)
@@ -172,7 +183,10 @@ def main() -> None:
     for name, ruled, total in rows:
         print(f"{name:28s} {ruled:5d} / {total:<11d}")
     ruled, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
-    print(f"\ncoverage: {ruled} of {total} weight-like leaves take a rule ({100 * ruled / total:.0f}%)")
+    print(f"\ncoverage: {ruled} of {total} weight-like leaves take a rule ({100 * ruled / total:.1f}%)")
+    mine = {f.__name__ for f in users()}
+    ruled, total = sum(r[1] for r in rows if r[0] in mine), sum(r[2] for r in rows if r[0] in mine)
+    print(f"the users' model set ({len(mine)} models): {ruled} of {total} ({100 * ruled / total:.1f}%)")
     print("\nfallback reasons:")
     for why, count in reasons.most_common():
         print(f"  {count:3d}  {why}")
