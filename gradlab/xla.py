@@ -8,14 +8,20 @@ N = 256 (exact at N = 6; tests/test_engine_broadcast.py). Keeping YNNPACK to sin
 operands are materialised buffers, never broadcasts) makes every such program exact; large matmuls and convolutions
 keep their YNNPACK kernels (benchmarks/RESULTS.md, issue 25).
 
-The options apply to the programs these functions compile. A caller who wraps an engine function in their own
-`jax.jit` compiles it with that jit's options: set the same flag for the process, before JAX starts
+The options apply to the programs `jit` compiles as the outermost jit. Inside a caller's own `jax.jit` they do not
+(that jit's options hold): `jit` then traces without `fused_reductions`, so the rules keep their dots, which the
+race can still hit (the ghost norm above); a caller who jits engine functions sets the flag for the process before
+JAX starts
 (`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION`).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
+
 import equinox as eqx
+import jax
 import jaxlib
 
 #: YNNPACK fusion types gradlab's engine programs allow: a dot or a convolution on its own, no fused reductions.
@@ -32,8 +38,35 @@ def _known_jaxlib() -> bool:
 OPTIONS: dict = {"xla_cpu_experimental_ynn_fusion_type": YNN_TYPES} if _known_jaxlib() else {}
 
 
+#: True while tracing a program that compiles with `OPTIONS` (the outermost `jit`); read by `fused_reductions`.
+_FUSED = contextvars.ContextVar("gradlab_fused_reductions", default=False)
+
+
+def fused_reductions() -> bool:
+    """Whether the program being traced compiles with `OPTIONS`, so a reduction of a broadcast product is exact
+    (the rules then write small per-example contractions that way, `rules.SMALL_DOT`)."""
+    return _FUSED.get()
+
+
+def _flagged(fn, value: bool):
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        token = _FUSED.set(value)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _FUSED.reset(token)
+
+    return traced
+
+
 def jit(fn=None, **kwargs):
     """`eqx.filter_jit` with `OPTIONS`: the decorator for programs that run the engine's rules.
+
+    Called on concrete arrays it compiles with `OPTIONS` and traces with `fused_reductions()` true. Called inside
+    another jit (any input a tracer) it inherits that trace's `fused_reductions()`: true inside a `jit` program
+    (which compiles with `OPTIONS`), false inside a caller's own `jax.jit`. Each case keeps its own cache, so a
+    program traced for one is never compiled under another's options.
 
     **Arguments** as `eqx.filter_jit` (usable bare, `@jit`, or with arguments, `@jit(donate="none")`).
 
@@ -41,4 +74,14 @@ def jit(fn=None, **kwargs):
     """
     if fn is None:
         return lambda f: jit(f, **kwargs)
-    return eqx.filter_jit(fn, compiler_options=OPTIONS or None, **kwargs)
+    outer = eqx.filter_jit(_flagged(fn, bool(OPTIONS)), compiler_options=OPTIONS or None, **kwargs)
+    nested = {flag: eqx.filter_jit(_flagged(fn, flag), **kwargs) for flag in (False, True)}
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((args, kw))):
+            return nested[_FUSED.get()](*args, **kw)
+        return outer(*args, **kw)
+
+    call.lower = outer.lower  # the program a concrete call compiles (sharding.memory_analysis)
+    return call

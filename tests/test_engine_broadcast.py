@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradlab import engine
+from gradlab import engine, xla
 
 
 def loss(p, x, y):
@@ -61,3 +61,24 @@ def test_a_broadcast_delta_gives_exact_norms_and_clipped_sums_at_every_chunk(sha
     total = engine.clipped_grad_sum(loss, p, xs, ys, c, method="ghost")
     for name, g, want in zip(("w", "b", "m"), jax.tree.leaves(total), (f @ gw, f @ gb, np.tensordot(f, gm, 1))):
         assert rel(g, want) <= 1e-4, f"clipped sum {name}: {rel(g, want):.2e}"
+
+
+@pytest.mark.skipif(not xla.OPTIONS, reason="this jaxlib takes no YNNPACK option")
+def test_fused_forms_are_traced_only_where_the_options_compile_them():
+    """`xla.jit` on concrete arrays compiles with the options, so the rules may fuse; inside a caller's jit it does
+    not, so they must not; nested in another `xla.jit` program it inherits that program's options."""
+    seen = []
+
+    @xla.jit
+    def f(x):
+        seen.append(xla.fused_reductions())
+        return 2 * x
+
+    @xla.jit
+    def g(x):
+        return f(x) + 1
+
+    f(jnp.ones(3))
+    jax.jit(f)(jnp.ones(3))
+    g(jnp.ones(4))
+    assert seen == [True, False, True]
