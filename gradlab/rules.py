@@ -85,7 +85,7 @@ LAYER_KINDS = frozenset({"dense", "conv", "embedding"})
 #: a broadcast product and a sum, one loop fusion, rather than a dot: under vmap a dot of two per-example operands
 #: is a batched dot, which XLA:CPU runs as one small matmul call per example (256 examples of (4×6)ᵀ(4×6): 0.16 ms
 #: as a dot, 0.04 ms fused); the dot wins from about 64k multiply-adds (benchmarks/RESULTS.md, issue 25). Only in
-#: programs compiled with `xla.OPTIONS` (`xla.fused_reductions()`): under XLA:CPU's default YNNPACK fusions this form
+#: programs compiled with `xla.options()` (`xla.fused_reductions()`): under XLA:CPU's default YNNPACK fusions this form
 #: is wrong at 128 examples and more when an operand is a broadcast (a race in YNNPACK's partial reductions).
 SMALL_DOT = 4096
 #: Call primitives whose body is inlined (they only group equations).

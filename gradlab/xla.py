@@ -34,16 +34,23 @@ def _known_jaxlib() -> bool:
     return tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) == (0, 10)
 
 
-#: XLA compile options for every program that runs the engine's rules (empty where the jaxlib is not 0.10).
+#: XLA compile options for every program that runs the engine's rules on CPU (empty where the jaxlib is not 0.10).
 OPTIONS: dict = {"xla_cpu_experimental_ynn_fusion_type": YNN_TYPES} if _known_jaxlib() else {}
 
 
-#: True while tracing a program that compiles with `OPTIONS` (the outermost `jit`); read by `fused_reductions`.
+@functools.cache
+def options() -> dict:
+    """`OPTIONS` where JAX's default backend is the CPU, else none (other backends have no YNNPACK, and the rules
+    keep their dots there: the fused forms were measured on CPU only)."""
+    return OPTIONS if jax.default_backend() == "cpu" else {}
+
+
+#: True while tracing a program that compiles with `options()` (the outermost `jit`); read by `fused_reductions`.
 _FUSED = contextvars.ContextVar("gradlab_fused_reductions", default=False)
 
 
 def fused_reductions() -> bool:
-    """Whether the program being traced compiles with `OPTIONS`, so a reduction of a broadcast product is exact
+    """Whether the program being traced compiles with `options()`, so a reduction of a broadcast product is exact
     (the rules then write small per-example contractions that way, `rules.SMALL_DOT`)."""
     return _FUSED.get()
 
@@ -61,11 +68,11 @@ def _flagged(fn, value: bool):
 
 
 def jit(fn=None, **kwargs):
-    """`eqx.filter_jit` with `OPTIONS`: the decorator for programs that run the engine's rules.
+    """`eqx.filter_jit` with `options()`: the decorator for programs that run the engine's rules.
 
-    Called on concrete arrays it compiles with `OPTIONS` and traces with `fused_reductions()` true. Called inside
+    Called on concrete arrays it compiles with `options()` and traces with `fused_reductions()` true. Called inside
     another jit (any input a tracer) it inherits that trace's `fused_reductions()`: true inside a `jit` program
-    (which compiles with `OPTIONS`), false inside a caller's own `jax.jit`. Each case keeps its own cache, so a
+    (which compiles with `options()`), false inside a caller's own `jax.jit`. Each case keeps its own cache, so a
     program traced for one is never compiled under another's options.
 
     **Arguments** as `eqx.filter_jit` (usable bare, `@jit`, or with arguments, `@jit(donate="none")`).
@@ -74,14 +81,17 @@ def jit(fn=None, **kwargs):
     """
     if fn is None:
         return lambda f: jit(f, **kwargs)
-    outer = eqx.filter_jit(_flagged(fn, bool(OPTIONS)), compiler_options=OPTIONS or None, **kwargs)
     nested = {flag: eqx.filter_jit(_flagged(fn, flag), **kwargs) for flag in (False, True)}
+
+    @functools.cache
+    def outer():  # built at the first call: the backend decides the options
+        return eqx.filter_jit(_flagged(fn, bool(options())), compiler_options=options() or None, **kwargs)
 
     @functools.wraps(fn)
     def call(*args, **kw):
         if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((args, kw))):
             return nested[_FUSED.get()](*args, **kw)
-        return outer(*args, **kw)
+        return outer()(*args, **kw)
 
-    call.lower = outer.lower  # the program a concrete call compiles (sharding.memory_analysis)
+    call.lower = lambda *args, **kw: outer().lower(*args, **kw)  # what a concrete call compiles (sharding)
     return call
