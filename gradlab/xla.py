@@ -24,6 +24,8 @@ import equinox as eqx
 import jax
 import jaxlib
 
+from gradlab import jaxprs
+
 #: YNNPACK fusion types gradlab's engine programs allow: a dot or a convolution on its own, no fused reductions.
 YNN_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 
@@ -70,8 +72,8 @@ def _flagged(fn, value: bool):
 def jit(fn=None, **kwargs):
     """`eqx.filter_jit` with `options()`: the decorator for programs that run the engine's rules.
 
-    Called on concrete arrays it compiles with `options()` and traces with `fused_reductions()` true. Called inside
-    another jit (any input a tracer) it inherits that trace's `fused_reductions()`: true inside a `jit` program
+    Called eagerly it compiles with `options()` and traces with `fused_reductions()` true. Called while another
+    transformation traces (a jit, vmap or grad, whether or not its inputs are tracers) it inherits that trace's `fused_reductions()`: true inside a `jit` program
     (which compiles with `options()`), false inside a caller's own `jax.jit`. Each case keeps its own cache, so a
     program traced for one is never compiled under another's options.
 
@@ -89,7 +91,7 @@ def jit(fn=None, **kwargs):
 
     @functools.wraps(fn)
     def call(*args, **kw):
-        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((args, kw))):
+        if _FUSED.get() or jaxprs.tracing():  # inside a `jit` program, or inside another transformation
             return nested[_FUSED.get()](*args, **kw)
         return outer()(*args, **kw)
 
