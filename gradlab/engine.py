@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from gradlab import jaxprs, rules, sharding
+from gradlab import jaxprs, rules, sharding, xla
 from gradlab.params import as_params, leaf_names, num_params, split_params
 
 __all__ = [
@@ -401,7 +401,7 @@ def _leaf_grad(t: _Traced, leaves, i, a, d, fixed=None):
     return rules.weight_grad(t.rule(i), w, a, d, fixed).astype(w.dtype)
 
 
-@eqx.filter_jit
+@xla.jit
 def _per_example_grads(loss_fn, params, xs, ys, chunk, method):
     TRACES["per_example_grads"] += 1
     n = xs.shape[0] if hasattr(xs, "shape") else jax.tree.leaves(xs)[0].shape[0]
@@ -482,7 +482,7 @@ def per_example_grads(
     return _per_example_grads(loss_fn, as_params(params), xs, ys, _chunk(n, chunk_size), method)
 
 
-@eqx.filter_jit
+@xla.jit
 def _sq_norms(loss_fn, params, xs, ys, chunk, method="vmap"):
     """(per-leaf norms: a tree like diff with (N,) leaves, global norms (N,)), both formed inside the jit: an
     eager sqrt per leaf would cost a dispatch each, a tenth of a millisecond on a small model."""
@@ -627,7 +627,7 @@ def _vdot(a, b):
     return jnp.vdot(a.astype(dtype), b.astype(dtype))
 
 
-@eqx.filter_jit
+@xla.jit
 def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
     TRACES["per_example_dots"] += 1
     n = jax.tree.leaves(xs)[0].shape[0]
@@ -824,7 +824,7 @@ def layer_norms_and_grad_sum(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, 
     return (layer, losses[0], total, losses[1]) if has_aux else (layer, losses, total)
 
 
-@eqx.filter_jit
+@xla.jit
 def _layer_sq_and_sum(loss_fn, params, xs, ys, chunk, has_aux):
     TRACES["layer_norms_and_grad_sum"] += 1
     n = jax.tree.leaves(xs)[0].shape[0]
@@ -950,7 +950,7 @@ def _clipped_sum_vmap(loss_fn, params, xs, ys, clip_norm, weights, chunk, has_au
     return total, _unchunk(losses, n), norms.reshape(-1)[:n], sq.reshape(-1, sq.shape[-1])[:n].T
 
 
-@eqx.filter_jit
+@xla.jit
 def _clipped_sum(loss_fn, params, xs, ys, clip_norm, weights, chunk, method):
     TRACES["clipped_grad_sum"] += 1
     total, _, norms = clipped_sum_core(loss_fn, params, xs, ys, clip_norm, weights, chunk, method)

@@ -157,3 +157,9 @@ def dtypes(fn: Callable, *args) -> set:
 def is_tracer(a: Any) -> bool:
     """Whether `a` is being traced (the engine called inside the caller's own `jit`), not a concrete array."""
     return isinstance(a, jax.core.Tracer)
+
+
+def tracing() -> bool:
+    """Whether a transformation (`jit`, `vmap`, `grad`) is tracing the current Python call, even one whose own
+    arguments are concrete (closed over by the traced function): JAX's current trace is then not its eager one."""
+    return type(jcore.find_top_trace(())).__name__ != "EvalTrace"

@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gradlab import jaxprs
+from gradlab import jaxprs, xla
 from gradlab.jaxprs import Const, Eqn, Graph
 
 
@@ -81,6 +81,13 @@ SPREAD_OPS = frozenset({"broadcast_in_dim", "slice"})
 ELEMENTWISE = {"add": "added", "sub": "added", "mul": "scale"}
 #: The rules that save work (no per-example weight gradient for a norm); a loss with none of them takes vmap(grad).
 LAYER_KINDS = frozenset({"dense", "conv", "embedding"})
+#: A per-example contraction of at most this many multiply-adds (a norm's Σₜ aₜ ⊗ δₜ, a Gram matrix) is written as
+#: a broadcast product and a sum, one loop fusion, rather than a dot: under vmap a dot of two per-example operands
+#: is a batched dot, which XLA:CPU runs as one small matmul call per example (256 examples of (4×6)ᵀ(4×6): 0.16 ms
+#: as a dot, 0.04 ms fused); the dot wins from about 64k multiply-adds (benchmarks/RESULTS.md, issue 25). Only in
+#: programs compiled with `xla.options()` (`xla.fused_reductions()`): under XLA:CPU's default YNNPACK fusions this form
+#: is wrong at 128 examples and more when an operand is a broadcast (a race in YNNPACK's partial reductions).
+SMALL_DOT = 4096
 #: Call primitives whose body is inlined (they only group equations).
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 
@@ -255,7 +262,8 @@ class Rule:
     def forms_grad(self) -> bool:
         """Whether `weight_sq_norm` forms each example's gradient (an "outer" norm, or one site's), so a clipped
         sum can reuse it (Σᵢ cᵢ·gᵢ) instead of a second matmul over (a, δ)."""
-        return bool(self.sites) and (self.norm == "outer" or (len(self.sites) == 1 and self.sites[0].norm == "outer"))
+        one = len(self.sites) == 1 and self.sites[0].norm == "outer" and not small_outer(self.sites[0])
+        return bool(self.sites) and (self.norm == "outer" or one)
 
     @property
     def layer(self) -> bool:
@@ -327,7 +335,8 @@ def _layer_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> S
         if any(d != 1 for d in e.params["lhs_dilation"]):
             how = f"transposed (input dilated by {tuple(e.params['lhs_dilation'])}), {how}"
         patches = jax.ShapeDtypeStruct((g["b"], g["groups"], j, g["pos"]), site.keywords["saved"].dtype)
-        return site(kind="conv", norm="gram" if gram else "outer", why=f"convolution (im2col): {how}", saved=patches)
+        return site(kind="conv", norm="gram" if gram else "outer", why=f"convolution (im2col): {how}", saved=patches,
+                    tokens=g["b"] * g["pos"] * steps)
     if name == "gather" and pos == 0:
         t, d = _gather_rows(e, w_shape, other_shape)
         t *= steps
@@ -825,7 +834,9 @@ def weight_sq_norm(rule: Rule, leaf_val, saved, delta, fixed=None):
         return _pairs_sq_norm(rule, [_acc(a, dtype) for a in saved], [d.astype(dtype) for d in delta])
     total = jnp.zeros((), dtype)
     for site, a, d in zip(rule.sites, saved, delta):
-        if site.norm == "outer":
+        if small_outer(site):
+            total = total + _outer_sq_norm(site, _acc(a, dtype), d.astype(dtype))
+        elif site.norm == "outer":
             one = Rule(rule.leaf, (site,), "sites", "")
             total = total + jnp.sum(jnp.square(weight_grad(one, leaf_val, (a,), (d,))))
         else:
@@ -855,8 +866,8 @@ def _pairs_sq_norm(rule: Rule, saved, delta):
             elif ids_m:
                 kx = xk[:, xm]
             else:
-                kx = xk @ xm.T
-            total = total + (1 if m == k else 2) * jnp.sum(kx * (yk @ ym.T))
+                kx = _a_bt(xk, xm)
+            total = total + (1 if m == k else 2) * jnp.sum(kx * _a_bt(yk, ym))
     return total
 
 
@@ -879,7 +890,7 @@ def _site_gram(site: Site, saved, delta):
     if site.kind == "conv":
         return jax.vmap(_gram)(a, d).sum()
     same = jnp.all(a[:, None, :] == a[None, :, :], axis=-1)  # embedding: Σ over lookups of one row of δₜ·δₛ
-    return jnp.sum(same * (d @ d.T))
+    return jnp.sum(same * _a_bt(d, d))
 
 
 def _factors(site: Site, saved, delta):
@@ -915,7 +926,46 @@ def _gram(a, d):
     """‖dᵀa‖²_F without forming dᵀa: Σₜ,ₛ (aₜ·aₛ)(dₜ·dₛ); for one token ‖a‖²·‖d‖²."""
     if a.shape[0] == 1:
         return jnp.sum(jnp.square(a)) * jnp.sum(jnp.square(d))
-    return jnp.sum((a @ a.T) * (d @ d.T))
+    return jnp.sum(_a_bt(a, a) * _a_bt(d, d))
+
+
+def _small(macs: int) -> bool:
+    """Whether a per-example contraction of `macs` multiply-adds is written as a broadcast product and a sum."""
+    return macs <= SMALL_DOT and xla.fused_reductions()
+
+
+def _at_b(a, b):
+    """aᵀb, `(T, I)ᵀ(T, O) -> (I, O)`: Σₜ aₜ ⊗ bₜ, as a broadcast product and a sum when small (`_small`)."""
+    if _small(a.shape[0] * a.shape[1] * b.shape[1]):
+        a, b = lax.optimization_barrier((a, b))  # XLA would recompute their producers per product element
+        return jnp.sum(a[:, :, None] * b[:, None, :], axis=0)
+    return a.T @ b
+
+
+def _a_bt(a, b):
+    """abᵀ, `(T, I)(S, I)ᵀ -> (T, S)`, as a broadcast product and a sum when small (`_small`) and not a
+    matrix-vector product (T or S = 1: the dot measured faster)."""
+    if min(a.shape[0], b.shape[0]) > 1 and _small(a.shape[0] * b.shape[0] * a.shape[1]):
+        a, b = lax.optimization_barrier((a, b))  # XLA would recompute their producers per product element
+        return jnp.sum(a[:, None, :] * b[None, :, :], axis=-1)
+    return a @ b.T
+
+
+def small_outer(site: Site) -> bool:
+    """Whether a site's per-example gradient is a small sum of outer products (a dense layer without batch
+    dimensions reached through shape ops only, `_small` in multiply-adds per example): its squared norm is then
+    ‖Σₜ aₜ ⊗ δₜ‖² from `_factors` by `_at_b`, one loop fusion, not the batched dot a per-example VJP compiles to."""
+    if site.norm != "outer" or site.kind != "dense" or _nonlinear(site.chain):
+        return False
+    if _dense_dims(site.op, site.pos, site.other_shape)[2]:
+        return False
+    return _small(site.tokens * _size(site.weight_shape))
+
+
+def _outer_sq_norm(site: Site, saved, delta):
+    """‖Σₜ aₜ ⊗ δₜ‖² of a `small_outer` site over every token of every step."""
+    a, d = _merged_factors(site, saved, delta)
+    return jnp.sum(jnp.square(_at_b(a, d)))
 
 
 def _out_bytes(graph: Graph) -> int:

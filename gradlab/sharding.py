@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gradlab import jaxprs
+from gradlab import jaxprs, xla
 from gradlab.params import as_params
 
 PyTree = Any
@@ -145,7 +145,7 @@ def _place(tree: PyTree, sharding: NamedSharding) -> PyTree:
     return jax.tree.map(put, tree)
 
 
-@eqx.filter_jit
+@xla.jit
 def _run(fn, kind, mesh, n, kw, loss_fn, rep, xs, ys, ws):
     """The jitted SPMD program: `fn` on each device's rows, then per-example rows or a psum."""
     axes = _axes(mesh)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradlab import losses, privacy
+from gradlab import losses, privacy, xla
 from gradlab.params import as_params
 
 OPTIMIZERS = {"adam": "Adam", "sgd": "SGD with momentum 0.9",
@@ -381,7 +381,7 @@ def dp_sgd_batches(n: int, sample_rate: float, steps: int, seed: int = 0) -> lis
     return out
 
 
-@eqx.filter_jit
+@xla.jit
 def _dp_segment(loss_fn, params, opt_state, update, xs, ys, keys, q, clip_norm, sigma, l2, buffer_size, privatize):
     """len(keys) DP-SGD steps with lax.scan: Poisson batch → `privacy.dp_sgd_gradient` → + λθ → optax.
 

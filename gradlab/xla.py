@@ -1,0 +1,99 @@
+"""How gradlab compiles the programs that run the engine's rules: `jit`, `eqx.filter_jit` with XLA options.
+
+XLA:CPU in jaxlib 0.10 hands fused reductions and fused dots to YNNPACK, whose parallel partial reductions race when
+an operand's trailing dimensions are broadcasts (google/XNNPACK#11243, tensorflow/tensorflow#126812; unfixed in
+jaxlib 0.10.2). The rules meet that case whenever a layer's δ is one number per example broadcast over tokens and
+outputs (a loss of a sum over tokens): the ghost norm Σₜ,ₛ (aₜ·aₛ)(δₜ·δₛ) then came out NaN or wrong by 10¹³ at
+N = 256 (exact at N = 6; tests/test_engine_broadcast.py). Keeping YNNPACK to single dots and convolutions (their
+operands are materialised buffers, never broadcasts) makes every such program exact; large matmuls and convolutions
+keep their YNNPACK kernels (benchmarks/RESULTS.md, issue 25).
+
+The options apply to the programs `jit` compiles as the outermost jit. Inside a caller's own `jax.jit` they do not
+(that jit's options hold): `jit` then traces without `fused_reductions`, so the rules keep their dots, which the
+race can still hit (the ghost norm above); a caller who jits engine functions sets the flag for the process before
+JAX starts
+(`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+
+import equinox as eqx
+import jax
+import jaxlib
+
+from gradlab import jaxprs
+
+#: YNNPACK fusion types gradlab's engine programs allow: a dot or a convolution on its own, no fused reductions.
+YNN_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+
+
+def _known_jaxlib() -> bool:
+    """Whether this jaxlib has the option (0.10: the range requirements.txt allows); elsewhere none is passed,
+    since XLA rejects an option it does not know."""
+    return tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) == (0, 10)
+
+
+#: XLA compile options for every program that runs the engine's rules on CPU (empty where the jaxlib is not 0.10).
+OPTIONS: dict = {"xla_cpu_experimental_ynn_fusion_type": YNN_TYPES} if _known_jaxlib() else {}
+
+
+@functools.cache
+def options() -> dict:
+    """`OPTIONS` where JAX's default backend is the CPU, else none (other backends have no YNNPACK, and the rules
+    keep their dots there: the fused forms were measured on CPU only)."""
+    return OPTIONS if jax.default_backend() == "cpu" else {}
+
+
+#: True while tracing a program that compiles with `options()` (the outermost `jit`); read by `fused_reductions`.
+_FUSED = contextvars.ContextVar("gradlab_fused_reductions", default=False)
+
+
+def fused_reductions() -> bool:
+    """Whether the program being traced compiles with `options()`, so a reduction of a broadcast product is exact
+    (the rules then write small per-example contractions that way, `rules.SMALL_DOT`)."""
+    return _FUSED.get()
+
+
+def _flagged(fn, value: bool):
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        token = _FUSED.set(value)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _FUSED.reset(token)
+
+    return traced
+
+
+def jit(fn=None, **kwargs):
+    """`eqx.filter_jit` with `options()`: the decorator for programs that run the engine's rules.
+
+    Called eagerly it compiles with `options()` and traces with `fused_reductions()` true. Called while another
+    transformation traces (a jit, vmap or grad, whether or not its inputs are tracers) it inherits that trace's `fused_reductions()`: true inside a `jit` program
+    (which compiles with `options()`), false inside a caller's own `jax.jit`. Each case keeps its own cache, so a
+    program traced for one is never compiled under another's options.
+
+    **Arguments** as `eqx.filter_jit` (usable bare, `@jit`, or with arguments, `@jit(donate="none")`).
+
+    **Returns** the jitted function.
+    """
+    if fn is None:
+        return lambda f: jit(f, **kwargs)
+    nested = {flag: eqx.filter_jit(_flagged(fn, flag), **kwargs) for flag in (False, True)}
+
+    @functools.cache
+    def outer():  # built at the first call: the backend decides the options
+        return eqx.filter_jit(_flagged(fn, bool(options())), compiler_options=options() or None, **kwargs)
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        if _FUSED.get() or jaxprs.tracing():  # inside a `jit` program, or inside another transformation
+            return nested[_FUSED.get()](*args, **kw)
+        return outer()(*args, **kw)
+
+    call.lower = lambda *args, **kw: outer().lower(*args, **kw)  # what a concrete call compiles (sharding)
+    return call
