@@ -137,14 +137,7 @@ WHOLE_SUITE_ONLY = {
 }
 
 
-#: Files of the longest tests (a server and Chromium each, or a fresh venv): they start first, so that the suite's
-#: last minutes hold short tests on both workers and neither waits for the other's one long test.
-LONG_FIRST = ("test_browser.py", "test_browser_lecture.py", "test_browser_own_model.py", "test_clean_install.py",
-              "test_browser_practice.py", "test_two_servers.py")
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.name in WHOLE_SUITE_ONLY.get(item.path.name, ()):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the rest keep their order

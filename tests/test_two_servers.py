@@ -9,6 +9,7 @@ websocket sent to one of them by its remote port. The clients are the light webs
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import tempfile
 import time
@@ -43,8 +44,10 @@ def test_two_servers_share_one_store_behind_nginx():
         stack.enter_context(streamlit_server(port_b, env=env, log_path=logs / "b.log", timeout=180))
         prefix = stack.enter_context(balancer.nginx(port, [port_a, port_b]))
         files.start()
-        visits = crowd.crowd(f"http://127.0.0.1:{port}", [(f"v{i}", PAGE, QUERY) for i in range(VISITORS)],
-                             spread=0.0, timeout=420)
+        # on a thread of its own: a worker that ran a browser test before holds Playwright's event loop on this one
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            visits = pool.submit(crowd.crowd, f"http://127.0.0.1:{port}",
+                                 [(f"v{i}", PAGE, QUERY) for i in range(VISITORS)], spread=0.0, timeout=420).result()
         time.sleep(0.5)
         replaced = files.written_twice()
     per_server = balancer.websockets_per_server(prefix, [port_a, port_b])
