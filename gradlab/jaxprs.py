@@ -18,7 +18,7 @@ import jax
 from jax.extend import core as jcore
 
 __all__ = ["Const", "Eqn", "Graph", "flatten", "graph_of", "loop_bodies", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
-           "walk_jaxprs", "primitive_names", "dtypes", "is_tracer"]
+           "walk_jaxprs", "primitive_names", "dtypes", "is_tracer", "tracing"]
 
 
 @dataclasses.dataclass(frozen=True)

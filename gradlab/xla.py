@@ -11,8 +11,7 @@ keep their YNNPACK kernels (benchmarks/RESULTS.md, issue 25).
 The options apply to the programs `jit` compiles as the outermost jit. Inside a caller's own `jax.jit` they do not
 (that jit's options hold): `jit` then traces without `fused_reductions`, so the rules keep their dots, which the
 race can still hit (the ghost norm above); a caller who jits engine functions sets the flag for the process before
-JAX starts
-(`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION`).
+JAX starts (`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION`).
 """
 
 from __future__ import annotations
@@ -73,9 +72,9 @@ def jit(fn=None, **kwargs):
     """`eqx.filter_jit` with `options()`: the decorator for programs that run the engine's rules.
 
     Called eagerly it compiles with `options()` and traces with `fused_reductions()` true. Called while another
-    transformation traces (a jit, vmap or grad, whether or not its inputs are tracers) it inherits that trace's `fused_reductions()`: true inside a `jit` program
-    (which compiles with `options()`), false inside a caller's own `jax.jit`. Each case keeps its own cache, so a
-    program traced for one is never compiled under another's options.
+    transformation traces (a jit, vmap or grad, whether or not its inputs are tracers) it inherits that trace's
+    `fused_reductions()`: true inside a `jit` program (which compiles with `options()`), false inside a caller's own
+    `jax.jit`. Each case keeps its own cache, so a program traced for one is never compiled under another's options.
 
     **Arguments** as `eqx.filter_jit` (usable bare, `@jit`, or with arguments, `@jit(donate="none")`).
 
