@@ -128,7 +128,7 @@ def readable(fig: go.Figure) -> go.Figure:
     fig.update_xaxes(**axes)
     fig.update_yaxes(**axes)
     # long axis titles wrap (Plotly cuts them at the figure's edge); a y title runs along a short side
-    x_chars = 40 if big else 24 if half else 60
+    x_chars = (28 if half else 40) if big else (24 if half else 60)
     fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, x_chars)) if ax.title.text else None)
     fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
     x_lines = max((ax.title.text or "").count("<br>") + 1 for ax in fig.select_xaxes())
