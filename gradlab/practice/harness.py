@@ -1,23 +1,44 @@
 """The program the sandbox's child process runs (`python -I -c <this file's text>`); never imported by the server.
 
-It sets its own resource limits (argv[1], JSON) before anything else (so the student's code runs under them, and
-cannot raise them: soft = hard), imports JAX and every module a student may import, drops for good to the
-unprivileged user named in argv[1] when started as root (then sets RLIMIT_NPROC, which binds only users that are not
-root), then reads one JSON payload on stdin (`code`, `fn`, `cases`, `output_chars`...): a spare child waits there,
-warm, until a run needs it. It executes the student's code with restricted builtins and an import allowlist (the
-second wall behind the AST check in `sandbox.refusals`), calls `fn` on every case and writes one JSON line to fd 1:
-`{"output", "truncated", "exec_error", "results": [{"leaves": [{"shape", "data"}], "error"}], "seconds"}`.
-Standard library only, besides JAX and NumPy: the child cannot import gradlab.
+Order matters; each step comes before the student's code can do anything:
+
+1. Limits it sets on itself from argv[1] (JSON): CPU time, file size, open files, no core files (soft = hard, so
+   they cannot be raised again), and the lowest CPU priority (`SCHED_IDLE`, nice 19: a student's run never slows
+   the server's own computations).
+2. JAX and every module a student may import, the backend started (a spare child is warm when its code arrives);
+   then an address-space limit (RLIMIT_AS) of what the import mapped plus the run's share, and, only when no OS
+   sandbox holds it and it started as root, the drop to `nobody`.
+3. A seccomp filter (libseccomp through `pyseccomp`) on every thread at once (TSYNC; the threads JAX starts later
+   inherit it): no new process (only threads), no new executable, no socket, no `ptrace`, no signal to another
+   process, no namespace, mount, key ring, BPF or io_uring, no limit or priority raised.
+4. One JSON payload on stdin (`code`, `fn`, `cases`, the language policy...): the student's code compiled by
+   RestrictedPython and run with guarded attribute access (`_getattr_`: no `_` names, no module outside the
+   allowlist reachable as a value, no frames or code objects), guarded writes, an import allowlist and a few
+   builtins. `fn` is called on every case.
+5. One JSON reply on `reply_fd`, a pipe the server owns: `{"output", "truncated", "exec_error", "results": [{"leaves":
+   [{"shape", "data"}], "error"}]}`. Printed text is collected here (capped); fd 1 and 2 go to a capped log.
+
+Standard library, JAX, NumPy, RestrictedPython and pyseccomp only: the child cannot import gradlab.
 """
 
+import errno
 import json
+import operator
 import os
 import resource
 import sys
-import time
 import traceback
+import types
 
-limits = json.loads(sys.argv[1])  # CPU, files and output set before JAX is imported; memory and processes after
+limits = json.loads(sys.argv[1])
+
+
+for name, value in (("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NOFILE", limits["open_files"]),
+                    ("RLIMIT_CORE", 0)):
+    resource.setrlimit(getattr(resource, name), (value, value))
+resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))  # SIGXCPU, then SIGKILL
+os.setpriority(os.PRIO_PROCESS, 0, 19)
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _tasks_of(uid):
@@ -32,20 +53,48 @@ def _tasks_of(uid):
     return n
 
 
-for name, value in (("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NOFILE", limits["open_files"]),
-                    ("RLIMIT_CORE", 0)):
-    resource.setrlimit(getattr(resource, name), (value, value))
-resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))  # SIGXCPU, then SIGKILL
+def _seccomp() -> None:
+    """Refuse what no problem needs and every escape route uses (EPERM; clone3 ENOSYS so glibc falls back to
+    clone, whose flags a filter can read). Loaded with no_new_privs, on every thread of this process."""
+    import pyseccomp as sc
+
+    refuse = sc.ERRNO(errno.EPERM)
+    f = sc.SyscallFilter(sc.ALLOW)
+    for call in ("socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "ptrace",
+                 "process_vm_readv", "process_vm_writev", "execve", "execveat", "fork", "vfork", "unshare", "setns",
+                 "mount", "umount2", "pivot_root", "chroot", "keyctl", "add_key", "request_key", "bpf",
+                 "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+                 "personality", "setpriority", "sched_setscheduler", "sched_setattr", "sched_setparam", "kcmp",
+                 "open_by_handle_at", "name_to_handle_at", "mknod", "mknodat", "memfd_create", "pidfd_open",
+                 "pidfd_getfd", "pidfd_send_signal", "move_mount", "open_tree", "fsopen", "fsmount", "fspick",
+                 "mount_setattr", "quotactl", "acct", "swapon", "swapoff", "reboot", "kexec_load", "init_module",
+                 "finit_module", "delete_module", "setrlimit", "setsid", "setpgid"):
+        try:
+            f.add_rule(refuse, call)
+        except (ValueError, OSError, RuntimeError):  # a call this kernel or architecture does not have
+            pass
+    f.add_rule(refuse, "clone", sc.Arg(0, sc.MASKED_EQ, 0x00010000, 0))  # a clone without CLONE_THREAD: a process
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    me = os.getpid()
+    f.add_rule(refuse, "kill", sc.Arg(0, sc.NE, me))  # signals only to itself (its threads: tgkill below)
+    f.add_rule(refuse, "tgkill", sc.Arg(0, sc.NE, me))
+    f.add_rule(refuse, "tkill")
+    f.add_rule(refuse, "prlimit64", sc.Arg(2, sc.NE, 0))  # reading a limit is fine, setting one is not
+    f.add_rule(refuse, "ioctl", sc.Arg(1, sc.EQ, 0x5412))  # TIOCSTI: no keystrokes pushed into a terminal
+    f.set_attr(sc.Attr.CTL_TSYNC, 1)
+    f.load()
+
 
 import builtins  # noqa: E402
-import functools  # noqa: E402
-import math  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from RestrictedPython import compile_restricted  # noqa: E402
+from RestrictedPython.Guards import (full_write_guard, guarded_iter_unpack_sequence,  # noqa: E402
+                                     guarded_unpack_sequence, safer_getattr)
 
-for _name in limits["imports"]:  # all a student may import, loaded now: after the drop its files may be unreadable
+for _name in limits["imports"]:  # all a student may import, loaded now: after a drop its files may be unreadable
     __import__(_name)
 jnp.zeros(1).block_until_ready()  # start the backend while waiting (a spare child is warm when its code arrives)
 
@@ -57,20 +106,22 @@ def _mapped_bytes():
 
 
 # The student's code gets `memory_bytes` of address space beyond what JAX's own import mapped (its private memory
-# can grow by at most that much), whatever the machine's core count makes JAX map.
+# can grow by at most that much), whatever the machine's core count makes JAX map. With no process of its own
+# (seccomp), this bounds the whole run.
 resource.setrlimit(resource.RLIMIT_AS, (_mapped_bytes() + limits["memory_bytes"],) * 2)
 
-if limits["user"]:  # started as root: become the unprivileged user for good before any student code arrives
+if limits["user"]:  # no OS sandbox and started as root: become `nobody` for good before any student code arrives
     uid, gid = limits["user"]
     os.setgroups([])
     os.setgid(gid)
-    os.setuid(uid)  # real, effective and saved ids, every thread (glibc): no way back, and RLIMIT_NPROC now binds
+    os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
         os._exit(3)
-resource.setrlimit(resource.RLIMIT_NPROC, (_tasks_of(os.getuid()) + limits["tasks"],) * 2)
+if limits["seccomp"]:
+    _seccomp()
+else:  # without the filter, at least a bound on processes (it binds users that are not root, and counts them all)
+    resource.setrlimit(resource.RLIMIT_NPROC, (_tasks_of(os.getuid()) + limits["tasks"],) * 2)
 payload = json.loads(sys.stdin.read())
-ALLOWED = set(payload["allowed_imports"])
-SAFE_BUILTINS = payload["builtins"]
 
 
 class CappedOutput:
@@ -89,16 +140,69 @@ class CappedOutput:
 
 
 out = CappedOutput(payload["output_chars"])
+ALLOWED = set(payload["allowed_imports"])
+ONLY = {module: set(names) for module, names in payload["module_attributes"].items()}
+DENIED = set(payload["denied_attributes"])
+HIDDEN_TYPES = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
 
 
-def student_print(*args, sep=" ", end="\n", **_):
-    out.write(sep.join(str(a) for a in args) + end)
+def guarded_getattr(obj, name, *default):
+    """`obj.name` for student code: no `_` names, none of the attributes that read files or reach C, only the
+    listed attributes of a module that lists them, and never a module outside the allowlist, a frame, a code object
+    or a traceback as the result, however it was reached."""
+    if not isinstance(name, str) or name.startswith("_") or name in DENIED:
+        raise AttributeError(f"the attribute `.{name}` is not available here")
+    if isinstance(obj, types.ModuleType) and obj.__name__ in ONLY and name not in ONLY[obj.__name__]:
+        raise AttributeError(f"`{obj.__name__}.{name}` is not available here (only "
+                             f"{', '.join(sorted(ONLY[obj.__name__]))})")
+    value = safer_getattr(obj, name, *default)
+    if isinstance(value, HIDDEN_TYPES) and not (isinstance(value, types.ModuleType) and value.__name__ in ALLOWED):
+        raise AttributeError(f"`.{name}` leads outside what Practice offers")
+    return value
 
 
 def student_import(name, globals=None, locals=None, fromlist=(), level=0):
     if level or name not in ALLOWED:
         raise ImportError(f"import {name!r} is not allowed here (allowed: {', '.join(sorted(ALLOWED))})")
-    return builtins.__import__(name, globals, locals, fromlist, level)
+    module = builtins.__import__(name, globals, locals, fromlist, level)
+    for item in fromlist or ():
+        try:
+            guarded_getattr(sys.modules[name], item)
+        except AttributeError as err:
+            raise ImportError(f"cannot import {item!r} from {name!r}: {err}") from None
+    return module
+
+
+class StudentPrint:
+    """RestrictedPython's print: `print(...)` becomes `_print_(_getattr_)._call_print(...)`."""
+
+    def __init__(self, _getattr=None):
+        pass
+
+    def _call_print(self, *args, sep=" ", end="\n", **_):
+        out.write(str(sep).join(str(a) for a in args) + str(end))
+
+    def __call__(self):
+        return ""
+
+
+_INPLACE = {"+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+            "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+            "<<=": operator.ilshift, ">>=": operator.irshift, "&=": operator.iand, "|=": operator.ior,
+            "^=": operator.ixor}
+
+
+def namespace_for(wall: bool) -> dict:
+    """The globals student code runs in: guarded (`wall`), or the plain interpreter's (tests of the OS wall)."""
+    if not wall:
+        return {"__builtins__": builtins, "__name__": "__practice__", "print": StudentPrint()._call_print}
+    safe = {k: getattr(builtins, k) for k in payload["builtins"] if hasattr(builtins, k)}
+    safe["__import__"] = student_import
+    return {"__builtins__": safe, "__name__": "__practice__", "_getattr_": guarded_getattr,
+            "_getitem_": lambda obj, key: obj[key], "_getiter_": iter, "_write_": full_write_guard,
+            "_print_": StudentPrint, "_apply_": lambda f, *a, **kw: f(*a, **kw),
+            "_inplacevar_": lambda op, x, y: _INPLACE[op](x, y),
+            "_unpack_sequence_": guarded_unpack_sequence, "_iter_unpack_sequence_": guarded_iter_unpack_sequence}
 
 
 def error_of(err):
@@ -131,14 +235,13 @@ def encode(result):
     return leaves
 
 
-reply = {"output": "", "truncated": 0, "exec_error": None, "results": [], "seconds": 0.0}
+reply = {"output": "", "truncated": 0, "exec_error": None, "results": []}
 try:
-    namespace = {"__builtins__": {**{k: getattr(builtins, k) for k in SAFE_BUILTINS if hasattr(builtins, k)},
-                                  "print": student_print, "__import__": student_import},
-                 "__name__": "__practice__"}
-    started = time.perf_counter()
+    wall = payload["language_wall"]
+    namespace = namespace_for(wall)
     try:
-        exec(compile(payload["code"], "<your code>", "exec"), namespace)
+        program = (compile_restricted if wall else compile)(payload["code"], "<your code>", "exec")
+        exec(program, namespace)
     except BaseException as err:  # noqa: BLE001 - reported, never raised: the reply must be written
         reply["exec_error"] = error_of(err)
     else:
@@ -152,10 +255,9 @@ try:
                 reply["results"].append({"leaves": encode(fn(*[decode(a) for a in case])), "error": None})
             except BaseException as err:  # noqa: BLE001
                 reply["results"].append({"leaves": None, "error": error_of(err)})
-    reply["seconds"] = time.perf_counter() - started
 finally:
     reply["output"], reply["truncated"] = "".join(out.parts), out.dropped
     data = json.dumps(reply).encode()
     while data:
-        data = data[os.write(1, data):]
+        data = data[os.write(limits["reply_fd"], data):]
     os._exit(0)  # the reply is written: skip the interpreter's teardown (JAX's threads and atexit take ~0.5 s)

@@ -1,18 +1,24 @@
-"""Run a student's code safely on a shared server: checked before it runs, then run in a separate, limited process.
+"""Run a student's code on a shared server: a language wall, an OS wall, and channels the server owns.
 
-Two walls, each enough for the attacks the tests try (`tests/test_practice_sandbox.py`):
+1. **The language wall** (`refusals`, then the child): RestrictedPython compiles the code with guarded attribute
+   access, item access, iteration and writes; the child's `_getattr_` refuses `_` names, the attributes that read
+   files or reach C (`DENIED_ATTRIBUTES`), any module outside `ALLOWED_IMPORTS` as a value however it was reached,
+   frames, code objects and tracebacks. Imports only from `ALLOWED_IMPORTS`; a few builtins. `refusals` gives the
+   friendly message for the common mistakes before anything runs. It is a lint with teeth, never the only wall.
+2. **The OS wall** (`os_wall`): each run in a fresh bubblewrap sandbox (new user, PID, network, IPC, UTS and mount
+   namespaces; the interpreter and its packages read-only and nothing else of the machine: no home, no store, no
+   `.streamlit`, no other process's `/proc`; a private 64 MB `/tmp`; the root read-only), ended as a whole: the
+   sandbox's PID 1 dies with the server's handle on it, and the kernel ends every process in its namespace. Inside,
+   the child sets its limits (CPU time, file size, open files, address space after JAX's import, the idle CPU
+   class) and a seccomp filter (no process, executable, socket, ptrace, signal outside itself, namespace or mount).
+3. **Channels the server owns**: the payload in on stdin, the reply out on a pipe (never a path in a folder the
+   child can write), printed text and errors on a third, each read with a cap; the reply is schema-checked and a
+   malformed or oversized one is a failed run with a clear message. `execute` never raises for the student's code.
 
-1. `refusals(code)`: an AST check. Imports only from `ALLOWED_IMPORTS`; no dunder or private names or attributes
-   (the attribute walks to `__subclasses__`, `__globals__`, `__builtins__`); none of the names that reach files,
-   code or frames (`open`, `eval`, `exec`, `compile`, `getattr`, `np.load`, `np.ctypeslib`, `gi_frame`...).
-2. `execute`: a fresh `python -I` child (no inherited environment: `env` holds only what JAX needs), in an empty
-   temporary folder, under resource limits it sets on itself (`harness.py`): CPU time, file size, open files, then
-   after JAX's import address space (the code's share beyond it) and processes; when the server runs as root the
-   child drops to the unprivileged user `nobody` after importing JAX, before it reads student code. A wall-clock
-   timeout kills its whole process group; its output is capped. The child sees restricted builtins and an import
-   hook with the same allowlist.
-
-Nothing here imports Streamlit; the page runs `execute` through the server's gate (at most a few at once).
+Where the OS wall cannot be set up (no bubblewrap, no user namespaces, no libseccomp), `os_wall()` says why and
+`mode()` decides: a shared server runs no free-form code; a server bound to localhost runs it with the language
+wall and the limits, and says so. Nothing here imports Streamlit; the page runs `execute` through Practice's own
+gate slot.
 """
 
 from __future__ import annotations
@@ -20,24 +26,32 @@ from __future__ import annotations
 import ast
 import atexit
 import dataclasses
+import functools
 import json
+import math
 import os
 import pwd
 import re
 import shutil
 import signal
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
-import subprocess
 from pathlib import Path
 
 import numpy as np
+from RestrictedPython import compile_restricted_exec
 
-#: Modules a student may import: what the problems need (`time` for the timing problem's `perf_counter`).
-ALLOWED_IMPORTS = ("jax", "jax.numpy", "jax.random", "jax.nn", "jax.lax", "jax.tree_util", "numpy", "math",
-                   "functools", "time")
+#: Modules a student may import, and the only modules student code may hold as a value.
+ALLOWED_IMPORTS = ("jax", "jax.numpy", "jax.random", "jax.nn", "jax.lax", "jax.tree_util", "jax.numpy.linalg",
+                   "numpy", "numpy.linalg", "numpy.random", "math", "functools", "time")
+#: Modules whose attributes are an allowlist (the rest of their names: `update_wrapper` writes attributes,
+#: `time.thread_time` and friends are harmless but no problem needs them).
+MODULE_ATTRIBUTES = {"functools": ("partial", "reduce", "lru_cache", "cache"),
+                     "time": ("perf_counter", "perf_counter_ns", "time", "monotonic", "sleep")}
 
 #: Names no student code may use: they read files, run code built from strings, or reach frames and globals.
 DENIED_NAMES = frozenset({
@@ -47,18 +61,20 @@ DENIED_NAMES = frozenset({
 })
 
 #: Attributes no student code may use, on any object: files (`np.load`, `np.fromfile`, `x.tofile`), C access
-#: (`np.ctypeslib`), modules that reach the system (`os`, `sys`, `np.lib`, `np.testing`, `jax.profiler`,
-#: `jax.config`), string formatting that walks attributes (`"{0.__class__}".format`) and frames.
+#: (`np.ctypeslib`, a generator's `ctypes`/`cffi`), modules that reach the system, string formatting that walks
+#: attributes (`"{0.__class__}".format`) and frames. Checked in the code (a friendly message) and at run time.
 DENIED_ATTRIBUTES = frozenset({
     "load", "loads", "loadtxt", "genfromtxt", "fromfile", "fromregex", "memmap", "save", "savez", "savez_compressed",
-    "savetxt", "tofile", "dump", "dumps", "DataSource", "ctypeslib", "ctypes", "lib", "testing", "f2py", "distutils",
-    "os", "sys", "subprocess", "socket", "shutil", "pathlib", "io", "builtins", "importlib", "profiler", "config",
-    "experimental", "extend", "tools", "distributed", "monitoring", "export", "interpreters", "dlpack",
+    "savetxt", "tofile", "dump", "dumps", "DataSource", "ctypeslib", "ctypes", "cffi", "lib", "testing", "f2py",
+    "distutils", "os", "sys", "subprocess", "socket", "shutil", "pathlib", "io", "builtins", "importlib", "profiler",
+    "config", "experimental", "extend", "tools", "distributed", "monitoring", "export", "interpreters", "dlpack",
     "format", "format_map", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "ag_frame", "ag_code",
     "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next", "mro", "co_code", "co_consts",
     "func_globals", "func_code", "show_config", "get_include", "show_runtime",
     # more readers of files and foreign code: np.rec.fromfile, np.core.records, np.ma.mrecords.fromtextfile, jax.ffi
     "core", "rec", "records", "ma", "mrecords", "fromtextfile", "npyio", "open_memmap", "ffi", "lib_loader",
+    # the XLA client behind a device, and callbacks into Python from compiled code
+    "client", "pure_callback", "io_callback", "debug", "callback",
 })
 
 #: Builtins the child's namespace offers (everything else, `open` included, does not exist there).
@@ -66,7 +82,7 @@ SAFE_BUILTINS = (
     "abs", "all", "any", "bool", "callable", "chr", "dict", "divmod", "enumerate", "filter", "float", "frozenset",
     "hash", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next", "ord", "pow",
     "range", "repr", "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip", "complex",
-    "__build_class__", "ArithmeticError", "AssertionError", "Exception", "IndexError", "KeyError", "LookupError",
+    "ArithmeticError", "AssertionError", "Exception", "IndexError", "KeyError", "LookupError",
     "NotImplementedError", "RuntimeError", "StopIteration", "TypeError", "ValueError", "ZeroDivisionError",
     "NameError", "ImportError", "AttributeError", "OverflowError", "FloatingPointError",
     "True", "False", "None",
@@ -83,10 +99,11 @@ class Limits:
     every reference solution runs with 100 MB beyond it.
 
     **Arguments** `memory_mb`: address space the student's code may map beyond what JAX's import mapped (RLIMIT_AS,
-    set after the import: its private memory grows by at most this much); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's
-    import included); `wall_seconds`: wall-clock timeout; `output_chars`: printed characters kept; `file_bytes`:
-    largest file the child may write (RLIMIT_FSIZE: its reply on stdout is such a file); `open_files`:
-    RLIMIT_NOFILE; `tasks`: threads and processes beyond those the user already runs (RLIMIT_NPROC).
+    set after the import: its private memory grows by at most this much; with no process of its own, the run's
+    whole tree); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's import included); `wall_seconds`: wall-clock timeout;
+    `output_chars`: printed characters kept; `file_bytes`: largest file the child may write (RLIMIT_FSIZE);
+    `tmp_mb`: the sandbox's private `/tmp` (all its files together); `open_files`: RLIMIT_NOFILE; `tasks`: processes
+    beyond the user's, only where no seccomp filter refuses every new process (RLIMIT_NPROC).
     """
 
     memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "150"))
@@ -94,22 +111,28 @@ class Limits:
     wall_seconds: float = float(os.environ.get("GRADLAB_PRACTICE_WALL_SECONDS", "30"))
     output_chars: int = 20_000
     file_bytes: int = 4 * 2**20
+    tmp_mb: int = 64
     open_files: int = 64
     tasks: int = 64
 
 
 LIMITS = Limits()
+#: The reply's size cap before it is parsed, and how long the server waits for the channels after the child ended.
+REPLY_BYTES = 16 * 2**20
+LOG_BYTES = 64 * 2**10
+DRAIN_SECONDS = 2.0
 
 
 @dataclasses.dataclass
 class Outcome:
     """One run of student code.
 
-    - `refused`: the AST check's reasons (nothing ran) · `stopped`: why the child was stopped (a limit), or None.
+    - `refused`: the language wall's reasons (nothing ran) · `stopped`: why the child was stopped (a limit, a
+      malformed reply), or None.
     - `output`: what the code printed (capped; `truncated` more characters not kept).
     - `exec_error`: `{"type", "message", "line"}` when running the code's top level failed.
     - `results`: per case, `{"leaves": [np.ndarray float64], "error": None | {...}}`.
-    - `seconds`: the child's wall time; `peak_rss_mb`: its peak resident memory (MB).
+    - `seconds`: the run's wall time measured by the server; `peak_rss_mb`: the child's peak resident memory (MB).
     """
 
     refused: list[str] = dataclasses.field(default_factory=list)
@@ -127,12 +150,15 @@ class Outcome:
         return not self.refused and self.stopped is None and self.exec_error is None
 
 
-def refusals(code: str) -> list[str]:
-    """Why `code` may not run: an empty list when it passes the check.
+# ---------------------------------------------------------------- the language wall, server side
 
-    Refuses imports outside `ALLOWED_IMPORTS` (and relative or `*` imports), any name in `DENIED_NAMES` or dunder
-    name, any attribute in `DENIED_ATTRIBUTES` or starting with `_`, any string holding a dunder name, and code
-    longer than `MAX_CODE_CHARS`. A syntax error is one reason, with its line.
+def refusals(code: str) -> list[str]:
+    """Why `code` may not run: an empty list when it passes the language wall's static part.
+
+    Refuses imports outside `ALLOWED_IMPORTS` (and relative or `*` imports), any name in `DENIED_NAMES`, any
+    attribute in `DENIED_ATTRIBUTES`, strings holding dunder names, class definitions, `match` statements and
+    whatever RestrictedPython refuses (names and attributes starting with `_`, frame attributes...), and code longer
+    than `MAX_CODE_CHARS`. A syntax error is one reason, with its line. Each reason starts with "line N:".
     """
     if len(code) > MAX_CODE_CHARS:
         return [f"the code is {len(code):,} characters long; at most {MAX_CODE_CHARS:,} are accepted"]
@@ -157,28 +183,36 @@ def refusals(code: str) -> list[str]:
             for alias in node.names:
                 if alias.name == "*":
                     refuse(node, "`import *` is not allowed: import the names you use")
-                elif alias.name.startswith("_") or alias.name in DENIED_ATTRIBUTES:
+                elif alias.name.startswith("_") or alias.name in DENIED_ATTRIBUTES or alias.name not in (
+                        MODULE_ATTRIBUTES.get(node.module or "", (alias.name,))):
                     refuse(node, f"importing `{alias.name}` is not allowed")
         elif isinstance(node, ast.Name) and (node.id in DENIED_NAMES or node.id.startswith("__")):
             refuse(node, f"`{node.id}` is not available here")
         elif isinstance(node, ast.Attribute) and (node.attr.startswith("_") or node.attr in DENIED_ATTRIBUTES):
             refuse(node, f"the attribute `.{node.attr}` is not available here")
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name.startswith("__"):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("__"):
             refuse(node, f"the name `{node.name}` is not allowed")
         elif isinstance(node, ast.arg) and node.arg.startswith("__"):
             refuse(node, f"the name `{node.arg}` is not allowed")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DUNDER_TEXT.search(node.value):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and _DUNDER_TEXT.search(
+                node.value if isinstance(node.value, str) else node.value.decode("latin-1")):
             refuse(node, "strings holding dunder names (`__…__`) are not allowed")
+        elif isinstance(node, ast.ClassDef):
+            refuse(node, "classes are not needed here and not allowed: write functions")
+        elif isinstance(node, ast.Match):
+            refuse(node, "`match` statements are not needed here and not allowed: use `if`")
         elif isinstance(node, (ast.AsyncFunctionDef, ast.Await, ast.AsyncWith, ast.AsyncFor, ast.Global, ast.Nonlocal)):
             refuse(node, f"`{type(node).__name__}` is not needed here and not allowed")
+    if not reasons:  # RestrictedPython's own refusals, for what the checks above do not name
+        result = compile_restricted_exec(code, filename="<your code>")
+        reasons += [re.sub(r"^Line (\d+): ", r"line \1: ", e) for e in result.errors]
     return reasons
 
 
-HARNESS = (Path(__file__).with_name("harness.py")).read_text()
-
+# ---------------------------------------------------------------- the OS wall
 
 def _nobody() -> tuple[int, int] | None:
-    """(uid, gid) of `nobody` when this process runs as root (the child then drops to it), else None."""
+    """(uid, gid) of `nobody` when this process runs as root (the child then runs as it), else None."""
     if os.geteuid() != 0:
         return None
     try:
@@ -188,11 +222,99 @@ def _nobody() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
+def _read_only_roots() -> list[str]:
+    """What the sandbox sees of the machine, read-only: the system's libraries and this interpreter with its
+    packages (its prefix, its base prefix, their real paths), never the project, the home or the store."""
+    paths = {"/usr", "/etc/ld.so.cache", "/etc/alternatives"}
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+              *sysconfig.get_paths().values()):
+        for q in (p, os.path.realpath(p)):
+            if os.path.exists(q):
+                paths.add(q)
+    roots = []
+    for p in sorted(paths, key=len):  # a folder inside one already bound comes with it
+        if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots):
+            roots.append(p)
+    return roots
+
+
+#: Where the children's compilation cache appears inside a sandbox.
+CACHE_INSIDE = "/xla-cache"
+
+
+def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[str]:
+    """bubblewrap's command line for one run (before the interpreter's)."""
+    args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+            "--die-with-parent", "--new-session", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+    for root in _read_only_roots():
+        args += ["--ro-bind", root, root]
+    for name in ("lib", "lib64", "bin", "sbin"):
+        if os.path.islink(f"/{name}"):
+            args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+        elif os.path.isdir(f"/{name}"):
+            args += ["--ro-bind", f"/{name}", f"/{name}"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
+    if cache:
+        args += ["--bind" if write_cache else "--ro-bind", cache, CACHE_INSIDE]
+    return args + ["--remount-ro", "/", "--chdir", "/tmp"]
+
+
+@functools.cache
+def os_wall() -> str | None:
+    """Why the OS wall cannot be set up here (None: it can). Tries it once: a sandbox with every namespace that
+    imports the seccomp bindings and loads a filter. Cached for the process."""
+    if os.environ.get("GRADLAB_PRACTICE_OS_WALL", "auto").strip().lower() in ("off", "0", "no", "false"):
+        return "the OS sandbox is turned off (GRADLAB_PRACTICE_OS_WALL=off)"
+    if not sys.platform.startswith("linux"):
+        return f"the OS sandbox needs Linux (this is {sys.platform})"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (Debian: `apt-get install bubblewrap`; Community Cloud: packages.txt)"
+    probe = ("import pyseccomp as s\nf = s.SyscallFilter(s.ALLOW)\nf.add_rule(s.ERRNO(1), 'socket')\nf.load()\n"
+             "import socket\ntry:\n    socket.socket()\nexcept PermissionError:\n    print('ok')\n")
+    try:
+        done = subprocess.run([*_bwrap_args(LIMITS, None, False), sys.executable, "-I", "-c", probe],
+                              capture_output=True, text=True, timeout=60, env=_env(None))
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"bubblewrap could not start ({err})"
+    if done.stdout.strip() != "ok":
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"bubblewrap could not set up the sandbox here ({why[:300]})"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """What Practice may do on this server: `runs_code` (free-form code at all), `os_wall` (each run in the OS
+    sandbox) and `message` (what the page says; empty when the OS wall holds)."""
+
+    runs_code: bool
+    os_wall: bool
+    message: str
+
+
+def mode(local: bool) -> Mode:
+    """Practice's mode for a server bound to localhost only (`local`, a single user) or not (a shared server).
+
+    With the OS wall: free-form code runs, each run in its sandbox. Without it, a shared server runs none (the
+    page keeps the "choose the cause" questions and offers each problem as a file to run locally), and a local one
+    runs code behind the language wall and the limits, saying so. `GRADLAB_PRACTICE_LOCAL=1` declares a server
+    local whatever its address (a laptop reached through a tunnel, say)."""
+    why = os_wall()
+    if why is None:
+        return Mode(True, True, "")
+    if local or os.environ.get("GRADLAB_PRACTICE_LOCAL", "").strip().lower() in ("1", "yes", "true", "on"):
+        return Mode(True, False, f"Your code runs on this machine behind Practice's language wall and limits, not in "
+                                 f"an OS sandbox: {why}. Fine for your own laptop; never share this server's link.")
+    return Mode(False, False, f"This shared server runs no free-form code: {why}. Download the problem as a file and "
+                              "run it on your own machine, or answer the questions below.")
+
+
+# ---------------------------------------------------------------- the children's compilation cache
+
 #: XLA's persistent compilation cache of the sandbox children, never the server's own (the server never loads what a
-#: child may have written). `fill_cache` writes it from the reference solutions, in children that keep the server's
-#: user; when the server runs as root the children are `nobody` and only read it (it is the server's, mode 0755).
+#: child may have written). `fill_cache` writes it from the reference solutions, in a sandbox where it is bound
+#: writable; a student's run sees it read-only, so their programs never persist. "" turns it off.
 #: A warm Check then compiles little: 2.1 -> 1.1 s (problem 1), 9.6 -> 2.3 s (the DP-SGD step) at load 15-20.
-#: As a normal user the children add what they compile (no eviction: small files). "" turns it off.
 XLA_CACHE = os.environ.get("GRADLAB_PRACTICE_XLA_CACHE",
                            os.path.join(tempfile.gettempdir(), f"gradlab-practice-xla-{os.geteuid()}"))
 
@@ -208,57 +330,83 @@ def cache_dir() -> str | None:
     return XLA_CACHE
 
 
-def child_env(home: str) -> dict[str, str]:
+def _env(cache: str | None) -> dict[str, str]:
     """The child's whole environment: only what JAX needs on a CPU (nothing inherited from the server), and the
-    children's own compilation cache (every compiled program cached, however quick to compile)."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "JAX_PLATFORMS": "cpu", "LANG": "C.UTF-8",
+    children's compilation cache at `cache` (every compiled program cached, however quick to compile)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "JAX_PLATFORMS": "cpu", "LANG": "C.UTF-8",
            "MALLOC_ARENA_MAX": "2",  # glibc's per-thread arenas would map ~1 GB of address space for JAX's threads
            "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    cache = cache_dir()
     if cache:
         env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return env
 
 
-def _stopped(status: int, limits: Limits, timed_out: bool) -> str | None:
-    """A clear sentence for a child that did not end on its own, from its wait status."""
-    if timed_out:
-        return (f"Stopped: your code ran longer than {limits.wall_seconds:.0f} s (wall clock). "
-                "An endless loop, or far more work than this problem needs?")
-    if not os.WIFSIGNALED(status):
-        return None
-    sig = os.WTERMSIG(status)
-    if sig in (signal.SIGXCPU, signal.SIGKILL):  # the CPU limit's soft, then hard signal (memory is RLIMIT_AS's)
-        return f"Stopped: your code used more than {limits.cpu_seconds} s of CPU time. An endless loop?"
-    if sig == signal.SIGXFSZ:
-        return "Stopped: your code tried to write more output than the limit."
-    return (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB, "
-            f"signal {signal.Signals(sig).name}). Is an array far larger than the problem needs?")
+def child_env(home: str) -> dict[str, str]:
+    """The environment a child sees (`home` its folder where no OS sandbox gives it a private `/tmp`)."""
+    cache = cache_dir()
+    env = _env(CACHE_INSIDE if cache and os_wall() is None else cache)
+    if os_wall() is not None:
+        env.update(HOME=home, TMPDIR=home)
+    return env
+
+
+# ---------------------------------------------------------------- the child: started, fed, drained, ended
+
+class _Drain(threading.Thread):
+    """Reads a pipe to its end, keeping the first `cap` bytes (`overflow` counts the rest)."""
+
+    def __init__(self, stream, cap: int):
+        super().__init__(daemon=True, name="practice-drain")
+        self.stream, self.cap, self.data, self.overflow = stream, cap, bytearray(), 0
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while chunk := self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536):
+                room = self.cap - len(self.data)
+                self.data += chunk[:max(room, 0)]
+                self.overflow += max(len(chunk) - max(room, 0), 0)
+        except (OSError, ValueError):
+            pass
 
 
 @dataclasses.dataclass
 class _Child:
-    """A started harness process waiting for its payload on stdin, in its own empty folder."""
+    """A started harness process waiting for its payload on stdin; its reply and log pipes drained as they come."""
 
     proc: subprocess.Popen
-    folder: str
+    folder: str | None  # its working folder where no OS sandbox gives it a private /tmp
     limits: Limits
+    reply: _Drain
+    log: _Drain
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def discard(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """End it and everything in its sandbox (its namespace ends with bubblewrap), and its folder."""
+        _kill(self.proc)
         try:
             self.proc.wait(5)
         except (subprocess.TimeoutExpired, ChildProcessError):
             pass
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 #: One spare child kept warm (JAX imported, waiting for code) while Practice has visitors: Check then skips JAX's
@@ -270,40 +418,65 @@ SPARE_IDLE_SECONDS = float(os.environ.get("GRADLAB_PRACTICE_IDLE_SECONDS", "300"
 _SPARE: list[_Child] = []
 _SPARE_LOCK = threading.Lock()
 _wanted_until = 0.0  # monotonic time until which a spare is kept (the last visitor's `prepare` + the idle time)
-#: Held while a child runs: one at a time in this process (the gate has one slot; `fill_cache` waits its turn too),
-#: and no spare starts beside a running child (their memory would add up).
+#: Held while a child runs: one at a time in this process (Practice's gate has one slot; `fill_cache` waits its turn
+#: too), and no spare starts beside a running child (their memory would add up).
 _ONE_RUN = threading.Lock()
 _RUNNING: list[_Child] = []  # the child running now (at most one)
 _reaper: threading.Thread | None = None
 
 
-def _start(limits: Limits, drop: bool = True) -> _Child:
-    """Start a harness child under `limits` in a fresh empty folder (owned by `nobody` when we are root: the child
-    starts as root, so it can read this Python wherever it lives, imports JAX, then drops to `nobody` for good
-    before it reads any student code; `drop=False` keeps the server's user, for the server's own code only)."""
-    folder = tempfile.mkdtemp(prefix="gradlab-practice-")
-    user = _nobody() if drop else None
-    if user:
-        os.chown(folder, *user)
-    config = json.dumps({"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
-                         "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
-                         "user": user, "imports": ALLOWED_IMPORTS})
-    with open(os.path.join(folder, ".out"), "wb") as out, open(os.path.join(folder, ".err"), "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-I", "-c", HARNESS, config], cwd=folder, env=child_env(folder),
-                                start_new_session=True, close_fds=True, stdin=subprocess.PIPE, stdout=out, stderr=err)
-    return _Child(proc, folder, limits)
+def _start(limits: Limits, as_server: bool = False) -> _Child:
+    """Start a harness child under `limits`, waiting for its payload: in a fresh bubblewrap sandbox where the OS
+    wall holds, else as a plain process in a fresh empty folder (dropping to `nobody` after JAX's import when we are
+    root). `as_server`: the server's own code (the reference solutions), which may write the children's cache."""
+    cache, wall = cache_dir(), os_wall() is None
+    reply_r, reply_w = os.pipe()
+    config = {"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
+              "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
+              "imports": ALLOWED_IMPORTS, "reply_fd": reply_w, "seccomp": _seccomp_available(),
+              "user": None if wall or as_server else _nobody()}
+    folder = None
+    if wall:
+        prefix, env, cwd = _bwrap_args(limits, cache, write_cache=as_server), _env(cache and CACHE_INSIDE), "/"
+    else:
+        folder = cwd = tempfile.mkdtemp(prefix="gradlab-practice-")
+        if config["user"]:
+            os.chown(folder, *config["user"])
+        prefix, env = [], {**_env(cache), "HOME": folder, "TMPDIR": folder}
+    try:
+        proc = subprocess.Popen([*prefix, sys.executable, "-I", "-c", HARNESS, json.dumps(config)], cwd=cwd, env=env,
+                                start_new_session=True, pass_fds=(reply_w,), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    finally:
+        os.close(reply_w)  # the child holds the only write end: the pipe ends when its sandbox does
+    return _Child(proc, folder, limits, _Drain(os.fdopen(reply_r, "rb", buffering=0), REPLY_BYTES),
+                  _Drain(proc.stdout, LOG_BYTES))
 
 
-def _take(limits: Limits, drop: bool = True) -> _Child:
-    """The warm spare child when it has these limits and still waits, else a freshly started one. `drop=False`:
-    a fresh child that keeps the server's user (a waiting spare goes: it would hold memory beside it)."""
+@functools.cache
+def _seccomp_available() -> bool:
+    """Whether the child can load a seccomp filter (pyseccomp and libseccomp, on Linux)."""
+    try:
+        import pyseccomp  # noqa: F401 - only the child uses it; here, whether it loads
+
+        return sys.platform.startswith("linux")
+    except (ImportError, OSError, RuntimeError):
+        return False
+
+
+HARNESS = (Path(__file__).with_name("harness.py")).read_text()
+
+
+def _take(limits: Limits, as_server: bool = False) -> _Child:
+    """The warm spare child when it has these limits and still waits, else a freshly started one. `as_server`: a
+    fresh child for the server's own code (a waiting spare goes: it would hold memory beside it)."""
     with _SPARE_LOCK:
         spare = _SPARE.pop() if _SPARE else None
-    if spare is not None and drop and spare.limits == limits and spare.alive:
+    if spare is not None and not as_server and spare.limits == limits and spare.alive:
         return spare
     if spare is not None:
         spare.discard()
-    return _start(limits, drop)
+    return _start(limits, as_server)
 
 
 def _refill(limits: Limits) -> None:
@@ -366,30 +539,34 @@ def _discard_all() -> None:
 
 
 def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMITS, check: bool = True,
-            max_elements: int = 100_000, as_server: bool = False) -> Outcome:
+            max_elements: int = 100_000, as_server: bool = False, language_wall: bool = True) -> Outcome:
     """Run student `code` in a sandboxed child process and call its function `fn` on each case.
 
     **Arguments**
     - `code`: Python source; refused without running when `refusals(code)` finds anything (`check=False` skips
-      the AST check: only tests of the second wall use it).
+      that static check; the child's guards still hold).
     - `fn`: the name of the function to call after the code ran (None: only run the code).
     - `cases`: a list of argument lists, each argument `{"kind": "float"|"int"|"key"|"array", "value", "dtype"}`
       (JSON; a "key" is `jax.random.PRNGKey(value)` built in the child).
     - `limits`: `Limits`; `max_elements`: the most numbers one returned leaf may hold.
-    - `as_server`: the child keeps the server's user (no drop to `nobody`), so it may write the children's compilation
-      cache: for the server's own code only (`fill_cache` runs the reference solutions so).
+    - `as_server`: the server's own code (`fill_cache` runs the reference solutions so): the children's
+      compilation cache is writable in its sandbox.
+    - `language_wall=False`: run the code with the plain interpreter's builtins, as if the language wall had fallen
+      (tests of the OS wall only).
 
-    **Returns** an `Outcome` (never raises for anything the student's code does). Runs one child at a time.
+    **Returns** an `Outcome`; never raises for anything the student's code does (a malformed or oversized reply is
+    a stopped run). Runs one child at a time.
     """
     reasons = refusals(code) if check else []
     if reasons:
         return Outcome(refused=reasons)
     payload = json.dumps({"code": code, "fn": fn, "cases": list(cases), "output_chars": limits.output_chars,
                           "allowed_imports": ALLOWED_IMPORTS, "builtins": SAFE_BUILTINS,
-                          "max_elements": max_elements}).encode()
+                          "module_attributes": MODULE_ATTRIBUTES, "denied_attributes": sorted(DENIED_ATTRIBUTES),
+                          "max_elements": max_elements, "language_wall": language_wall}).encode()
     _ONE_RUN.acquire()
     try:
-        child = _take(limits, drop=not as_server)
+        child = _take(limits, as_server)
         _RUNNING.append(child)
     except BaseException:
         _ONE_RUN.release()
@@ -402,17 +579,17 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         except OSError:
             pass  # it died waiting: its status says why
         status, usage, timed_out = _wait(child.proc, limits.wall_seconds)
-        seconds = time.perf_counter() - started
-        peak_mb = usage.ru_maxrss / 1024 if usage is not None else 0.0
-        outcome = Outcome(seconds=seconds, peak_rss_mb=peak_mb, stopped=_stopped(status, limits, timed_out))
-        with open(os.path.join(child.folder, ".out"), "rb") as f:
-            reply = _parse(f.read(limits.file_bytes))
+        for drain in (child.reply, child.log):  # the server's deadline: a channel still open is cut off
+            drain.join(DRAIN_SECONDS)
+        outcome = Outcome(seconds=time.perf_counter() - started, peak_rss_mb=usage.ru_maxrss / 1024 if usage else 0.0,
+                          stopped=_stopped(status, limits, timed_out))
+        reply, problem = _parse(bytes(child.reply.data), child.reply.overflow, len(cases))
         if reply is None:
             if outcome.stopped is None:
-                with open(os.path.join(child.folder, ".err"), "rb") as f:
-                    tail = f.read()[-600:].decode(errors="replace").strip()
-                outcome.stopped = ("Stopped: the process running your code ended without an answer "
-                                   f"(exit status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status}). {tail}")
+                tail = bytes(child.log.data)[-600:].decode(errors="replace").strip()
+                exit_text = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+                outcome.stopped = (f"Stopped: the process running your code {problem or 'ended without an answer'} "
+                                   f"(exit status {exit_text}). {tail}").strip()
             return outcome
         outcome.output, outcome.truncated, outcome.exec_error = reply["output"], reply["truncated"], reply["exec_error"]
         outcome.results = [{"leaves": None if r["leaves"] is None else [_array(leaf) for leaf in r["leaves"]],
@@ -425,26 +602,42 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         _done(child, limits)
 
 
+def _stopped(status: int, limits: Limits, timed_out: bool) -> str | None:
+    """A clear sentence for a child that did not end on its own, from its wait status."""
+    if timed_out:
+        return (f"Stopped: your code ran longer than {limits.wall_seconds:.0f} s (wall clock). "
+                "An endless loop, or far more work than this problem needs?")
+    code = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    if code is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) > 128:  # bubblewrap reports its child's
+        code = os.WEXITSTATUS(status) - 128                                      # signal as 128 + the signal
+    if code is None:
+        return None
+    if code in (signal.SIGXCPU, signal.SIGKILL):  # the CPU limit's soft, then hard signal (memory is RLIMIT_AS's)
+        return f"Stopped: your code used more than {limits.cpu_seconds} s of CPU time. An endless loop?"
+    if code == signal.SIGXFSZ:
+        return "Stopped: your code tried to write more output than the limit."
+    name = signal.Signals(code).name if code in signal.Signals._value2member_map_ else str(code)
+    return (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB, "
+            f"signal {name}). Is an array far larger than the problem needs?")
+
+
 def _wait(proc: subprocess.Popen, wall_seconds: float):
-    """Wait for `proc` up to `wall_seconds`, then kill its process group. Returns (status, rusage, timed_out)."""
+    """Wait for `proc` up to `wall_seconds`, then kill it (its sandbox ends with it). Returns (status, rusage,
+    timed_out)."""
     deadline = time.monotonic() + wall_seconds
     timed_out = False
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
-            proc.returncode = status  # reaped here: Popen must not wait for it again
             break
         if time.monotonic() > deadline:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill(proc)
             pid, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = status
             break
         time.sleep(0.02)
-    try:  # anything the child left behind in its group (it cannot fork without `os`, but belt and braces)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    proc.returncode = status  # reaped here: Popen must not wait for it again
+    _kill(proc)  # anything left in its group (without the OS wall; with it, the namespace is gone already)
     return status, usage, timed_out
 
 
@@ -452,12 +645,47 @@ def _out_of_memory(error: dict) -> bool:
     return error["type"] == "MemoryError" or "RESOURCE_EXHAUSTED" in error["message"]
 
 
-def _parse(raw: bytes) -> dict | None:
+def _parse(raw: bytes, overflow: int, cases: int) -> tuple[dict | None, str | None]:
+    """The child's reply, schema-checked: (reply, None), or (None, what is wrong with it)."""
+    if overflow:
+        return None, f"sent back an answer over {REPLY_BYTES // 2**20} MB"
+    if not raw:
+        return None, None
     try:
         reply = json.loads(raw.decode())
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return reply if isinstance(reply, dict) and "results" in reply else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, "sent back an answer that is not valid JSON"
+    return (reply, None) if _valid(reply, cases) else (None, "sent back an answer of the wrong form")
+
+
+def _valid_error(e) -> bool:
+    return e is None or (isinstance(e, dict) and set(e) == {"type", "message", "line"} and isinstance(e["type"], str)
+                         and isinstance(e["message"], str) and (e["line"] is None or type(e["line"]) is int))
+
+
+def _valid_leaf(leaf) -> bool:
+    if not (isinstance(leaf, dict) and set(leaf) == {"shape", "data"} and isinstance(leaf["shape"], list)
+            and isinstance(leaf["data"], list) and len(leaf["shape"]) <= 8):
+        return False
+    if not all(type(n) is int and 0 <= n for n in leaf["shape"]) or len(leaf["data"]) != math.prod(leaf["shape"]):
+        return False
+    return all(type(x) in (int, float) for x in leaf["data"])
+
+
+def _valid(reply, cases: int) -> bool:
+    """`{"output": str, "truncated": int, "exec_error": error|None, "results": [{"leaves": [leaf]|None, "error":
+    error|None}]}` with at most one result per case, each leaf's data as long as its shape's product."""
+    if not (isinstance(reply, dict) and set(reply) == {"output", "truncated", "exec_error", "results"}):
+        return False
+    if not (isinstance(reply["output"], str) and type(reply["truncated"]) is int and _valid_error(reply["exec_error"])
+            and isinstance(reply["results"], list) and len(reply["results"]) <= cases):
+        return False
+    for r in reply["results"]:
+        if not (isinstance(r, dict) and set(r) == {"leaves", "error"} and _valid_error(r["error"])):
+            return False
+        if r["leaves"] is not None and not (isinstance(r["leaves"], list) and all(map(_valid_leaf, r["leaves"]))):
+            return False
+    return True
 
 
 def _array(leaf: dict) -> np.ndarray:
