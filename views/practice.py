@@ -1,6 +1,7 @@
 """Practice: the seeds' problems. Write the code, Run it, Check it against an oracle on hidden inputs, and read
-what went wrong. The code runs in a separate, limited process (gradlab.practice.sandbox), one run at a time
-through the server's gate; progress lives in the session and the URL (`?problem=fix_in_axes&solved=1,3`)."""
+what went wrong. The code runs in an OS sandbox (gradlab.practice.sandbox), one run at a time through Practice's
+own gate slot; where no sandbox can be set up, a shared server offers each problem as a file instead. Progress
+lives in the session and the URL (`?problem=fix_in_axes&solved=1,3`)."""
 
 import numpy as np
 import streamlit as st
@@ -16,8 +17,10 @@ st.markdown(
     "classic mistakes, then the seed's exercise, a DP-SGD step, an influence score and a timing. **Run** shows what "
     "your code prints and returns; **Check** compares it with an answer computed another way (closed-form "
     "gradients in float64) on the seed's input and on hidden random ones, and names the mistake when it is a known "
-    "one. Your code runs in a separate, limited process: only `jax`, `numpy`, `math`, `functools` and `time`."
+    "one. Your code runs in a sandbox of its own: only `jax`, `numpy`, `math`, `functools` and `time`."
 )
+LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
+MODE = practice.mode(local=str(st.get_option("server.address") or "") in LOCAL_ADDRESSES)
 
 
 # ---------------------------------------------------------------- progress: the session, mirrored in the URL
@@ -41,20 +44,19 @@ slug = ui.choice(st.selectbox, "Problem", {p.slug: f"{i}. {p.title}" for i, p in
                  help="A link with `?problem=<name>` opens that problem.")
 number = [p.slug for p in PROBLEMS].index(slug) + 1
 problem = practice.BY_SLUG[slug]
-practice.prepare(problem)  # a child with JAX imported waits for this visitor's run; the problem's compiled code cached
+if MODE.runs_code:
+    practice.prepare(problem)  # a child with JAX imported waits for this visitor's run; the problem's code compiled
 progress_slot, heading_slot = st.empty(), st.empty()  # filled at the end: a Check below may solve this problem
 st.caption(f"From seed {problem.seed}" + (f" · expected on the seed's input: `{problem.expected}`" if problem.expected else ""))
 st.markdown(problem.statement)
 
 
-# ---------------------------------------------------------------- the shared, gated runs
+# ---------------------------------------------------------------- runs: Practice's own gate slot, never shared
 
-@ui.shared(label="Running your code", persist=False, cost=lambda *a: costs.PRACTICE_SECONDS)
 def run_code(slug: str, code: str) -> practice.Verdict:
     return practice.run(practice.BY_SLUG[slug], code)
 
 
-@ui.shared(label="Checking your code", persist=False, cost=lambda *a: costs.PRACTICE_SECONDS)
 def check_code(slug: str, code: str, seed: int) -> practice.Verdict:
     return practice.check(practice.BY_SLUG[slug], code, seed)
 
@@ -70,22 +72,34 @@ def reset_code() -> None:
 st.html("<style>[class*='st-key-practice_code_'] textarea { font-family: 'Source Code Pro', monospace; "
         "font-size: 0.85rem; }</style>")  # an editor: code in a fixed-width font
 st.session_state.setdefault(code_key, problem.starter)  # the editor's text lives in the session (reset sets it)
+if MODE.message:
+    (st.info if MODE.runs_code else st.warning)(MODE.message, icon=":material/shield:")
 code = st.text_area("Your code", height=380, key=code_key,
                     help="Press Run or Check when done (Ctrl+Enter applies the edit).")
 b_run, b_check, b_reset = st.columns([1, 1, 2])
-pressed_run = b_run.button("Run", key="practice_run", icon=":material/play_arrow:", width="stretch")
-pressed_check = b_check.button("Check", key="practice_check", type="primary", icon=":material/task_alt:", width="stretch")
+pressed_run = b_run.button("Run", key="practice_run", icon=":material/play_arrow:", width="stretch",
+                           disabled=not MODE.runs_code)
+pressed_check = b_check.button("Check", key="practice_check", type="primary", icon=":material/task_alt:",
+                               width="stretch", disabled=not MODE.runs_code)
 b_reset.button("Back to the starter code", key="practice_reset", on_click=reset_code)
+st.download_button("Download this problem as a file to run locally", practice.as_file(problem),
+                   file_name=f"{slug}.py", mime="text/x-python", key="practice_file", icon=":material/download:")
 
-if pressed_run or pressed_check:
+if (pressed_run or pressed_check) and MODE.runs_code:
     reasons = practice.refusals(code)
+    wait = 0.0 if reasons else ui.practice_wait()
     if reasons:  # refused before it reaches the gate: nothing runs
         verdict = practice.Verdict(False, practice.Outcome(refused=reasons))
+    elif wait:
+        verdict = practice.Verdict(False, practice.Outcome(
+            stopped=f"Slow down: at most {ui.PRACTICE_PER_MINUTE} runs a minute. Try again in {wait:.0f} s."))
     else:
         failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
         verdict = practice.Verdict(False, failed)
         with ui.guard("Your code could not be run"):
-            verdict = (check_code(slug, code, practice.HIDDEN_SEED) if pressed_check else run_code(slug, code))
+            verdict = (ui.sandboxed(check_code, slug, code, practice.HIDDEN_SEED, label="Checking your code",
+                                    est_seconds=costs.PRACTICE_SECONDS) if pressed_check else
+                       ui.sandboxed(run_code, slug, code, label="Running your code", est_seconds=costs.PRACTICE_SECONDS))
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)
     if pressed_check and verdict.passed:
         done.add(slug)
@@ -131,7 +145,8 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
     fig = practice.figure(problem, v)
     if fig is not None:
         ui.chart(fig)
-    st.caption(f"Ran in {out.seconds:.2f} s in a separate process.")
+    st.caption(f"Ran in {out.seconds:.2f} s in a sandbox of its own." if MODE.os_wall else
+               f"Ran in {out.seconds:.2f} s in a separate process on this machine (no OS sandbox).")
 
 
 def _text(leaves) -> str:

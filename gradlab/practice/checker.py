@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import secrets
+import textwrap
 import threading
 
 import jax
@@ -177,6 +178,26 @@ def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits:
         verdict.cases.append(case)
     verdict.passed = len(verdict.cases) == len(inputs) and all(c.passed for c in verdict.cases)
     return verdict
+
+
+def as_file(problem: Problem) -> str:
+    """`problem` as a Python file to solve on one's own machine (where a server runs no free-form code): the
+    statement, the starter code, and a check on the seed's input against the oracle's answer (computed here in
+    float64 and written into the file). Hidden inputs stay on the server. **Returns** the file's text."""
+    args = "\n".join(f"    np.asarray({np.asarray(a).tolist()!r}, dtype={str(np.asarray(a).dtype)!r})," if not
+                     isinstance(a, Key) else f"    jax.random.PRNGKey({a.seed})," for a in problem.args)
+    expected = "\n".join("    None," if e is None else f"    np.asarray({np.asarray(e).tolist()!r})," for e in
+                         problem.oracle(problem.args))
+    statement = "\n".join("# " + line for line in textwrap.wrap(problem.statement, 110))
+    return (f"# gradlab Practice: {problem.title} (seed {problem.seed})\n#\n{statement}\n#\n# Write your answer "
+            f"below, then run `python {problem.slug}.py`: it checks your `{problem.fn}` on the seed's input.\n\n"
+            f"{problem.starter.rstrip()}\n\n\n# ---- the check (gradlab's oracle, float64) ----\n"
+            "import jax\nimport numpy as np\n\nARGS = (\n" + args + "\n)\nEXPECTED = [\n" + expected + "\n]\n\n"
+            f"if __name__ == \"__main__\":\n    got = jax.tree_util.tree_leaves({problem.fn}(*ARGS))\n"
+            "    ok = len(got) == len(EXPECTED) and all(e is None or (np.shape(g) == np.shape(e) and np.allclose(\n"
+            f"        g, e, rtol={RTOL}, atol={ATOL} * max(1.0, float(np.max(np.abs(e), initial=0.0)))))\n"
+            "        for g, e in zip(got, EXPECTED))\n"
+            "    print(\"Correct on the seed's input.\" if ok else f\"Not yet: got {got}, expected {EXPECTED}\")\n")
 
 
 def figure(problem: Problem, verdict: Verdict):

@@ -777,16 +777,17 @@ def _loop_vmap(args):
 
 
 def _timing(args, leaves):
+    """The student's own times, shown and explained but never graded: a program can report any number it likes, so
+    the pass condition is the gradients alone (the server times nothing inside the sandbox)."""
     if len(leaves) != 4 or any(np.size(t) != 1 for t in leaves[2:]):
         return False, ["Return four things: `loop_grads, vmap_grads, loop_seconds, vmap_seconds` (two numbers last)."]
     loop_s, vmap_s = float(np.ravel(leaves[2])[0]), float(np.ravel(leaves[3])[0])
-    if not (loop_s > 0 and vmap_s > 0):
-        return False, [f"Your times must be positive seconds; got loop {loop_s:g} s, vmap {vmap_s:g} s."]
     n = len(args[1])
-    note = (f"Your timing, N = {n}: the loop took {loop_s * 1e3:.1f} ms, vmap {vmap_s * 1e3:.2f} ms: "
-            f"vmap is **{loop_s / vmap_s:.0f}× faster**" if vmap_s < loop_s else
-            f"Your timing, N = {n}: the loop took {loop_s * 1e3:.1f} ms, vmap {vmap_s * 1e3:.2f} ms.")
-    return vmap_s < loop_s, [note]
+    note = (f"Your own timing, N = {n} (shown, not graded): the loop took {loop_s * 1e3:.1f} ms, "
+            f"vmap {vmap_s * 1e3:.2f} ms")
+    if 0 < vmap_s < loop_s:
+        return True, [note + f": vmap is **{loop_s / vmap_s:.0f}× faster**."]
+    return True, [note + ". " + (SLOW_VMAP.explain if vmap_s >= loop_s > 0 else "Times are positive seconds.")]
 
 
 def _timing_bars(args, leaves):
@@ -853,7 +854,8 @@ TIMING = Problem(
     "Do it in JAX for the linear model: implement `loop_vs_vmap(params, X, Y)` returning `(loop_grads, vmap_grads, "
     "loop_seconds, vmap_seconds)`: both (N, D), computed with a Python loop of `jax.grad` over the examples and with "
     "`jax.vmap(jax.grad(...))`, and the seconds one call of each took (`time.perf_counter()`). Both must equal "
-    "the oracle, and your vmap must be the faster one. N = 64.",
+    "the oracle; the times are yours to read (shown beside the answer, not graded: a program can report any number). "
+    "N = 64.",
     _code("""
         import time
         import jax
@@ -890,7 +892,7 @@ TIMING = Problem(
      "JAX computes asynchronously: end each timed section with `.block_until_ready()`.",
      "Call `per_example(params, X, Y)` once before timing it: the first call traces the function."),
     "loop_vs_vmap", (_f32([1.0, 2.0, 3.0]), *_linear_data(np.random.default_rng(4), 64)[1:]),
-    _loop_vmap, lambda rng: [_linear_data(rng, 32)], (SLOW_VMAP, TRANSPOSED), extra=_timing, figure=_timing_bars)
+    _loop_vmap, lambda rng: [_linear_data(rng, 32)], (TRANSPOSED,), extra=_timing, figure=_timing_bars)
 
 #: Every problem, in course order.
 PROBLEMS: tuple[Problem, ...] = (PER_EXAMPLE, FIX_IN_AXES, FIX_SUMMED, TWO_WAYS, FIX_SHAPE, FIX_MEAN, EXERCISE, DP_SGD,

@@ -118,6 +118,50 @@ GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * M
             relieve=_relieve, after=lambda: release_memory(full=_nobody_waits()), hold=STORE.slot)
 
 
+#: Practice's own slot: a student's run waits only behind other students' runs, never in the pages' queue, so a run
+#: held for its whole wall-clock limit delays no page's computation (the child runs in the idle CPU class besides).
+#: Its memory is the sandbox child's, not this process's: no budget check here (the child has its own limit).
+PRACTICE_GATE = Gate(1, 2**62)
+#: Run/Check presses one session may make in a minute.
+PRACTICE_PER_MINUTE = int(os.environ.get("GRADLAB_PRACTICE_PER_MINUTE", "8"))
+
+
+def sandboxed(fn, *args, label: str, est_seconds: float):
+    """`fn(*args)` (a Practice run) through Practice's own gate slot, the queue drawn while it waits. Never stored
+    and never joined with another request: every press is its own run, and a verdict is only ever its own
+    session's. Raises what `fn` raises."""
+    slot, shown = st.empty(), [None]
+
+    def on_wait(job):
+        ahead, wait = PRACTICE_GATE.position(job)
+        view = (ahead, round(wait))
+        if view != shown[0]:
+            shown[0] = view
+            if ahead:
+                slot.info(f"**Queued:** {ahead} student run{'s' * (ahead > 1)} ahead of yours, about {wait:.0f} s.",
+                          icon=":material/hourglass_top:")
+            else:
+                slot.info(f"{label}…", icon=":material/hourglass_top:")
+
+    try:
+        return PRACTICE_GATE.run(f"practice-{time.monotonic_ns()}-{threading.get_ident()}", fn.__name__,
+                                 lambda report: fn(*args), on_wait=on_wait, poll=0.2, est_seconds=est_seconds)
+    finally:
+        slot.empty()
+
+
+def practice_wait() -> float:
+    """Seconds this session must wait before its next Run or Check (0: go ahead; the press is counted), at most
+    `PRACTICE_PER_MINUTE` presses in any minute."""
+    now, key = time.monotonic(), "_practice_presses"
+    presses = [t for t in st.session_state.get(key, []) if now - t < 60]
+    if len(presses) >= PRACTICE_PER_MINUTE:
+        st.session_state[key] = presses
+        return 60 - (now - presses[0])
+    st.session_state[key] = [*presses, now]
+    return 0.0
+
+
 def _show_queued(slot, ahead: int, wait: float) -> None:
     """The gate's queue message in `slot` (an `st.empty()`)."""
     slot.info(f"**Queued:** {ahead} computation{'s' * (ahead > 1)} ahead of yours, about {wait:.0f} s. "
