@@ -6,8 +6,8 @@ Order matters; each step comes before the student's code can do anything:
    they cannot be raised again), and the lowest CPU priority (`SCHED_IDLE`, nice 19: a student's run never slows
    the server's own computations).
 2. JAX and every module a student may import, the backend started (a spare child is warm when its code arrives);
-   then an address-space limit (RLIMIT_AS) of what the import mapped plus the run's share, and, only when no OS
-   sandbox holds it and it started as root, the drop to `nobody`.
+   then an address-space limit (RLIMIT_AS) of what the import mapped plus the run's share, and, when it started
+   as root (inside bubblewrap as outside), the drop to `nobody` for good.
 3. A seccomp filter (libseccomp through `pyseccomp`) on every thread at once (TSYNC; the threads JAX starts later
    inherit it): no new process (only threads), no new executable, no socket, no `ptrace`, no signal to another
    process, no namespace, mount, key ring, BPF or io_uring, no limit or priority raised.
@@ -110,7 +110,7 @@ def _mapped_bytes():
 # (seccomp), this bounds the whole run.
 resource.setrlimit(resource.RLIMIT_AS, (_mapped_bytes() + limits["memory_bytes"],) * 2)
 
-if limits["user"]:  # no OS sandbox and started as root: become `nobody` for good before any student code arrives
+if limits["user"]:  # started as root: become `nobody` for good before any student code arrives
     uid, gid = limits["user"]
     os.setgroups([])
     os.setgid(gid)

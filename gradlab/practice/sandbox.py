@@ -5,8 +5,8 @@
    files or reach C (`DENIED_ATTRIBUTES`), any module outside `ALLOWED_IMPORTS` as a value however it was reached,
    frames, code objects and tracebacks. Imports only from `ALLOWED_IMPORTS`; a few builtins. `refusals` gives the
    friendly message for the common mistakes before anything runs. It is a lint with teeth, never the only wall.
-2. **The OS wall** (`os_wall`): each run in a fresh bubblewrap sandbox (new user, PID, network, IPC, UTS and mount
-   namespaces; the interpreter and its packages read-only and nothing else of the machine: no home, no store, no
+2. **The OS wall** (`os_wall`): each run in a fresh bubblewrap sandbox (new PID, network, IPC, UTS and mount
+   namespaces, and a user namespace or, under root, the uid `nobody`: `_bwrap_args`; the interpreter and its packages read-only and nothing else of the machine: no home, no store, no
    `.streamlit`, no other process's `/proc`; a private 64 MB `/tmp`; the root read-only), ended as a whole: the
    sandbox's PID 1 dies with the server's handle on it, and the kernel ends every process in its namespace. Inside,
    the child sets its limits (CPU time, file size, open files, address space after JAX's import, the idle CPU
@@ -243,9 +243,20 @@ CACHE_INSIDE = "/xla-cache"
 
 
 def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[str]:
-    """bubblewrap's command line for one run (before the interpreter's)."""
-    args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+    """bubblewrap's command line for one run (before the interpreter's).
+
+    As an ordinary user (Community Cloud), a new user namespace maps the sandbox's uid to the server's. As root,
+    a user namespace would map it to root outside, whose uid still opens root's files and global sysctls; so there
+    bubblewrap keeps the server's user namespace, drops every capability but the two the child needs to become
+    `nobody` (after JAX's import, before it reads any student code; `harness.py`), and the child runs as `nobody`
+    outside too. Either way: new PID, network, IPC, UTS and mount namespaces, no new user namespace inside (seccomp
+    refuses `unshare` and process-creating `clone`s), and `/proc/sys` read-only."""
+    args = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if os.geteuid() == 0:
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
     for root in _read_only_roots():
         args += ["--ro-bind", root, root]
     for name in ("lib", "lib64", "bin", "sbin"):
@@ -253,7 +264,8 @@ def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[st
             args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
         elif os.path.isdir(f"/{name}"):
             args += ["--ro-bind", f"/{name}", f"/{name}"]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
+             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
     if cache:
         args += ["--bind" if write_cache else "--ro-bind", cache, CACHE_INSIDE]
     return args + ["--remount-ro", "/", "--chdir", "/tmp"]
@@ -427,14 +439,15 @@ _reaper: threading.Thread | None = None
 
 def _start(limits: Limits, as_server: bool = False) -> _Child:
     """Start a harness child under `limits`, waiting for its payload: in a fresh bubblewrap sandbox where the OS
-    wall holds, else as a plain process in a fresh empty folder (dropping to `nobody` after JAX's import when we are
-    root). `as_server`: the server's own code (the reference solutions), which may write the children's cache."""
+    wall holds, else as a plain process in a fresh empty folder; either way dropping to `nobody` after JAX's import
+    when we are root. `as_server`: the server's own code (the reference solutions), which may write the children's
+    cache and keeps the server's user."""
     cache, wall = cache_dir(), os_wall() is None
     reply_r, reply_w = os.pipe()
     config = {"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
               "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
               "imports": ALLOWED_IMPORTS, "reply_fd": reply_w, "seccomp": _seccomp_available(),
-              "user": None if wall or as_server else _nobody()}
+              "user": None if as_server else _nobody()}
     folder = None
     if wall:
         prefix, env, cwd = _bwrap_args(limits, cache, write_cache=as_server), _env(cache and CACHE_INSIDE), "/"
