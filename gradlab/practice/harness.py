@@ -56,8 +56,6 @@ def _tasks_of(uid):
 def _seccomp() -> None:
     """Refuse what no problem needs and every escape route uses (EPERM; clone3 ENOSYS so glibc falls back to
     clone, whose flags a filter can read). Loaded with no_new_privs, on every thread of this process."""
-    import pyseccomp as sc
-
     refuse = sc.ERRNO(errno.EPERM)
     f = sc.SyscallFilter(sc.ALLOW)
     for call in ("socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "ptrace",
@@ -91,6 +89,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from RestrictedPython import compile_restricted  # noqa: E402
+
+if limits["seccomp"]:
+    import pyseccomp as sc  # noqa: E402 - before the drop to `nobody`, like every import
 from RestrictedPython.Guards import (full_write_guard, guarded_iter_unpack_sequence,  # noqa: E402
                                      guarded_unpack_sequence, safer_getattr)
 
