@@ -281,8 +281,8 @@ def _files_named(marker: str, scene: Scene) -> list[str]:
 
 
 def _harness_processes() -> set[int]:
-    """Processes running this sandbox's harness (their command line holds its text; bubblewrap's too), but for the
-    warm spare's (a new sandbox waiting for the next run)."""
+    """Processes running this server's sandbox children (their command line holds the harness's text and this
+    process's id; bubblewrap's too), but for the warm spare's (a new sandbox waiting for the next run)."""
     found, parent = set(), {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -292,7 +292,7 @@ def _harness_processes() -> set[int]:
                 parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if HARNESS in cmd:
+        if HARNESS in cmd and f'"server": {os.getpid()}'.encode() in cmd:
             found.add(int(pid))
     spare = {c.proc.pid for c in sandbox._SPARE}
 

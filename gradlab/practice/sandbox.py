@@ -447,7 +447,7 @@ def _start(limits: Limits, as_server: bool = False) -> _Child:
     config = {"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
               "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
               "imports": ALLOWED_IMPORTS, "reply_fd": reply_w, "seccomp": _seccomp_available(),
-              "user": None if as_server else _nobody()}
+              "user": None if as_server else _nobody(), "server": os.getpid()}  # whose child it is, in its argv
     folder = None
     if wall:
         prefix, env, cwd = _bwrap_args(limits, cache, write_cache=as_server), _env(cache and CACHE_INSIDE), "/"
