@@ -165,3 +165,33 @@ def test_a_fix_it_problem_is_solved_by_choosing_its_cause():
     assert_clean(at)
     assert right.why in texts(at.success) and at.query_params["solved"] in ("6", ["6"])
     assert at.get("progress")[0].proto.text == "Solved 1 of 10: 6"
+
+
+def test_without_an_os_sandbox_a_shared_server_offers_files_and_runs_nothing(monkeypatch):
+    """Fail closed: the OS wall cannot be set up and the server is not bound to localhost. The page says why, Run and
+    Check are disabled, the problem downloads as a file, and the "choose the cause" questions still answer."""
+    from gradlab.practice import sandbox
+
+    monkeypatch.setattr(sandbox, "os_wall", lambda: "bubblewrap is not installed")
+    monkeypatch.setattr(sandbox, "execute", lambda *a, **k: pytest.fail("free-form code ran"))
+    at = open_page("practice", problem="fix_in_axes")
+    assert_clean(at)
+    assert "runs no free-form code: bubblewrap is not installed" in texts(at.warning)
+    assert at.button(key="practice_run").disabled and at.button(key="practice_check").disabled
+    right = next(c.text for c in practice.BY_SLUG["fix_in_axes"].causes if c.right)
+    at.radio(key="practice_cause_fix_in_axes").set_value(right).run()
+    assert "Explained: solved!" in texts(at.success)
+
+
+def test_the_problem_as_a_file_checks_the_seeds_input_locally(tmp_path):
+    """`practice.as_file`: the starter says "Not yet", the reference solution "Correct", run as a plain script."""
+    import subprocess
+    import sys
+
+    p = practice.BY_SLUG["per_example_grads"]
+    text = practice.as_file(p)
+    for code, verdict in ((text, "Not yet"), (text.replace(p.starter.rstrip(), p.solution.rstrip()), "Correct")):
+        path = tmp_path / "p.py"
+        path.write_text(code)
+        done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
+        assert verdict in done.stdout, (done.stdout, done.stderr[-500:])

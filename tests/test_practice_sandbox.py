@@ -209,3 +209,25 @@ def test_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch):
     assert sandbox.cache_dir() is None and "JAX_COMPILATION_CACHE_DIR" not in sandbox.child_env("/x")
     monkeypatch.setattr(sandbox, "XLA_CACHE", "")
     assert sandbox.cache_dir() is None
+
+
+def test_without_the_os_wall_a_shared_server_runs_no_code_and_localhost_runs_it_behind_seccomp(monkeypatch):
+    monkeypatch.setattr(sandbox, "os_wall", lambda: "bubblewrap is not installed")
+    shared, local = sandbox.mode(local=False), sandbox.mode(local=True)
+    assert not shared.runs_code and not shared.os_wall and "bubblewrap is not installed" in shared.message
+    assert local.runs_code and not local.os_wall and "not in an OS sandbox" in local.message
+    out = execute("import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print('refused', e.errno)\n",
+                  limits=SMALL, check=False, language_wall=False)
+    assert "refused 1" in out.output, (out.output, out.stopped, out.exec_error)  # EPERM from seccomp
+    monkeypatch.setenv("GRADLAB_PRACTICE_LOCAL", "1")
+    assert sandbox.mode(local=False).runs_code
+
+
+@pytest.mark.parametrize("reply", [b"", b"{", b"[" * 100_000 + b"]" * 100_000, b'{"output": 1}',
+                                   b'{"output": "", "truncated": 0, "exec_error": null, "results": [{"leaves": '
+                                   b'[{"shape": [3], "data": [1.0]}], "error": null}]}'])
+def test_a_malformed_reply_is_a_failed_run_never_an_exception(reply):
+    parsed, problem = sandbox._parse(reply, 0, cases=1)
+    assert parsed is None
+    assert problem is None if reply == b"" else "answer" in problem
+    assert sandbox._parse(b"x", 1, cases=1) == (None, "sent back an answer over 16 MB")
