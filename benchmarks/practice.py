@@ -3,6 +3,7 @@
     python -m benchmarks.practice              # one server, headless Chromium; prints a summary
     python -m benchmarks.practice --warm 3     # fewer warm Checks
     python -m benchmarks.practice --every-problem   # Check on every problem, in-process, first and warm
+    python -m benchmarks.practice --fairness        # a page's computation while a student holds a run (no browser)
 
 Starts `streamlit run app.py` with GRADLAB_LOG_RUNS=1 (each script run logs its server time), opens /practice,
 types the reference solution and presses Check: the first Check comes right after the page opened (its spare
@@ -117,15 +118,69 @@ def every_problem(rounds: int = 3, pause: float = 8.0) -> list[tuple[str, float,
     return rows
 
 
+def fairness(rounds: int = 5, hold: float = 30.0) -> dict[str, float]:
+    """A page's computation alone, then while a student's run holds Practice's slot for its whole wall clock
+    (`hold` s): an endless Python loop, and an endless loop of 600 x 600 matrix products (XLA's threads on every
+    core). The page's computation is the Gradient norms page's core (per-example norms of a 64-256-10 MLP over the
+    1,797 digits, through the pages' gate); the student's run goes through `ui.sandboxed`'s gate and the sandbox.
+    Returns the median seconds of each phase; prints them with the delay (during - alone)."""
+    import threading
+
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    from sklearn.datasets import load_digits
+
+    from gradlab import engine
+    from gradlab.practice import Limits, sandbox
+    from gradlab.ui.cache import GATE, PRACTICE_GATE
+
+    x, y = load_digits(return_X_y=True)
+    xs, ys = jnp.asarray(x / 16.0, jnp.float32), jnp.asarray(y)
+    model = eqx.nn.MLP(64, 10, 256, 1, key=jax.random.PRNGKey(0))
+
+    def loss(m, xi, yi):
+        return -jax.nn.log_softmax(m(xi))[yi]
+
+    def page_once() -> float:
+        started = time.perf_counter()
+        GATE.run(f"fairness-{time.monotonic_ns()}", "norms",
+                 lambda report: [engine.per_example_norms(loss, model, xs, ys).block_until_ready() for _ in range(3)])
+        return time.perf_counter() - started
+
+    page_once()  # compile
+    medians = {"alone": statistics.median(page_once() for _ in range(rounds))}
+    hostile = {"endless Python loop": "while True:\n    pass\n",
+               "endless matrix products": "import jax.numpy as jnp\nx = jnp.ones((600, 600))\nwhile True:\n"
+                                          "    x = (x @ x) / 600.0\n    x.block_until_ready()\n"}
+    limits = Limits(cpu_seconds=int(hold * 3), wall_seconds=hold)
+    for name, code in hostile.items():
+        run = threading.Thread(target=PRACTICE_GATE.run, args=(f"student-{name}", "student",
+                               lambda report, c=code: sandbox.execute(c, limits=limits)))
+        run.start()
+        time.sleep(4)  # the child imported JAX and runs the student's code
+        medians[name] = statistics.median(page_once() for _ in range(rounds))
+        run.join()
+    for name, seconds in medians.items():
+        delay = "" if name == "alone" else f"   delay {seconds - medians['alone']:+.2f} s"
+        print(f"page computation, {name:26s} median {seconds:.2f} s over {rounds}{delay}", flush=True)
+    return medians
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--warm", type=int, default=5, help="warm Checks to time")
     ap.add_argument("--concurrent", type=int, default=3, help="visitors pressing Check at once")
     ap.add_argument("--every-problem", action="store_true",
                     help="instead: Check every problem's reference solution in this process (no browser)")
+    ap.add_argument("--fairness", action="store_true",
+                    help="instead: a page's computation alone and while a student's run holds its whole wall clock")
     args = ap.parse_args(argv)
     if args.every_problem:
         every_problem()
+        return 0
+    if args.fairness:
+        fairness()
         return 0
     from playwright.sync_api import sync_playwright
 

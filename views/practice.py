@@ -135,7 +135,7 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
         st.code(out.output + (f"\n… {out.truncated:,} more characters not shown" if out.truncated else ""), language=None)
     for c in v.cases:
         mark = ":green[:material/check:]" if c.passed else ":red[:material/close:]"
-        with st.expander(f"{mark} {c.name}" + ("" if c.passed else f": {c.message}"), expanded=kind == "run"):
+        with st.expander(f"{mark} {c.name}" + ("" if c.passed else f": {ui.inert(c.message)}"), expanded=kind == "run"):
             if c.got is not None:
                 st.markdown("Your answer:")
                 st.code(_text(c.got), language=None)
