@@ -3,6 +3,7 @@
     python -m benchmarks.attacks                 # every attack, this process as the server; prints a table
     python -m benchmarks.attacks --json          # the same as JSON (tests/test_practice_attacks.py reads it)
     python -m benchmarks.attacks --only fork     # attacks whose name contains "fork"
+    python -m benchmarks.attacks --wall os       # only the attacks on the OS wall (the language wall down)
 
 Each attack runs through `sandbox.execute` (the path `practice.run` / `practice.check` take), in one of two ways:
 
@@ -384,13 +385,13 @@ def forgeries(scene: Scene) -> list[Result]:
     return results
 
 
-def run_corpus(only: str = "") -> list[Result]:
-    """Every attack (those whose name contains `only`) and the forgeries, each checked. The spare child is kept
-    warm between attacks, as for a visitor on the page."""
+def run_corpus(only: str = "", wall: str = "") -> list[Result]:
+    """Every attack (those whose name contains `only`, of the `wall` given if any) and the forgeries, each checked.
+    The spare child is kept warm between attacks, as for a visitor on the page."""
     scene = Scene()
     results = []
     for name, attack in ATTACKS.items():
-        if only in name:
+        if only in name and wall in ("", attack.wall):
             sandbox.prepare(SMALL)
             results.append(run_one(name, attack, scene))
     if only in "forged verdict" or not only:
@@ -403,9 +404,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--only", default="", help="attacks whose name contains this")
+    ap.add_argument("--wall", choices=("language", "os"), default="", help="only the attacks on this wall")
     args = ap.parse_args()
     wall = sandbox.os_wall()
-    results = run_corpus(args.only)
+    results = run_corpus(args.only, args.wall)
     if args.json:
         print(json.dumps({"uid": os.geteuid(), "os_wall": wall, "results": [dataclasses.asdict(r) for r in results]}))
         return
