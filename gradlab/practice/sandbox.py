@@ -355,7 +355,8 @@ def _env(cache: str | None) -> dict[str, str]:
 
 
 def child_env(home: str) -> dict[str, str]:
-    """The environment a child sees (`home` its folder where no OS sandbox gives it a private `/tmp`)."""
+    """The child's whole environment (`home`: its folder where no OS sandbox gives it a private `/tmp`), with the
+    children's compilation cache where the child finds it."""
     cache = cache_dir()
     env = _env(CACHE_INSIDE if cache and os_wall() is None else cache)
     if os_wall() is not None:
@@ -450,14 +451,15 @@ def _start(limits: Limits, as_server: bool = False) -> _Child:
               "user": None if as_server else _nobody(), "server": os.getpid()}  # whose child it is, in its argv
     folder = None
     if wall:
-        prefix, env, cwd = _bwrap_args(limits, cache, write_cache=as_server), _env(cache and CACHE_INSIDE), "/"
+        prefix, cwd = _bwrap_args(limits, cache, write_cache=as_server), "/"
     else:
         folder = cwd = tempfile.mkdtemp(prefix="gradlab-practice-")
         if config["user"]:
             os.chown(folder, *config["user"])
-        prefix, env = [], {**_env(cache), "HOME": folder, "TMPDIR": folder}
+        prefix = []
     try:
-        proc = subprocess.Popen([*prefix, sys.executable, "-I", "-c", HARNESS, json.dumps(config)], cwd=cwd, env=env,
+        proc = subprocess.Popen([*prefix, sys.executable, "-I", "-c", HARNESS, json.dumps(config)], cwd=cwd,
+                                env=child_env(folder or "/tmp"),
                                 start_new_session=True, pass_fds=(reply_w,), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     finally:
