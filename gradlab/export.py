@@ -7,12 +7,13 @@ call these, and so can a notebook.
 from __future__ import annotations
 
 import io
+import zipfile
 
 import jax
 import numpy as np
 import pandas as pd
 
-from gradlab import engine
+from gradlab import engine, escape
 
 #: Tables larger than this are not offered as a download (the reason is shown instead).
 EXPORT_BUDGET_BYTES = 64 * 2**20
@@ -41,20 +42,19 @@ def export_bytes(table) -> int:
 
 
 #: A text cell starting with one of these is a formula to a spreadsheet (CSV injection, OWASP).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_STARTS = escape.FORMULA_STARTS
 
-
-def defuse(text):
-    """`text` with a leading `'` when it starts like a spreadsheet formula (`= + - @`, tab, CR), else unchanged.
-    Non-strings (numbers, negative ones included) are returned as they are."""
-    return "'" + text if isinstance(text, str) and text.startswith(FORMULA_STARTS) else text
+#: `escape.csv_cell`: a string that starts like a spreadsheet formula (`= + - @`, tab, CR) gets a leading `'`;
+#: a plain number written as text (`-1`) and non-strings are returned as they are.
+defuse = escape.csv_cell
 
 
 def to_csv(table) -> bytes:
     """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry).
 
     Text cells and column names that a spreadsheet would run as formulas (a class or column name such as
-    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'`; numbers stay numbers."""
+    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'` (`escape.csv_cell`); numbers stay numbers,
+    and so does a class name that is a plain number (`-1`)."""
     frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
     frame = frame.rename(columns=lambda c: defuse(str(c)))
     for col in frame.columns:
@@ -64,7 +64,10 @@ def to_csv(table) -> bytes:
 
 
 def to_npz(table) -> bytes:
-    """Compressed NPZ bytes: one array per DataFrame column, or the dict's arrays with their shapes."""
+    """Compressed NPZ bytes: one array per DataFrame column, or the dict's arrays with their shapes.
+
+    Keys are the column names as they are (`np.load(...)["=x"]`), any name included: a CSV column called `file`
+    or `allow_pickle` is a key like any other (`np.savez_compressed(buf, **arrays)` took them as its own arguments)."""
     if isinstance(table, pd.DataFrame):
         arrays = {}
         for c in table.columns:
@@ -73,7 +76,10 @@ def to_npz(table) -> bytes:
     else:
         arrays = {str(k): np.asarray(v) for k, v in table.items()}
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:  # what np.savez_compressed writes
+        for key, a in arrays.items():
+            with z.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
     return buf.getvalue()
 
 

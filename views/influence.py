@@ -64,7 +64,7 @@ def tracin_run(data_key, _fitted):
         run, note = ifit.tracin_run(_fitted)
         return inf.tracin_checkpoints(run), note
     except ValueError as err:
-        return None, f"TracIn is unavailable: {err}"
+        return None, f"TracIn is unavailable: {ui.inert(err)}"
 
 
 @ui.shared(label="Training TRAK's ensemble")
@@ -132,8 +132,8 @@ with left:
         ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{data.row(test_index, 'test')}"], cols=1,
                                   image_shape=data.image_shape), width="stretch")
     m = st.columns(2)  # two per row: the left third of a 1024 px projector is too narrow for three
-    m[0].metric("Label", name(data.y_test[test_index]))
-    m[1].metric("Prediction", name(test_pred[test_index]), delta="correct" if correct[test_index] else "wrong",
+    m[0].metric("Label", ui.inert(name(data.y_test[test_index])))  # a metric's value is Markdown: a class name is text
+    m[1].metric("Prediction", ui.inert(name(test_pred[test_index])), delta="correct" if correct[test_index] else "wrong",
                 delta_color="normal" if correct[test_index] else "inverse")
     st.metric("Test loss", f"{test_loss[test_index]:.3g}")
 with right:
@@ -227,7 +227,7 @@ if method == "trak":  # TRAK trains its ensemble only when asked for; a projecte
         scores = {m_: (trak_scores[rows.index(test_index)] if m_ == "trak" else scores[m_]) for m_ in inf.METHODS
                   if m_ in scores or m_ == "trak"}
 for m_, err in errors.items():
-    st.error(f"**{inf.METHODS[m_]} unavailable.** {err}", icon="⚠️")
+    st.error(f"**{inf.METHODS[m_]} unavailable.** {ui.inert(err)}", icon="⚠️")
 if res.ihvp is not None:
     if res.ihvp.note:
         st.info(res.ihvp.note, icon="ℹ️")
@@ -335,7 +335,7 @@ if selfs is not None:
     with c2:
         top_pct = ui.control(st.slider, "Top x% to inspect", 1, 50, 10, key="infl_top_pct")
     if self_note:
-        st.caption(self_note)
+        st.caption(ui.inert(self_note))  # an exception's message: text
     v = selfs[self_method]
     top = np.argsort(-v, kind="stable")[: max(1, int(round(top_pct / 100 * len(v))))]
     if flipped.any():
@@ -471,7 +471,7 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
     else:
         res_lds, errs = lds_out
         for m_, err in errs.items():
-            st.error(f"**{inf.METHODS[m_]}: no LDS.** {err}", icon="⚠️")
+            st.error(f"**{inf.METHODS[m_]}: no LDS.** {ui.inert(err)}", icon="⚠️")
         names = list(res_lds)
         ui.chart(plots.lds_bars([SHORT[m_] for m_ in names], [res_lds[m_][0] for m_ in names],
                                 [res_lds[m_][1] for m_ in names], m=lds_m), width="stretch")

@@ -12,7 +12,7 @@ import time
 
 import streamlit as st
 
-from gradlab import engine, export, glossary, own
+from gradlab import engine, escape, export, glossary, own
 from gradlab.memory import release_memory
 from gradlab.ui import pages
 from gradlab.experiment import Fitted
@@ -41,9 +41,12 @@ def fragment(fn):
 
 
 def inert(text) -> str:
-    """`text` safe inside Markdown: a user's string (a CSV's column or class name, carried into a message) keeps
-    its characters but cannot become an image, a link or HTML (our own **bold** in messages still works)."""
-    return (str(text).replace("\\", "\\\\").replace("[", "\\[").replace("](", "]\\(").replace("<", "&lt;"))
+    """`text` as Markdown that shows exactly its characters (`gradlab.escape.markdown`): a user's string (a CSV's
+    column, label or file name, a served model's names or message, a URL parameter) cannot become an image, a link,
+    HTML, emphasis, LaTeX, a colour or an emoji. Escape only the user's part: the message's own **bold** around it
+    stays Markdown, `st.caption(f"label **{ui.inert(name)}**")`. Figures (`gradlab.plots`) and exports
+    (`gradlab.export`) escape for their own media and take raw strings."""
+    return escape.markdown(text)
 
 
 @contextlib.contextmanager
