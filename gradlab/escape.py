@@ -47,6 +47,13 @@ def visible(text) -> str:
 
 # ---------------------------------------------------------------- Markdown
 
+
+class Refusal(ValueError):
+    """gradlab refusing a setting (over the work or the memory budget): a message gradlab writes from its own numbers
+    and names only, as Markdown (the control to change in **bold**), so pages show it as written. Any other
+    exception's message is shown as text (`markdown`): a `DataError` quotes a user's column names and files, and an
+    exception from a served model's code says whatever that code says."""
+
 #: Characters that open a CommonMark, GitHub-flavoured or Streamlit Markdown construct anywhere in a line:
 #: `\` escapes, `` ` `` code, `*` `_` emphasis, `[ ]` links, images and `:color[…]` directives, `< >` HTML and
 #: autolinks, `&` entities, `$` LaTeX, `:` emoji and `:material/…:` icons and `http:` autolinks, `~` strikethrough,

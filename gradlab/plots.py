@@ -264,8 +264,9 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
 
     One heatmap of the images tiled into a grid (NaN between tiles) with the titles as annotations:
     a single trace and one pair of axes, where a subplot per image made Plotly update dozens of axes
-    on every rerun (most of the Influence page's warm time). A title's lines are split on "\n"; each line
-    is shown as text (HTML-escaped: a class name from a CSV stays text).
+    on every rerun (most of the Influence page's warm time). A title is a tuple of lines, or a string split on "\n";
+    each line is shown as text (`escape.plotly`: a class name from a CSV stays text, its own newline shown as ␊ in
+    a tuple's line).
     """
     images = np.asarray(images, np.float64)
     n = len(images)
@@ -278,7 +279,7 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
     for i, img in enumerate(images):
         r, c = divmod(i, cols)
         canvas[r * tile_h + head: (r + 1) * tile_h, c * tile_w: c * tile_w + w] = img.reshape(image_shape)
-    notes = [dict(x=(i % cols) * tile_w + (w - 1) / 2, y=(i // cols) * tile_h + head - 0.6, text="<br>".join(escape.plotly(line) for line in str(text).split("\n")),
+    notes = [dict(x=(i % cols) * tile_w + (w - 1) / 2, y=(i // cols) * tile_h + head - 0.6, text="<br>".join(escape.plotly(line) for line in (str(text).split("\n") if isinstance(text, str) else text)),
                   showarrow=False, yanchor="bottom", font=dict(size=12)) for i, text in enumerate(titles[:n])]
     fig = go.Figure(go.Heatmap(z=canvas, colorscale="gray_r", showscale=False, hoverinfo="skip"),
                     layout=dict(template=TEMPLATE, height=170 * rows + 40, margin=dict(l=10, r=10, t=50, b=10),

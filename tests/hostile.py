@@ -125,10 +125,15 @@ def unescaped(source: str) -> str:
     return _SKIP.sub(lambda m: "\0" * len(m.group()), source)
 
 
+def rendered_html(source: str) -> str:
+    """Markdown `source` as HTML (CommonMark + GFM tables and strikethrough, raw HTML passed through)."""
+    return _markdown_it().render(source)
+
+
 def rendered_text(source: str) -> str:
-    """The text a reader sees for Markdown `source` (tags dropped, entities decoded, on one line)."""
-    out = _markdown_it().render(source)
-    return " ".join(html.unescape(_TAG.sub(" ", out)).split())
+    """The text a reader sees for Markdown `source` (tags dropped, entities decoded, on one line). AppTest's `.value`
+    of a Markdown element is its source, where a user's text is escaped (`gradlab.escape.markdown`): compare this."""
+    return " ".join(html.unescape(_TAG.sub(" ", rendered_html(source))).split())
 
 
 def markdown_problems(source: str, where: str = "") -> list[str]:
@@ -137,7 +142,7 @@ def markdown_problems(source: str, where: str = "") -> list[str]:
     if not markers:
         return []
     problems = []
-    out = _markdown_it().render(source)
+    out = rendered_html(source)
     if re.search(r"<img\b", out):
         problems.append(f"{where}: an <img> element")
     for href in re.findall(r"<a\b[^>]*href=\"([^\"]*)\"", out):

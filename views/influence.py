@@ -259,10 +259,10 @@ train_ids = {**export.example_columns(data, np.arange(len(data.y_train))), "labe
 
 if data.image_shape is not None:
     st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
-    ui.chart(plots.image_grid(pixels(data.x_train[props]), [f"{tag(i)}\n{s[i]:.2g}" for i in props],
+    ui.chart(plots.image_grid(pixels(data.x_train[props]), [(tag(i), f"{s[i]:.2g}") for i in props],
                               image_shape=data.image_shape), width="stretch")
     st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
-    ui.chart(plots.image_grid(pixels(data.x_train[opps]), [f"{tag(i)}\n{s[i]:.2g}" for i in opps],
+    ui.chart(plots.image_grid(pixels(data.x_train[opps]), [(tag(i), f"{s[i]:.2g}") for i in opps],
                               image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
     ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score", ids=train_ids,
@@ -353,7 +353,7 @@ if selfs is not None:
         st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
     shown = top[:24]
     if data.image_shape is not None:
-        ui.chart(plots.image_grid(pixels(data.x_train[shown]), [f"{tag(i)}\n{v[i]:.2g}" for i in shown],
+        ui.chart(plots.image_grid(pixels(data.x_train[shown]), [(tag(i), f"{v[i]:.2g}") for i in shown],
                                   image_shape=data.image_shape), width="stretch")
     elif data.n_features == 2:
         ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top, ids=train_ids,

@@ -93,7 +93,7 @@ def label(i):  # i: a position in the summary
 who = {**export.example_columns(data, idx), "label": [data.class_names[c] for c in y] if data.task == "classification" else y}
 if data.image_shape is not None:
     # two short lines: 8 tiles share a 1024 px projector
-    titles = [f"{label(i)}\n{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}" for i in top]
+    titles = [(label(i), f"{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}") for i in top]  # lines
     ui.chart(plots.image_grid(data.raw(data.x_train[idx[top]]), titles, image_shape=data.image_shape), width="stretch")
     st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:

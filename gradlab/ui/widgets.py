@@ -53,11 +53,17 @@ def inert(text) -> str:
 def guard(what: str = "This part of the page could not be computed", *, stop: bool = False):
     """Show an exception as a clear message instead of a traceback.
 
-    `ValueError` carries our own messages (bad settings, diverged runs, over the memory budget) and
-    is shown as is; anything else is logged and shown briefly. With `stop=True` the page stops.
+    `ValueError` carries our own messages (bad settings, diverged runs, over the memory budget), shown as text
+    (`inert`: a `DataError` quotes a CSV's column names, a served model's code may raise anything); a refusal
+    (`escape.Refusal`: over the work or memory budget) is gradlab's own Markdown and shown as written. Anything
+    else is logged and shown briefly. With `stop=True` the page stops.
     """
     try:
         yield
+    except escape.Refusal as err:
+        st.error(f"**{what}.** {err}", icon="⚠️")
+        if stop:
+            st.stop()
     except ValueError as err:
         st.error(f"**{what}.** {inert(err)}", icon="⚠️")
         if stop:
