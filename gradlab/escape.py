@@ -63,16 +63,28 @@ MARKDOWN_SPECIAL = "\\`*_[]<>&$:~|#@"
 _MD_SPECIAL = re.compile("[" + re.escape(MARKDOWN_SPECIAL) + "]")
 _MD_WWW = re.compile(r"(?i)(www)\.")  # GFM's `www.example.com` autolink
 _MD_LINE_START = re.compile(r"^(\s*)([-+=]|\d+(?=[.)]))")  # a list item, a setext underline, `1.` / `1)`
+#: What Streamlit's Markdown changes in the text after parsing, where escapes no longer count: GFM links `http://…`,
+#: `www.…` and `a@b.org`; `:material/icon:`, `:streamlit:` (an image) and, when the message has a shortcode of its
+#: own, `:smile:` become icons; `->`, `<-`, `--`, `>=`, `<=`, `~=` between spaces become arrows and signs. An
+#: invisible word joiner (U+2060) goes where it breaks each: before `http`, `www.` and `@`, after every `:`, and
+#: between the two characters of each pair.
+_MD_TEXT_PASS = re.compile(r"(?i)(?=https?:|www\.|@)|(?<=:)|(?<=[-<>~])(?=[->=])")
+WORD_JOINER = "\u2060"
 
 
 def markdown(text) -> str:
     """`text` as Markdown that shows exactly `visible(text)`: no link, image, HTML, emphasis, code, LaTeX, colour,
     emoji, icon, heading or list, wherever in a message it is placed (a line's start included).
 
+    Markdown characters are backslash-escaped (`MARKDOWN_SPECIAL`). Streamlit also links, draws icons and arrows in
+    the text after parsing, where escapes no longer count: invisible word joiners (U+2060) break those patterns
+    (`_MD_TEXT_PASS`; the text looks the same, a copy holds the joiners).
+
     Apply it to the user's part of a message only; the message's own Markdown around it stays Markdown:
     `st.caption(f"label **{escape.markdown(name)}**")`. Not idempotent: escape a string once.
     """
-    s = _MD_SPECIAL.sub(lambda m: "\\" + m.group(), visible(text))
+    s = _MD_TEXT_PASS.sub(WORD_JOINER, visible(text))
+    s = _MD_SPECIAL.sub(lambda m: "\\" + m.group(), s)
     s = _MD_WWW.sub(r"\1\\.", s)
     return _MD_LINE_START.sub(lambda m: m.group(1) + ("\\" + m.group(2) if not m.group(2).isdigit() else m.group(2) + "\\"),
                               s, count=1)

@@ -43,7 +43,7 @@ CORPUS: list[tuple[str, str]] = [
     ("www.evil.invalid/EVIL15",) * 2,
     ("http://evil.invalid/EVIL16 and <http://evil.invalid/EVIL16>",) * 2,
     ("EVIL17 <script>alert(1)</script>",) * 2,
-    (":material/warning: :EVIL18: :smile:",) * 2,
+    (":material/warning: :EVIL18: :streamlit: :smile: a -> b <= c",) * 2,
     ("- EVIL19 list",) * 2,
     ("~~EVIL20 strike~~ _em_ *em* > quote",) * 2,
     ("1. EVIL21 &amp; &lt;b&gt; \\*",) * 2,
@@ -96,6 +96,19 @@ def batch_csv(rows_per_class: int = 6) -> bytes:
                      rows_per_class=rows_per_class)
 
 
+#: 22 controls DP clipping draws for a linear model (sidebar and page): a link may set each to anything, and the page
+#: names every value it could not use (`ui.url_warnings`).
+LINK_KEYS = ["dataset", "lr", "label_noise", "seed", "optimizer", "batch_size", "l2", "dp_clip_checkpoint", "dp_clip_c",
+             "dp_clip_sigma", "dp_clip_batch", "dp_clip_log", "dp_sgd_q", "dp_sgd_steps", "dp_sgd_c", "dp_sgd_opt",
+             "dp_sgd_mode", "dp_sgd_eps", "dp_sgd_lr", "dp_sgd_delta", "dp_sgd_accountant", "dp_sgd_seed"]
+
+
+def hostile_link() -> dict[str, str]:
+    """DP clipping's query parameters with each of the 22 strings as a control's value (a linear model, 50 steps)."""
+    return {"model": "linear", "steps": "50", "checkpoint_every": "25",
+            **{key: raw for key, (raw, _) in zip(LINK_KEYS, CORPUS)}}
+
+
 # ---------------------------------------------------------------- Markdown as Streamlit renders it
 
 def _markdown_it():
@@ -117,6 +130,57 @@ _EXTRAS = {
     "bare URL autolink": re.compile(r"(?i)\b(?:https?://|ftp://|www\.)[^\s<]+"),
     "e-mail autolink": re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
 }
+# GFM's second pass (mdast-util-gfm-autolink-literal, in Streamlit's bundle): bare URLs and e-mail addresses found in
+# the parsed text, escapes already resolved, when the character before is a line's start, a space or punctuation
+_TEXT_URL = re.compile(r"(https?://|www(?=\.))([-.\w]+)([^ \t\r\n]*)", re.I | re.ASCII)
+_TEXT_EMAIL = re.compile(r"([-.\w+]+)@([-\w]+(?:\.[-\w]+)+)", re.ASCII)
+#: Zero-width characters a reader does not see (`gradlab.escape.markdown` puts a word joiner before `http`, `www.`, `@`)
+INVISIBLE = dict.fromkeys(map(ord, "\u2060\u200b"))
+
+
+def _linkable_after(text: str, start: int, email: bool) -> bool:
+    import unicodedata
+
+    if start == 0:
+        return True
+    c = text[start - 1]
+    return (c.isspace() or unicodedata.category(c)[0] in "PS") and not (email and c == "/")
+
+
+# Streamlit's own passes over the parsed text (StreamlitMarkdown.js): icons, its logo, emoji (loaded when the raw
+# source has a shortcode), arrows and signs between spaces
+_TEXT_ICON = re.compile(r":(material_[\w-]+|streamlit):")
+_EMOJI_NEEDED = re.compile(r":(?!material/|streamlit:)[\w+-][\w_+-]*:")
+_TEXT_EMOJI = re.compile(r":[\w+-][\w_+-]*:")
+_TEXT_ARROW = re.compile(r"(?:^|\s)(<->|->|<-|--|>=|<=|~=)(?=\s|$)")
+
+
+def text_passes(source: str, html_out: str) -> list[str]:
+    """What Streamlit changes in the parsed text of Markdown `source` (rendered to `html_out`, after Streamlit's
+    own `:material/` → `:material_` on the source): icons, its logo, emoji, arrows."""
+    found = []
+    emoji = bool(_EMOJI_NEEDED.search(source))
+    for segment in re.split(r"<a\b[^>]*>.*?</a>", html_out, flags=re.S):
+        for text in (html.unescape(t) for t in _TAG.split(segment)):
+            found += [f"icon {m.group()}" for m in _TEXT_ICON.finditer(text)]
+            found += [f"emoji {m.group()}" for m in _TEXT_EMOJI.finditer(text)] if emoji else []
+            found += [f"sign {m.group(1)}" for m in _TEXT_ARROW.finditer(text)]
+    return found
+
+
+def text_autolinks(html_out: str) -> list[str]:
+    """What GFM's text pass would link in rendered HTML: its text outside links, each segment as parsed text."""
+    found = []
+    for segment in re.split(r"<a\b[^>]*>.*?</a>", html_out, flags=re.S):
+        for text in (html.unescape(t) for t in _TAG.split(segment)):
+            found += [m.group() for m in _TEXT_URL.finditer(text) if _linkable_after(text, m.start(), False)]
+            for m in _TEXT_EMAIL.finditer(text):
+                start = m.start()
+                while start < m.end() and not _linkable_after(text, start, True):  # the pass looks behind each start
+                    start += 1
+                if start < m.start(2) - 1:
+                    found.append(m.group()[start - m.start():])
+    return found
 
 
 def unescaped(source: str) -> str:
@@ -133,7 +197,7 @@ def rendered_html(source: str) -> str:
 def rendered_text(source: str) -> str:
     """The text a reader sees for Markdown `source` (tags dropped, entities decoded, on one line). AppTest's `.value`
     of a Markdown element is its source, where a user's text is escaped (`gradlab.escape.markdown`): compare this."""
-    return " ".join(html.unescape(_TAG.sub(" ", rendered_html(source))).split())
+    return " ".join(html.unescape(_TAG.sub(" ", rendered_html(source))).translate(INVISIBLE).split())
 
 
 def markdown_problems(source: str, where: str = "") -> list[str]:
@@ -150,6 +214,11 @@ def markdown_problems(source: str, where: str = "") -> list[str]:
             problems.append(f"{where}: a link to {href}")
     if re.search(r"<(script|iframe|style)\b", out):
         problems.append(f"{where}: raw HTML")
+    for hit in text_autolinks(out):
+        if MARKER.search(hit) or "invalid" in hit:
+            problems.append(f"{where}: GFM would link {hit[:60]!r}")
+    for hit in text_passes(source, rendered_html(source.replace(":material/", ":material_"))):
+        problems.append(f"{where}: Streamlit would draw {hit[:60]!r}")
     flat = rendered_text(source)
     for m in sorted(markers):
         expected = " ".join(shown(int(m) - 1).split())

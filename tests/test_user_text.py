@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT, assert_clean, open_page
-from hostile import (CORPUS, batch_csv, csv_problems, hostile_csvs, markdown_problems, page_problems,
-                     plotly_problems, rendered_text)
+from hostile import (CORPUS, LINK_KEYS, batch_csv, csv_problems, hostile_csvs, hostile_link, markdown_problems,
+                     page_problems, plotly_problems, rendered_text)
 
 from gradlab import escape, export, plots
 from gradlab.data import load_csv
@@ -274,18 +274,20 @@ def test_22_hostile_csvs_one_after_another(page):
 
 @pytest.mark.slow
 def test_link_parameters_are_shown_as_text():
-    """A link's values come back in the page's words: an unknown control value (URL warnings) and a room code."""
+    """A link's values come back in the page's words: 22 control values no control can take (URL warnings) and a room
+    code (the lecture)."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
-    at.query_params.update({"eq_example": RAW[1], "eq_reduction": RAW[0]})
-    at.switch_page("views/equivalence.py")
+    at.query_params.update(hostile_link())
+    at.switch_page("views/dp_clipping.py")
     at.run()
     assert_clean(at)
     problems, seen = page_problems(at)
-    assert problems == [] and {"01", "02"} <= seen, (problems, seen)
+    assert problems == [] and seen == ALL, (problems, sorted(ALL - seen))
     warned = " ".join(rendered_text(w.value) for w in at.warning)
-    assert f"eq_example={SHOWN[1]}" in warned and f"eq_reduction={SHOWN[0]}" in warned, warned
+    for key, shown in zip(LINK_KEYS, SHOWN):
+        assert f"{key}={' '.join(shown.split())}" in warned, (key, warned)
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     at.query_params.update({"room": RAW[3], "step": "1"})
