@@ -49,18 +49,26 @@ FORMULA_STARTS = escape.FORMULA_STARTS
 defuse = escape.csv_cell
 
 
-def to_csv(table) -> bytes:
-    """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry).
-
-    Text cells and column names that a spreadsheet would run as formulas (a class or column name such as
-    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'` (`escape.csv_cell`); numbers stay numbers,
-    and so does a class name that is a plain number (`-1`)."""
-    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
+def defused(table) -> pd.DataFrame:
+    """`table` (a DataFrame or a dict of equally long arrays) as a new DataFrame whose text cells and column names a
+    spreadsheet would not run as formulas (`escape.csv_cell`: a leading `'` on `=HYPERLINK(…)`, `+cmd`, `@SUM(…)`);
+    numbers, and text that is a plain number (`-1`), stay as they are. What `to_csv` writes, and what a page's
+    table shows (`ui.dataframe`: its toolbar downloads the cells as CSV)."""
+    frame = table.copy() if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
     frame = frame.rename(columns=lambda c: defuse(str(c)))
     for col in frame.columns:
         if frame[col].dtype == object or pd.api.types.is_string_dtype(frame[col]):
             frame[col] = frame[col].map(defuse)
-    return frame.to_csv(index=False).encode()
+    return frame
+
+
+def to_csv(table) -> bytes:
+    """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry).
+
+    Text cells and column names that a spreadsheet would run as formulas (a class or column name such as
+    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'` (`defused`, `escape.csv_cell`); numbers
+    stay numbers, and so does a class name that is a plain number (`-1`)."""
+    return defused(table).to_csv(index=False).encode()
 
 
 def to_npz(table) -> bytes:

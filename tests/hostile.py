@@ -304,10 +304,11 @@ def csv_problems(data: bytes) -> list[str]:
 # ---------------------------------------------------------------- a whole page (AppTest)
 
 #: Proto fields that Streamlit's frontend draws as plain text (never Markdown): a selectbox's and a select slider's
-#: options (the upload's label column picker lists the CSV's column names), code blocks, tables, ids and keys.
+#: options (the upload's label column picker lists the CSV's column names), code blocks, ids and keys. Tables
+#: (`st.dataframe`) draw text too, and their toolbar downloads the cells as CSV: checked as a spreadsheet reads them.
 PLAIN_FIELDS = {("Selectbox", "options"), ("MultiSelect", "options"), ("Slider", "options"), ("Code", "codeText"),
                 ("Selectbox", "rawValue"), ("Selectbox", "value")}
-PLAIN_TYPES = {"Dataframe", "ArrowTable", "Arrow"}
+TABLE_TYPES = {"Dataframe", "ArrowTable", "Arrow"}
 
 
 def _nodes(node):
@@ -319,7 +320,8 @@ def _nodes(node):
 def page_problems(at) -> tuple[list[str], set[str]]:
     """Every element of an AppTest page (main area and sidebar, blocks such as expanders included) checked for
     corpus markup shown live: Markdown fields by `markdown_problems`, Plotly figures by `plotly_problems`, raw HTML
-    elements for any marker at all. **Returns** (problems, the markers the page showed as text)."""
+    elements for any marker at all, tables as the CSV their toolbar downloads (`csv_problems`). **Returns** (problems,
+    the markers the page showed as text)."""
     from google.protobuf.json_format import MessageToDict
 
     problems, seen = [], set()
@@ -328,7 +330,11 @@ def page_problems(at) -> tuple[list[str], set[str]]:
         if proto is None or not hasattr(proto, "DESCRIPTOR"):
             continue
         kind = type(proto).__name__
-        if kind in PLAIN_TYPES:
+        if kind in TABLE_TYPES:
+            table = node.value
+            found = csv_problems(table.to_csv(index=False).encode())
+            problems += [f"{kind} (its toolbar's CSV) {p}" for p in found]
+            seen |= set(MARKER.findall(" ".join(map(str, [*table.columns, *table.astype(str).to_numpy().ravel()]))))
             continue
         if kind == "PlotlyChart":
             spec = json.loads(proto.spec) if proto.spec else {}

@@ -276,7 +276,7 @@ elif data.n_features == 1:
              width="stretch")
 table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{SHORT[m_]: v for m_, v in scores.items()}})
-st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
+ui.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
 # ------------------------------------------------------------------ the optimum the scores use
@@ -360,7 +360,7 @@ if selfs is not None:
                                   axis_names=data.feature_names,
                                   title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
                  width="stretch")
-    st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
+    ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
                                "flipped label": flipped[top], **{inf.SELF_INFLUENCE[m_]: selfs[m_][top] for m_ in selfs}}),
                  hide_index=True, width="stretch", height=240)
     ui.download(f"gradlab_self_influence_{exp.dataset}",

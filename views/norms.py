@@ -111,7 +111,7 @@ else:  # a served regression model without a predict_fn has none (NaN)
     predicted = {} if np.isnan(s.predictions).all() else {"prediction": s.predictions}
 table = pd.DataFrame({**who, **predicted, "loss": s.losses, "gradient norm": s.norms,
                       **({"flipped label": flipped} if noisy else {})})  # no flips, no column of empty boxes
-st.dataframe(table.iloc[top], hide_index=True, width="stretch")
+ui.dataframe(table.iloc[top], hide_index=True, width="stretch")
 
 if det is not None:
     loss_det = detection_roc(s.losses, flipped)

@@ -99,6 +99,14 @@ def checkpoint_picker(f: Fitted, key: str = "checkpoint") -> int:
     return steps.index(step)
 
 
+def dataframe(table, **kwargs):
+    """`st.dataframe(table, **kwargs)` for a table that holds a user's text (an upload's column and class names, a
+    served model's leaf names). A table draws text as text, but its toolbar downloads the cells as a CSV that
+    Streamlit does not defuse: cells and headers are shown as `ui.download`'s CSV holds them (`export.defused`: a
+    leading `'` on a cell a spreadsheet would run as a formula, such as `=HYPERLINK(…)`; numbers unchanged)."""
+    return st.dataframe(export.defused(table), **kwargs)
+
+
 def download(name: str, table, *, label: str | None = None, key: str | None = None) -> None:
     """CSV and NPZ download buttons for a table of per-example results.
 
