@@ -341,3 +341,24 @@ def test_a_served_models_names_are_shown_as_text(tmp_path, monkeypatch):
         assert {"01", "02", "05", "08", "17", "22"} <= seen, seen
     finally:
         own._load_served.cache_clear()
+
+
+@pytest.mark.slow
+def test_a_served_models_error_is_shown_as_text(tmp_path, monkeypatch):
+    """A served module that fails while loading with a hostile message (and a hostile file name): the sidebar's
+    error and the page's say it, as text."""
+    from gradlab import own
+
+    (tmp_path / "message.txt").write_text(" ".join(RAW[i] for i in (0, 1, 3, 15, 17, 21)))
+    path = tmp_path / (RAW[4] + ".py")
+    path.write_text("from pathlib import Path\nraise ValueError((Path(__file__).parent / 'message.txt').read_text())\n")
+    monkeypatch.setenv(own.ENV, str(path))
+    try:
+        at = open_page("norms", dataset=own.OWN)
+        assert_clean(at)
+        assert at.error
+        problems, seen = page_problems(at)
+        assert problems == []
+        assert {"01", "02", "04", "05", "16", "18", "22"} <= seen, seen
+    finally:
+        own._load_served.cache_clear()
