@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html
 import logging
 import os
 import re
@@ -166,7 +167,8 @@ def plotly_config(filename: str = "gradlab") -> dict:
 
 def chart(fig, *, filename: str | None = None, **kwargs):
     """`st.plotly_chart(fig, width="stretch")` whose PNG download is named after the figure's title."""
-    title = filename or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "gradlab figure")
+    title = filename or (html.unescape(fig.layout.title.text) if fig.layout.title and fig.layout.title.text
+                         else "gradlab figure")  # a title is escaped text (`escape.plotly`)
     kwargs.setdefault("width", "stretch")
     return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
 
