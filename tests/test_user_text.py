@@ -214,6 +214,33 @@ def test_a_refused_uploads_message_names_columns_as_text():
     assert problems == [] and {"01", "02", "03"} <= seen
 
 
+def _guarded():
+    from hostile import CORPUS
+
+    from gradlab import escape, ui
+
+    with ui.guard("Refused"):
+        raise escape.Refusal("Set **Training steps** to 500 or fewer.")
+    with ui.guard("A data error"):
+        raise ValueError(" ".join(raw for raw, _ in CORPUS))
+    with ui.guard("Something else"):
+        raise KeyError(CORPUS[0][0])
+
+
+def test_guard_shows_gradlabs_refusals_as_markdown_and_every_other_message_as_text():
+    """`ui.guard`: a refusal (`escape.Refusal`, gradlab's own words) keeps its bold; any other exception's message may
+    quote a user's text (a CSV's column names, a served model's exception) and is text."""
+    from hostile import rendered_html
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_guarded, default_timeout=60)
+    at.run()
+    refused, data, other = (e.value for e in at.error)
+    assert "<strong>Training steps</strong>" in rendered_html(refused)
+    problems, seen = page_problems(at)
+    assert problems == [] and seen == ALL
+
+
 # ---------------------------------------------------------------- pages (slow)
 
 UPLOAD = dict(dataset="upload", model="linear", steps=50, checkpoint_every=25)
