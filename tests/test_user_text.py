@@ -7,7 +7,8 @@ autolinks) matched as its frontend matches it; Plotly text as plotly.js renders 
 spreadsheet reads them. Each of the 22 hostile strings carries a marker, and a page passes when every marker it
 shows is shown as its whole text and nothing around it became an element.
 
-Quick: the escaping functions, every figure builder that takes names, the exports, and the sidebar uploader.
+Quick: the escaping functions, every figure builder that takes names, the exports, the sidebar uploader and
+`ui.guard`. Tables are read as the CSV their toolbar downloads.
 Slow: every page with an upload of all 22 strings, the 22 CSVs one by one on Gradient norms and DP clipping, a
 served model with hostile names, and hostile link parameters.
 """
