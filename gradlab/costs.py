@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import os
 
+from gradlab import escape
+
 #: CPU-seconds one visitor's settings may cost before a button is pressed (environment: GRADLAB_WORK_BUDGET_S).
 WORK_BUDGET_SECONDS = float(os.environ.get("GRADLAB_WORK_BUDGET_S", "30"))
 
@@ -144,9 +146,10 @@ def timing_seconds(num_params: int, cells, *, repeats: int) -> float:
 
 
 def check_work(seconds: float, what: str, fix: str) -> None:
-    """Refuse work over `WORK_BUDGET_SECONDS`. **Raises** ValueError naming `what`, the estimate and `fix`."""
+    """Refuse work over `WORK_BUDGET_SECONDS`. **Raises** `escape.Refusal` (a ValueError) naming `what`, the estimate
+    and `fix` (gradlab's Markdown: say a control as **Training steps**; no user text)."""
     if seconds > WORK_BUDGET_SECONDS:
-        raise ValueError(f"{what} would take about {seconds:,.0f} CPU-seconds on this shared server (the limit is "
+        raise escape.Refusal(f"{what} would take about {seconds:,.0f} CPU-seconds on this shared server (the limit is "
                          f"{WORK_BUDGET_SECONDS:.0f}). {fix}")
 
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import costs, engine, losses, memory, own
+from gradlab import costs, engine, escape, losses, memory, own
 from gradlab import data as data_mod
 from gradlab.models import ModelSpec, build_model
 from gradlab.train import TrainResult, train
@@ -286,14 +286,14 @@ def check_training_memory(exp: Experiment, num_params: int) -> None:
 def check_training_work(exp: Experiment, num_params: int, macs: int = 0) -> None:
     """Refuse a training over `costs.WORK_BUDGET_SECONDS` CPU-s that no one has stored yet; name the most
     training steps that fit. `macs`: the forward pass's multiply-adds (`forward_macs`; convolutions cost more
-    than their P). **Raises** ValueError with the estimate and the fix."""
+    than their P). **Raises** `escape.Refusal` (a ValueError) with the estimate and the fix (gradlab's Markdown)."""
     need = costs.training_seconds(num_params, exp.steps, exp.batch_size, macs)
     if need <= costs.WORK_BUDGET_SECONDS:
         return
     fits = [s for s in (25, 50, 100, 200, 300, 500, 1000, 2000)
             if costs.training_seconds(num_params, s, exp.batch_size, macs) <= costs.WORK_BUDGET_SECONDS]
     fix = f"Set **Training steps** to {fits[-1]} or fewer, or a smaller batch or model." if fits else "Use a smaller model."
-    raise ValueError(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
+    raise escape.Refusal(f"Training {num_params:,} parameters for {exp.steps} steps of {exp.batch_size} examples would take "
                      f"about {need:.0f} CPU-seconds on this shared server (the limit is {costs.WORK_BUDGET_SECONDS:.0f}). "
                      + fix)
 

@@ -7,12 +7,13 @@ call these, and so can a notebook.
 from __future__ import annotations
 
 import io
+import zipfile
 
 import jax
 import numpy as np
 import pandas as pd
 
-from gradlab import engine
+from gradlab import engine, escape
 
 #: Tables larger than this are not offered as a download (the reason is shown instead).
 EXPORT_BUDGET_BYTES = 64 * 2**20
@@ -41,30 +42,40 @@ def export_bytes(table) -> int:
 
 
 #: A text cell starting with one of these is a formula to a spreadsheet (CSV injection, OWASP).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_STARTS = escape.FORMULA_STARTS
+
+#: `escape.csv_cell`: a string that starts like a spreadsheet formula (`= + - @`, tab, CR) gets a leading `'`;
+#: a plain number written as text (`-1`) and non-strings are returned as they are.
+defuse = escape.csv_cell
 
 
-def defuse(text):
-    """`text` with a leading `'` when it starts like a spreadsheet formula (`= + - @`, tab, CR), else unchanged.
-    Non-strings (numbers, negative ones included) are returned as they are."""
-    return "'" + text if isinstance(text, str) and text.startswith(FORMULA_STARTS) else text
+def defused(table) -> pd.DataFrame:
+    """`table` (a DataFrame or a dict of equally long arrays) as a new DataFrame whose text cells and column names a
+    spreadsheet would not run as formulas (`escape.csv_cell`: a leading `'` on `=HYPERLINK(…)`, `+cmd`, `@SUM(…)`);
+    numbers, and text that is a plain number (`-1`), stay as they are. What `to_csv` writes, and what a page's
+    table shows (`ui.dataframe`: its toolbar downloads the cells as CSV)."""
+    frame = table.copy() if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
+    frame = frame.rename(columns=lambda c: defuse(str(c)))
+    for col in frame.columns:
+        if frame[col].dtype == object or pd.api.types.is_string_dtype(frame[col]):
+            frame[col] = frame[col].map(defuse)
+    return frame
 
 
 def to_csv(table) -> bytes:
     """CSV bytes of a DataFrame or a dict of equally long arrays (2-D arrays: one column per entry).
 
     Text cells and column names that a spreadsheet would run as formulas (a class or column name such as
-    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'`; numbers stay numbers."""
-    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(_columns(table))
-    frame = frame.rename(columns=lambda c: defuse(str(c)))
-    for col in frame.columns:
-        if frame[col].dtype == object or pd.api.types.is_string_dtype(frame[col]):
-            frame[col] = frame[col].map(defuse)
-    return frame.to_csv(index=False).encode()
+    `=HYPERLINK(…)` from an uploaded CSV) are defused with a leading `'` (`defused`, `escape.csv_cell`); numbers
+    stay numbers, and so does a class name that is a plain number (`-1`)."""
+    return defused(table).to_csv(index=False).encode()
 
 
 def to_npz(table) -> bytes:
-    """Compressed NPZ bytes: one array per DataFrame column, or the dict's arrays with their shapes."""
+    """Compressed NPZ bytes: one array per DataFrame column, or the dict's arrays with their shapes.
+
+    Keys are the column names as they are (`np.load(...)["=x"]`), any name included: a CSV column called `file`
+    or `allow_pickle` is a key like any other (`np.savez_compressed(buf, **arrays)` took them as its own arguments)."""
     if isinstance(table, pd.DataFrame):
         arrays = {}
         for c in table.columns:
@@ -73,7 +84,10 @@ def to_npz(table) -> bytes:
     else:
         arrays = {str(k): np.asarray(v) for k, v in table.items()}
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:  # what np.savez_compressed writes
+        for key, a in arrays.items():
+            with z.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=True)  # as np.savez_compressed
     return buf.getvalue()
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, TypeVar
 
 import jax
 
-from gradlab import engine
+from gradlab import engine, escape
 from gradlab.train import dp_buffer_size
 
 log = logging.getLogger("gradlab")
@@ -47,8 +47,8 @@ XLA_COPIES = 3
 T = TypeVar("T")
 
 
-class OverBudget(ValueError):
-    """A computation would need more memory than the budget. The message says what fits."""
+class OverBudget(escape.Refusal):
+    """A computation would need more memory than the budget. The message says what fits (gradlab's Markdown)."""
 
 
 def mb(nbytes: float) -> str:

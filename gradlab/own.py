@@ -147,7 +147,7 @@ def for_name(name: str) -> OwnModel:
     model = served()
     if name not in (OWN, model.name):
         raise OwnModelError(f"This link names a version of the served model ({name}) that this server no longer "
-                            f"has: it serves {model.name} from {model.source}. Choose **own** in the sidebar again.")
+                            f"has: it serves {model.name} from {model.source}. Choose 'own' in the sidebar again.")
     return model
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import html
 import threading
 
 import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from gradlab import escape
 
 NORM_LABEL = "per-example gradient norm ‖∇θ ℓ(xᵢ, yᵢ)‖₂"
 TEMPLATE = "plotly_white"
@@ -155,24 +156,14 @@ def _power_ticks(ax) -> None:
         ax.update(exponentformat="power", minorloglabels="none")
 
 
-def _escape_text(values):
-    """HTML-escape strings that hold markup characters (a CSV's class or column names reach figures; Plotly
-    renders tags such as `<a href>` in text); numbers and plain strings pass unchanged."""
-    if isinstance(values, str):
-        return html.escape(values, quote=False) if any(c in values for c in "<>&") else values
-    if isinstance(values, (list, tuple, np.ndarray)) and any(isinstance(v, str) and any(c in v for c in "<>&")
-                                                            for v in values):
-        return [_escape_text(v) if isinstance(v, str) else v for v in values]
-    return values
-
-
 def _escape_traces(fig: go.Figure) -> None:
-    """Escape every trace's name, categories, text and hover text (`_escape_text`): data, never markup."""
+    """Escape every trace's name, categories, text and hover text (`escape.plotly`): data, never markup. Builders
+    put raw strings there (an upload's class names, a served model's leaf names) and this escapes them once."""
     for trace in fig.data:
         for field in ("name", "x", "y", "text", "hovertext"):
             value = getattr(trace, field, None)
             if value is not None:
-                escaped = _escape_text(value)
+                escaped = escape.plotly_all(value)
                 if escaped is not value:
                     trace[field] = escaped
 
@@ -185,12 +176,12 @@ def _identified(ids: dict | None, n: int) -> tuple[list, str]:
     (`"label"`); None: positions only.
 
     **Returns** `customdata` (n rows: the position first, which a click reads back, then every other column) and a
-    hovertemplate fragment `"<row name> 42<br>x1 = 0.31<br>…"`; names and text values are HTML-escaped (a CSV's
-    column and class names are data, never markup)."""
+    hovertemplate fragment `"<row name> 42<br>x1 = 0.31<br>…"`; names and text values are escaped (`escape.plotly`:
+    a CSV's column and class names are data, never markup; a name in the template cannot be a placeholder)."""
     ids = {"example": np.arange(n)} if ids is None else ids
     position = np.asarray(ids.get("example", np.arange(n)), int)
     names = [k for k in ids if k != "example"]
-    columns = [[html.escape(v, quote=False) if isinstance(v, str) else (v.item() if hasattr(v, "item") else v)
+    columns = [[escape.plotly(v) if isinstance(v, str) else (v.item() if hasattr(v, "item") else v)
                 for v in ids[k]] for k in names]
     custom = [[int(position[i]), *(c[i] for c in columns)] for i in range(n)]
     if not names:
@@ -198,18 +189,19 @@ def _identified(ids: dict | None, n: int) -> tuple[list, str]:
     lines = []
     for j, name in enumerate(names, start=1):
         numeric = j > 1 and isinstance(columns[j - 1][0], float) if n else False
-        lines.append(f"{html.escape(str(name), quote=False)}{' =' if j > 1 else ''} %{{customdata[{j}]{':.3g' if numeric else ''}}}")
+        lines.append(f"{escape.plotly(name, template=True)}{' =' if j > 1 else ''} %{{customdata[{j}]{':.3g' if numeric else ''}}}")
     return custom, "<br>".join(lines)
 
 
 def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
     """The house style on `fig`: title, axis titles, `TEMPLATE`, `height` pixels, margins, 15-pt dark text.
-    Trace names, categories and texts are HTML-escaped (user data such as an upload's class names).
+    The title, axis titles, trace names, categories and texts are text (`escape.plotly`): pass them raw, user data
+    such as an upload's class and column names included; markup in them shows as typed.
 
     **Returns** `fig` (changed in place).
     """
     _escape_traces(fig)
-    x, y = _escape_text(x), _escape_text(y)
+    title, x, y = escape.plotly(title), escape.plotly(x), escape.plotly(y)
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE, height=height,
                       margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15, color="#111111"))
     return fig
@@ -234,12 +226,13 @@ def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray 
 def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, *, log: bool = False) -> go.Figure:
     """One small histogram of per-example gradient norms per (training) label."""
     v = _log10(norms) if log else np.asarray(norms)
-    safe = [_escape_text(str(c)) for c in class_names]  # facet titles are markup: an upload's names are text
+    # facet titles and px's hover template hold the names: an upload's names are text (`%` too, in the template)
+    safe = [escape.plotly(c, template=True) for c in class_names]
     names = [safe[int(c)] for c in labels]
     order = [c for c in safe if c in set(names)]
     fig = px.histogram(x=v, facet_col=names, facet_col_wrap=5, nbins=30,
                        category_orders={"facet_col": order}, template=TEMPLATE)
-    fig.for_each_annotation(lambda a: a.update(text="class " + a.text.split("=")[-1]))
+    fig.for_each_annotation(lambda a: a.update(text="class " + a.text.split("=", 1)[1]))  # "facet_col=<name>"
     fig.update_xaxes(title_text="")
     fig.update_yaxes(title_text="")
     rows = int(np.ceil(len(order) / 5))
@@ -271,8 +264,9 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
 
     One heatmap of the images tiled into a grid (NaN between tiles) with the titles as annotations:
     a single trace and one pair of axes, where a subplot per image made Plotly update dozens of axes
-    on every rerun (most of the Influence page's warm time). A title's lines are split on "\n"; each line
-    is shown as text (HTML-escaped: a class name from a CSV stays text).
+    on every rerun (most of the Influence page's warm time). A title is a tuple of lines, or a string split on "\n";
+    each line is shown as text (`escape.plotly`: a class name from a CSV stays text, its own newline shown as ␊ in
+    a tuple's line).
     """
     images = np.asarray(images, np.float64)
     n = len(images)
@@ -285,7 +279,7 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
     for i, img in enumerate(images):
         r, c = divmod(i, cols)
         canvas[r * tile_h + head: (r + 1) * tile_h, c * tile_w: c * tile_w + w] = img.reshape(image_shape)
-    notes = [dict(x=(i % cols) * tile_w + (w - 1) / 2, y=(i // cols) * tile_h + head - 0.6, text="<br>".join(_escape_text(line) for line in str(text).split("\n")),
+    notes = [dict(x=(i % cols) * tile_w + (w - 1) / 2, y=(i // cols) * tile_h + head - 0.6, text="<br>".join(escape.plotly(line) for line in (str(text).split("\n") if isinstance(text, str) else text)),
                   showarrow=False, yanchor="bottom", font=dict(size=12)) for i, text in enumerate(titles[:n])]
     fig = go.Figure(go.Heatmap(z=canvas, colorscale="gray_r", showscale=False, hoverinfo="skip"),
                     layout=dict(template=TEMPLATE, height=170 * rows + 40, margin=dict(l=10, r=10, t=50, b=10),

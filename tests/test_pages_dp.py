@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import FAST, assert_clean, open_page
+from hostile import rendered_text
 
 
 def metric(at, label):
@@ -12,7 +13,7 @@ def metric(at, label):
 
 
 def errors(at):
-    return " ".join(e.value for e in at.error)
+    return " ".join(rendered_text(e.value) for e in at.error)  # as read: an error's text is escaped Markdown
 
 
 def test_dp_page_clipping_controls():

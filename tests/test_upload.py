@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hostile import rendered_text
+
 from gradlab.data import DataError, load_csv
 from gradlab.experiment import Experiment, fit
 
@@ -130,7 +132,7 @@ def test_uploader_shows_a_message_not_a_traceback(case):
     at.run()
     at.file_uploader(key="upload_file").set_value(("bad.csv", raw, "text/csv")).run()
     assert not at.exception, [e.value for e in at.exception]
-    messages = " ".join(e.value for e in at.error)
+    messages = " ".join(rendered_text(e.value) for e in at.error)  # what the visitor reads (names escaped)
     assert "This CSV cannot be used" in messages and expected in messages, messages
     assert "_upload" not in at.session_state
     assert not at.metric
@@ -148,7 +150,7 @@ def test_uploader_label_and_task_controls():
     at.file_uploader(key="upload_file").set_value(("good.csv", GOOD, "text/csv")).run()
     assert at.selectbox(key="upload_label").value == "label"
     at.selectbox(key="upload_label").set_value("f0").run()   # a continuous column as class label
-    assert "is it a regression target" in " ".join(e.value for e in at.error)
+    assert "is it a regression target" in " ".join(rendered_text(e.value) for e in at.error)
     at.radio(key="upload_task").set_value("regression").run()  # as a regression target it works
     assert not at.error and not at.exception and at.metric
 
@@ -242,7 +244,8 @@ def test_per_example_tables_name_each_examples_csv_line_and_feature_values():
 
 def test_a_column_name_cannot_become_an_image_link_or_html_in_a_message():
     """A CSV whose non-numeric column is named like a Markdown image and an HTML link: the message names it as
-    text (escaped), so the visitor's browser loads nothing and follows nothing."""
+    text (escaped), so the visitor's browser loads nothing and follows nothing (tests/test_user_text.py: all 22)."""
+    from hostile import rendered_html
     from streamlit.testing.v1 import AppTest
 
     evil = "![x](http://example.com/a.png) <a href='http://example.com'>c</a>"
@@ -251,9 +254,10 @@ def test_a_column_name_cannot_become_an_image_link_or_html_in_a_message():
     at.run()
     at.file_uploader(key="upload_file").set_value(("evil.csv", raw.encode(), "text/csv")).run()
     assert not at.exception
-    messages = " ".join(e.value for e in at.error)
-    assert "This CSV cannot be used" in messages
-    assert "](http" not in messages and "<a href" not in messages and "!\\[x]" in messages, messages
+    messages = [e.value for e in at.error]
+    assert "This CSV cannot be used" in messages[0]
+    assert evil in rendered_text(messages[0]), messages  # the name as typed, as text
+    assert "<img" not in rendered_html(messages[0]) and "<a " not in rendered_html(messages[0])
 
 
 def test_messages_name_the_csv_line_of_a_bad_value():
@@ -282,4 +286,4 @@ def test_an_unusable_upload_is_explained_in_the_main_area():
     at.sidebar.file_uploader(key="upload_file").set_value(("bad.csv", ("a,b,label\n" + "\n".join(rows)).encode(), "text/csv")).run()
     assert not at.exception
     main = [e.value for e in at.main.error]
-    assert any("line 6" in m and "This CSV cannot be used" in m for m in main), main
+    assert any("line 6" in rendered_text(m) and "This CSV cannot be used" in m for m in main), main

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import ROOT, assert_clean
+from hostile import rendered_text
 
 from gradlab import ui
 from gradlab.experiment import Experiment, fit
@@ -119,7 +120,7 @@ def test_short_codes_work_and_a_bad_link_value_is_named_not_dropped_silently():
     bad.switch_page("views/equivalence.py")
     bad.run()
     assert_clean(bad)
-    text = " ".join(w.value for w in bad.warning)
+    text = " ".join(rendered_text(w.value) for w in bad.warning)  # as read: the link's values are escaped Markdown
     assert "eq_example=nonsense" in text and "steps=many" in text, text
 
 

@@ -87,7 +87,7 @@ if result is not None:
         "max |a₃₂ − ref₆₄|": [l.err_a32 for l in cmp.leaves],
         "max |b₃₂ − ref₆₄|": [l.err_b32 for l in cmp.leaves],
     })
-    st.dataframe(table, hide_index=True, width="stretch",
+    ui.dataframe(table, hide_index=True, width="stretch",  # leaf names: a served model's own
                  column_config={c: st.column_config.NumberColumn(format="%.2e") for c in table.columns[2:]})
     st.caption(
         "Both float32 ways are about equally far from the float64 reference (last two columns): neither is "

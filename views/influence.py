@@ -64,7 +64,7 @@ def tracin_run(data_key, _fitted):
         run, note = ifit.tracin_run(_fitted)
         return inf.tracin_checkpoints(run), note
     except ValueError as err:
-        return None, f"TracIn is unavailable: {err}"
+        return None, f"TracIn is unavailable: {ui.inert(err)}"
 
 
 @ui.shared(label="Training TRAK's ensemble")
@@ -132,8 +132,8 @@ with left:
         ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{data.row(test_index, 'test')}"], cols=1,
                                   image_shape=data.image_shape), width="stretch")
     m = st.columns(2)  # two per row: the left third of a 1024 px projector is too narrow for three
-    m[0].metric("Label", name(data.y_test[test_index]))
-    m[1].metric("Prediction", name(test_pred[test_index]), delta="correct" if correct[test_index] else "wrong",
+    m[0].metric("Label", ui.inert(name(data.y_test[test_index])))  # a metric's value is Markdown: a class name is text
+    m[1].metric("Prediction", ui.inert(name(test_pred[test_index])), delta="correct" if correct[test_index] else "wrong",
                 delta_color="normal" if correct[test_index] else "inverse")
     st.metric("Test loss", f"{test_loss[test_index]:.3g}")
 with right:
@@ -227,7 +227,7 @@ if method == "trak":  # TRAK trains its ensemble only when asked for; a projecte
         scores = {m_: (trak_scores[rows.index(test_index)] if m_ == "trak" else scores[m_]) for m_ in inf.METHODS
                   if m_ in scores or m_ == "trak"}
 for m_, err in errors.items():
-    st.error(f"**{inf.METHODS[m_]} unavailable.** {err}", icon="⚠️")
+    st.error(f"**{inf.METHODS[m_]} unavailable.** {ui.inert(err)}", icon="⚠️")
 if res.ihvp is not None:
     if res.ihvp.note:
         st.info(res.ihvp.note, icon="ℹ️")
@@ -259,10 +259,10 @@ train_ids = {**export.example_columns(data, np.arange(len(data.y_train))), "labe
 
 if data.image_shape is not None:
     st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
-    ui.chart(plots.image_grid(pixels(data.x_train[props]), [f"{tag(i)}\n{s[i]:.2g}" for i in props],
+    ui.chart(plots.image_grid(pixels(data.x_train[props]), [(tag(i), f"{s[i]:.2g}") for i in props],
                               image_shape=data.image_shape), width="stretch")
     st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
-    ui.chart(plots.image_grid(pixels(data.x_train[opps]), [f"{tag(i)}\n{s[i]:.2g}" for i in opps],
+    ui.chart(plots.image_grid(pixels(data.x_train[opps]), [(tag(i), f"{s[i]:.2g}") for i in opps],
                               image_shape=data.image_shape), width="stretch")
 elif data.n_features == 2:
     ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score", ids=train_ids,
@@ -276,7 +276,7 @@ elif data.n_features == 1:
              width="stretch")
 table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{SHORT[m_]: v for m_, v in scores.items()}})
-st.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
+ui.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
 # ------------------------------------------------------------------ the optimum the scores use
@@ -335,7 +335,7 @@ if selfs is not None:
     with c2:
         top_pct = ui.control(st.slider, "Top x% to inspect", 1, 50, 10, key="infl_top_pct")
     if self_note:
-        st.caption(self_note)
+        st.caption(ui.inert(self_note))  # an exception's message: text
     v = selfs[self_method]
     top = np.argsort(-v, kind="stable")[: max(1, int(round(top_pct / 100 * len(v))))]
     if flipped.any():
@@ -353,14 +353,14 @@ if selfs is not None:
         st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
     shown = top[:24]
     if data.image_shape is not None:
-        ui.chart(plots.image_grid(pixels(data.x_train[shown]), [f"{tag(i)}\n{v[i]:.2g}" for i in shown],
+        ui.chart(plots.image_grid(pixels(data.x_train[shown]), [(tag(i), f"{v[i]:.2g}") for i in shown],
                                   image_shape=data.image_shape), width="stretch")
     elif data.n_features == 2:
         ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top, ids=train_ids,
                                   axis_names=data.feature_names,
                                   title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
                  width="stretch")
-    st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
+    ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
                                "flipped label": flipped[top], **{inf.SELF_INFLUENCE[m_]: selfs[m_][top] for m_ in selfs}}),
                  hide_index=True, width="stretch", height=240)
     ui.download(f"gradlab_self_influence_{exp.dataset}",
@@ -471,7 +471,7 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
     else:
         res_lds, errs = lds_out
         for m_, err in errs.items():
-            st.error(f"**{inf.METHODS[m_]}: no LDS.** {err}", icon="⚠️")
+            st.error(f"**{inf.METHODS[m_]}: no LDS.** {ui.inert(err)}", icon="⚠️")
         names = list(res_lds)
         ui.chart(plots.lds_bars([SHORT[m_] for m_ in names], [res_lds[m_][0] for m_ in names],
                                 [res_lds[m_][1] for m_ in names], m=lds_m), width="stretch")

@@ -93,7 +93,7 @@ def label(i):  # i: a position in the summary
 who = {**export.example_columns(data, idx), "label": [data.class_names[c] for c in y] if data.task == "classification" else y}
 if data.image_shape is not None:
     # two short lines: 8 tiles share a 1024 px projector
-    titles = [f"{label(i)}\n{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}" for i in top]
+    titles = [(label(i), f"{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}") for i in top]  # lines
     ui.chart(plots.image_grid(data.raw(data.x_train[idx[top]]), titles, image_shape=data.image_shape), width="stretch")
     st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
 elif data.n_features == 2:
@@ -111,7 +111,7 @@ else:  # a served regression model without a predict_fn has none (NaN)
     predicted = {} if np.isnan(s.predictions).all() else {"prediction": s.predictions}
 table = pd.DataFrame({**who, **predicted, "loss": s.losses, "gradient norm": s.norms,
                       **({"flipped label": flipped} if noisy else {})})  # no flips, no column of empty boxes
-st.dataframe(table.iloc[top], hide_index=True, width="stretch")
+ui.dataframe(table.iloc[top], hide_index=True, width="stretch")
 
 if det is not None:
     loss_det = detection_roc(s.losses, flipped)

@@ -217,5 +217,5 @@ st.markdown(
     "a scan or a cond) **falls back**: it is differentiated per example, exactly, at the cost of its own size."
 )
 with ui.guard("The loss could not be traced to explain its paths"):
-    st.dataframe(pd.DataFrame(engine.explain(loss_fn, params, xs, ys)).astype({"shape": str}),
+    ui.dataframe(pd.DataFrame(engine.explain(loss_fn, params, xs, ys)).astype({"shape": str}),  # a served model's leaves
                  hide_index=True, width="stretch")

@@ -130,7 +130,7 @@ else:
         if data.image_shape is not None:
             ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
                      filename="most exposed members")
-        st.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
+        ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
                                    "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
                                    "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True)
         st.caption("Members the non-private model is most confident on compared with shadow models that never saw them: "

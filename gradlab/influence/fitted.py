@@ -93,8 +93,8 @@ def trak_models(fitted, n_models: int = TRAK_MODELS, fit: Callable | None = None
         trained = list(fitted.run.checkpoints[-2::-1][: n_models - 1])
     else:
         raise ValueError(f"TRAK's ensemble of {n_models} models trains more with gradlab's loop, or takes the last "
-                         f"checkpoints of your run: your module lists {len(fitted.run.checkpoints)}. Set **Models in "
-                         f"the ensemble** to {len(fitted.run.checkpoints)} or fewer, or {own.NEEDS_INIT}")
+                         f"checkpoints of your run: your module lists {len(fitted.run.checkpoints)}. Set 'Models in "
+                         f"the ensemble' to {len(fitted.run.checkpoints)} or fewer, or {own.NEEDS_INIT}")
     if base is None:
         return [fitted.model] + trained
     xs, ys = arrays(fitted)

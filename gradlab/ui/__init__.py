@@ -3,7 +3,7 @@
 - `state`: the experiment sidebar bound to the URL, share links, presets' glue;
 - `cache`: page computations shared through one store and gate (`shared`, `on_request`, `fitted`), memory hygiene;
 - `upload`: the CSV uploader and this session's upload;
-- `widgets`: error guard, code panel, checkpoint picker, downloads, charts.
+- `widgets`: error guard, code panel, checkpoint picker, downloads, charts, tables; `inert` (a user's text in Markdown).
 
 Pages import `from gradlab import ui` and use the names re-exported here.
 """
@@ -14,12 +14,12 @@ from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, expe
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, remember_url,
                               share_link, url_warnings)
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
-from gradlab.ui.widgets import (chart, checkpoint_picker, choice, code_panel, control, download, download_gradients, fragment, guard, inert,
+from gradlab.ui.widgets import (chart, checkpoint_picker, choice, code_panel, control, dataframe, download, download_gradients, fragment, guard, inert,
                                 needs_training_loop, picked_index, plotly_config, terms)
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
-    "apply_preset", "chart", "checkpoint_picker", "choice", "control", "code_panel", "download", "download_gradients",
+    "apply_preset", "chart", "checkpoint_picker", "choice", "control", "code_panel", "dataframe", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "inert",
     "PRACTICE_PER_MINUTE", "macs", "needs_training_loop", "practice_wait", "sandboxed", "num_examples", "num_params", "picked_index", "plotly_config", "preset_banner", "preset_picker", "on_request", "requested",
     "summary_seconds", "summary_size",

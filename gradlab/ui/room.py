@@ -21,6 +21,7 @@ import streamlit as st
 
 from gradlab import rooms
 from gradlab.ui import lecture as ui_lecture
+from gradlab.ui.widgets import inert  # `?room=` is whatever a link says: shown as text
 
 ROOM, KEY, SPEAKER = "room", "_key", "speaker"
 FOLLOW = "_room_follow"
@@ -52,13 +53,13 @@ def follow(step: int) -> None:
         return
     room = ROOMS.get(c)
     if room is None:
-        st.warning(f"There is no lecture room **{c}** on this server (it may have ended). The lecture works on "
+        st.warning(f"There is no lecture room **{inert(c)}** on this server (it may have ended). The lecture works on "
                    "its own: use Back and Next.", icon=":material/meeting_room:")
         return
     if st.query_params.get(KEY):
         _watch(c, step)  # the projector follows the speaker view
         return
-    if st.toggle(f"Follow the lecturer (room {c})", value=True, key=FOLLOW,
+    if st.toggle(f"Follow the lecturer (room {inert(c)})", value=True, key=FOLLOW,
                  help="On: this page moves with the lecturer's steps. Off: explore on your own; on again jumps back."):
         _watch(c, step)
 
@@ -97,7 +98,7 @@ def speaker_view(lecture, step: int) -> bool:
         st.error("This speaker link has no open room or a wrong key: open a room from the lecture's speaker notes.")
         return True
     n, s = len(lecture), lecture[step - 1]
-    st.caption(f"Speaker view · room **{c}** · students open `?room={c}` on the lecture page")
+    st.caption(f"Speaker view · room **{inert(c)}** · students open `?room={c}` on the lecture page")
     _watch(c, step)  # a projector's Next moves the room: follow it here too
     _timer(c)
     back, nxt = st.columns(2)

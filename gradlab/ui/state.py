@@ -16,6 +16,7 @@ from gradlab.train import OPTIMIZERS
 from gradlab.ui import pages
 from gradlab.ui.presets import BY_NAME, PRESETS
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, upload_dataset
+from gradlab.ui.widgets import inert
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
 LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
@@ -47,9 +48,9 @@ def own_model_caption() -> None:
     try:
         m = own.served()
     except own.OwnModelError as err:
-        st.error(f"**Your model could not be loaded.** {err}", icon="⚠️")
+        st.error(f"**Your model could not be loaded.** {inert(err)}", icon="⚠️")
         return
-    st.caption(f"**{m.source}**: P = {engine.num_params(m.params):,} parameters, {len(m.data.y_train):,} training and {len(m.data.y_test):,} "
+    st.caption(f"**{inert(m.source)}**: P = {engine.num_params(m.params):,} parameters, {len(m.data.y_train):,} training and {len(m.data.y_test):,} "
                f"test examples ({m.data.task}), {len(m.run.checkpoints)} checkpoint(s). Trained by you: the training "
                "controls do not apply. "
                + (f"Its `init_fn` and recipe ({m.train_steps} steps of {m.batch_size}) let gradlab's loop train it "
@@ -196,7 +197,7 @@ def url_warnings(slot, url_path: str) -> None:
         return  # a lecture step sets its own controls over the link's
     st.session_state["_url_checked"] = True
     keys = [*CONTROLS, *pages.BY_URL[url_path].controls]
-    bad = [f"`{k}={first[k]}` (shown: {st.session_state[k]!r})" for k in keys
+    bad = [f"**{inert(k)}={inert(first[k])}** (shown: {inert(repr(st.session_state[k]))})" for k in keys
            if k in first and k in st.session_state and not _same(first[k], st.session_state[k])]
     if bad:
         slot.warning("This link has values this page cannot use, so it shows others: " + ", ".join(bad)

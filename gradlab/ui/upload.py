@@ -50,7 +50,7 @@ def upload_controls() -> None:
         return
     st.session_state[_UPLOAD_STATE] = {"bytes": raw, "file": file.name, "label": label, "task": task,
                                        "name": upload_name(raw, label, task)}
-    st.caption(f"{file.name}: {len(table):,} rows, {len(columns) - 1} features, label **{label}** ({task}).")
+    st.caption(f"{inert(file.name)}: {len(table):,} rows, {len(columns) - 1} features, label **{inert(label)}** ({task}).")
 
 
 _UPLOAD_ERROR = "_upload_error"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html
 import logging
 import os
 import re
@@ -12,7 +13,7 @@ import time
 
 import streamlit as st
 
-from gradlab import engine, export, glossary, own
+from gradlab import engine, escape, export, glossary, own
 from gradlab.memory import release_memory
 from gradlab.ui import pages
 from gradlab.experiment import Fitted
@@ -41,20 +42,29 @@ def fragment(fn):
 
 
 def inert(text) -> str:
-    """`text` safe inside Markdown: a user's string (a CSV's column or class name, carried into a message) keeps
-    its characters but cannot become an image, a link or HTML (our own **bold** in messages still works)."""
-    return (str(text).replace("\\", "\\\\").replace("[", "\\[").replace("](", "]\\(").replace("<", "&lt;"))
+    """`text` as Markdown that shows exactly its characters (`gradlab.escape.markdown`): a user's string (a CSV's
+    column, label or file name, a served model's names or message, a URL parameter) cannot become an image, a link,
+    HTML, emphasis, LaTeX, a colour or an emoji. Escape only the user's part: the message's own **bold** around it
+    stays Markdown, `st.caption(f"label **{ui.inert(name)}**")`. Figures (`gradlab.plots`) and exports
+    (`gradlab.export`) escape for their own media and take raw strings."""
+    return escape.markdown(text)
 
 
 @contextlib.contextmanager
 def guard(what: str = "This part of the page could not be computed", *, stop: bool = False):
     """Show an exception as a clear message instead of a traceback.
 
-    `ValueError` carries our own messages (bad settings, diverged runs, over the memory budget) and
-    is shown as is; anything else is logged and shown briefly. With `stop=True` the page stops.
+    `ValueError` carries our own messages (bad settings, diverged runs, over the memory budget), shown as text
+    (`inert`: a `DataError` quotes a CSV's column names, a served model's code may raise anything); a refusal
+    (`escape.Refusal`: over the work or memory budget) is gradlab's own Markdown and shown as written. Anything
+    else is logged and shown briefly. With `stop=True` the page stops.
     """
     try:
         yield
+    except escape.Refusal as err:
+        st.error(f"**{what}.** {err}", icon="⚠️")
+        if stop:
+            st.stop()
     except ValueError as err:
         st.error(f"**{what}.** {inert(err)}", icon="⚠️")
         if stop:
@@ -88,6 +98,14 @@ def checkpoint_picker(f: Fitted, key: str = "checkpoint") -> int:
     step = control(st.select_slider, "Checkpoint (training step)", options=steps, value=steps[-1], key=key,
                    help="The model as it was after this many training steps.")
     return steps.index(step)
+
+
+def dataframe(table, **kwargs):
+    """`st.dataframe(table, **kwargs)` for a table that holds a user's text (an upload's column and class names, a
+    served model's leaf names). A table draws text as text, but its toolbar downloads the cells as a CSV that
+    Streamlit does not defuse: cells and headers are shown as `ui.download`'s CSV holds them (`export.defused`: a
+    leading `'` on a cell a spreadsheet would run as a formula, such as `=HYPERLINK(…)`; numbers unchanged)."""
+    return st.dataframe(export.defused(table), **kwargs)
 
 
 def download(name: str, table, *, label: str | None = None, key: str | None = None) -> None:
@@ -149,7 +167,8 @@ def plotly_config(filename: str = "gradlab") -> dict:
 
 def chart(fig, *, filename: str | None = None, **kwargs):
     """`st.plotly_chart(fig, width="stretch")` whose PNG download is named after the figure's title."""
-    title = filename or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "gradlab figure")
+    title = filename or (html.unescape(fig.layout.title.text) if fig.layout.title and fig.layout.title.text
+                         else "gradlab figure")  # a title is escaped text (`escape.plotly`)
     kwargs.setdefault("width", "stretch")
     return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
 
