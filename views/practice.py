@@ -113,7 +113,7 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
         st.caption("This is the result for an earlier version of your code.")
     if out.refused:
         st.error("**Your code was not run:** it uses what Practice does not allow.\n\n"
-                 + "\n".join(f"- {ui.inert(r)}" for r in out.refused), icon=":material/block:")
+                 + "\n".join(f"- {_spans(r)}" for r in out.refused), icon=":material/block:")
         return
     if out.stopped:
         st.error(ui.inert(out.stopped), icon=":material/timer_off:")
@@ -147,6 +147,15 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
         ui.chart(fig)
     st.caption(f"Ran in {out.seconds:.2f} s in a sandbox of its own." if MODE.os_wall else
                f"Ran in {out.seconds:.2f} s in a separate process on this machine (no OS sandbox).")
+
+
+def _spans(reason: str) -> str:
+    """A refusal as Markdown: its `code spans` (a name from the student's code: an identifier) stay code, which
+    Markdown shows literally; everything else is inert text."""
+    parts = reason.split("`")
+    if len(parts) % 2 == 0:  # an odd number of backticks: all of it as text
+        return ui.inert(reason)
+    return "".join(ui.inert(p) if i % 2 == 0 else f"`{p}`" for i, p in enumerate(parts))
 
 
 def _text(leaves) -> str:
