@@ -315,7 +315,9 @@ def test_truncated_cg_of_many_test_points_is_each_points_own_solve(monkeypatch, 
                                damping=0.01))
     assert np.linalg.eigvalsh(a).min() < 0           # indefinite: a converged solve would be refused
     oracle = np.stack([galerkin(a, v.astype(np.float64), 4) for v in vs])
-    np.testing.assert_allclose(x, oracle, rtol=0, atol=1e-4 * scale)
+    # float32 CG on an indefinite H against float64: the error moves with the machine (issue 42's audit: 7.7e-6 of the
+    # largest entry on 1 core with JAX 0.10.2, 5.6e-5 on 2 cores with JAX 0.12.0.1); the bound is 9× the larger
+    np.testing.assert_allclose(x, oracle, rtol=0, atol=5e-4 * scale)
 
 
 # ---------------------------------------------------------------- self-influence on a planted mislabel
