@@ -35,7 +35,8 @@ import collections
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import equinox as eqx
 import jax

@@ -5,7 +5,14 @@ the engine asks which dtypes a loss computes in. Both go through this module, wh
 `jax.make_jaxpr` and `jax.extend.core` (the names JAX keeps for tools that read jaxprs), plus
 `jax.core.Tracer` (one of the few names `jax.core` keeps public). JAX 0.11 drops
 the internals re-exported by `jax.core` and merges `ClosedJaxpr` into `Jaxpr` (a jaxpr then carries its
-own constants): `body` and `is_closed` below accept either form, so only this file changes with JAX.
+own constants): `body` and `is_closed` below accept either form, so only this file changes with JAX. JAX 0.11
+replaces a scan's `num_consts`/`num_carry` by a flat tree of its operands: `scan_counts` reads either.
+
+JAX's `jax_remat3` and `jax_custom_vjp3` flags (off by default through JAX 0.12, announced as the future) trace
+`checkpoint` and `custom_vjp` as one primitive, `call_hi_primitive`, whose `_prim` parameter carries the call
+(`RematTraced`, `CustomVJPTraced`). `call_name` names such an equation by its call (`remat3`, `custom_vjp3`),
+`sub_jaxpr` finds a checkpoint's body there, and `walk_jaxprs` descends into both, so readers of a jaxpr see the
+same bodies whichever form JAX traced (tests/test_engine_zoo.py runs the zoo with both flags on).
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from typing import Any, Callable, Iterator
 import jax
 from jax.extend import core as jcore
 
-__all__ = ["Const", "Eqn", "Graph", "flatten", "graph_of", "loop_bodies", "make", "body", "is_literal", "literal_value", "sub_jaxpr", "bind",
-           "walk_jaxprs", "primitive_names", "dtypes", "is_tracer", "tracing"]
+__all__ = ["Const", "Eqn", "Graph", "flatten", "graph_of", "loop_bodies", "make", "body", "is_literal", "literal_value",
+           "sub_jaxpr", "call_name", "scan_counts", "bind", "walk_jaxprs", "primitive_names", "dtypes", "is_tracer",
+           "tracing"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +82,44 @@ def literal_value(atom: Any) -> Any:
     return atom.val
 
 
+#: `call_hi_primitive`'s calls by the class name of its `_prim` parameter (JAX's `jax_remat3`, `jax_custom_vjp3`).
+HI_CALLS = {"RematTraced": "remat3", "CustomVJPTraced": "custom_vjp3"}
+
+
+def _hi(params: dict) -> Any:
+    """The call object of a `call_hi_primitive` equation's parameters, or None for any other equation."""
+    return params.get("_prim") if "_prim" in params and not isinstance(params["_prim"], str) else None
+
+
+def call_name(eqn: Any) -> str:
+    """An equation's primitive name (a JAX `JaxprEqn` or an `Eqn`), except for `call_hi_primitive`: the name of
+    the call it carries, `remat3` (a `checkpoint` under `jax_remat3`) or `custom_vjp3` (a `custom_vjp` under
+    `jax_custom_vjp3`); another `call_hi_primitive` keeps its primitive's name."""
+    prim = getattr(eqn, "primitive", None) or eqn.prim
+    hi = _hi(eqn.params)
+    if prim.name == "call_hi_primitive" and hi is not None:
+        return HI_CALLS.get(type(hi).__name__, prim.name)
+    return prim.name
+
+
 def sub_jaxpr(eqn: Any) -> Any:
-    """The body of a call-like equation (`jit`, `closed_call`, `checkpoint`): its `jaxpr` or `call_jaxpr`."""
+    """The body of a call-like equation (`jit`, `closed_call`, `checkpoint`): its `jaxpr` or `call_jaxpr`; for
+    a `remat3` call (`call_name`) the body its `_prim` carries."""
+    hi = _hi(eqn.params)
+    if hi is not None and getattr(hi, "params", None) and "jaxpr" in hi.params:
+        return hi.params["jaxpr"]
     return eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+
+
+def _hi_bodies(eqn: Any) -> list:
+    """The jaxprs a `call_hi_primitive` equation carries (a checkpoint's body, a custom_vjp's primal), else []."""
+    hi = _hi(eqn.params)
+    if hi is None:
+        return []
+    if "jaxpr" in getattr(hi, "params", {}):
+        return [hi.params["jaxpr"]]
+    traced = getattr(hi, "traced", None)  # CustomVJPTraced: the primal function, traced (`jax.stages.Traced`)
+    return [traced.jaxpr] if getattr(traced, "jaxpr", None) is not None else []
 
 
 def bind(prim: Any, params: dict, vals: list) -> list:
@@ -107,7 +150,7 @@ def graph_of(closed: Any, inline: frozenset = frozenset()) -> Graph:
         read = lambda v: Const(literal_value(v)) if is_literal(v) else env[v]  # noqa: E731
         for e in jaxpr.eqns:
             ins = [read(v) for v in e.invars]
-            if e.primitive.name in inline:
+            if call_name(e) in inline:
                 outs = walk(*body(sub_jaxpr(e)), ins)
             else:
                 outs = [fresh(v.aval) for v in e.outvars]
@@ -118,6 +161,16 @@ def graph_of(closed: Any, inline: frozenset = frozenset()) -> Graph:
     top, consts = body(closed)
     inputs = [fresh(v.aval) for v in top.invars]
     return Graph(eqns, inputs, walk(top, consts, inputs), avals)
+
+
+def scan_counts(params: dict) -> tuple[int, int]:
+    """`(consts, carry)`: how many of a `scan` equation's operands are loop constants and how many the carry (the
+    rest are the scanned xs). JAX 0.10 names the counts (`num_consts`, `num_carry`); JAX 0.11 and 0.12 group the
+    operands in a flat tree instead (`ft_in`: constants, carry, xs)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 def loop_bodies(eqn: Eqn, inline: frozenset = frozenset()) -> list[Graph]:
@@ -136,6 +189,9 @@ def walk_jaxprs(j: Any) -> Iterator[Any]:
     yield jaxpr
     for sub in jcore.subjaxprs(jaxpr):
         yield from walk_jaxprs(sub)
+    for e in jaxpr.eqns:  # checkpoint and custom_vjp under jax_remat3 / jax_custom_vjp3 (subjaxprs skips them)
+        for sub in _hi_bodies(e):
+            yield from walk_jaxprs(sub)
 
 
 def primitive_names(j: Any) -> set:

@@ -21,7 +21,8 @@ import contextlib
 import functools
 import logging
 import math
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import dp_accounting
 import jax

@@ -88,8 +88,9 @@ LAYER_KINDS = frozenset({"dense", "conv", "embedding"})
 #: programs compiled with `xla.options()` (`xla.fused_reductions()`): under XLA:CPU's default YNNPACK fusions this form
 #: is wrong at 128 examples and more when an operand is a broadcast (a race in YNNPACK's partial reductions).
 SMALL_DOT = 4096
-#: Call primitives whose body is inlined (they only group equations).
-INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
+#: Call primitives whose body is inlined (they only group equations); `remat3` is a `checkpoint` traced under JAX's
+#: `jax_remat3` flag (a `call_hi_primitive`, named by `jaxprs.call_name`).
+INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "remat3", "checkpoint"})
 
 
 def trace(fn: Callable, *args) -> Graph:
@@ -284,7 +285,7 @@ def _op_name(e: Eqn) -> str:
     if e.prim.name == "custom_jvp_call":  # jax.nn.relu and friends: name the function by its body's ops
         inner = sorted(jaxprs.primitive_names(e.params["call_jaxpr"]) - INLINE)
         return f"custom_jvp_call of {'/'.join(inner) or 'identity'}"
-    return e.prim.name
+    return jaxprs.call_name(e)
 
 
 def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Site:
@@ -382,14 +383,14 @@ class _Walker:
             if k is None:
                 raise _NoRule("returned by the loss itself" if not where else "passed through a loop body")
             e = graph.eqns[k]
-            name = e.prim.name
+            name = jaxprs.call_name(e)
             if not where and e.outs and all(o in self.fixed_refs for o in e.outs):
                 out.append(FixedUse(e, p, chain))
             elif name in SHAPE_OPS | SPREAD_OPS:
                 out += self.sites(graph, e.outs[0], chain + (e,), where)
             elif name in LAYER_OPS:
                 out.append(_make_site(graph, e, p, chain, where))
-            elif name == "scan" and p < e.params["num_consts"]:
+            elif name == "scan" and p < jaxprs.scan_counts(e.params)[0]:
                 bodies = self.bodies(graph, k)
                 out += self.sites(bodies[0], bodies[0].inputs[p], chain, where + ((k, -1, bodies, e.params["length"]),))
             elif name == "cond" and p > 0:
@@ -761,7 +762,7 @@ def _eval_loop(e: Eqn, ins: list, sites: list, depth: int, probes: dict, saved: 
     bodies = sites[0][1].where[depth][2]
     if e.prim.name == "scan":
         p = e.params
-        nc, ncarry = p["num_consts"], p["num_carry"]
+        nc, ncarry = jaxprs.scan_counts(p)
         consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
 
         def step(c, x):

@@ -1,12 +1,16 @@
 """How gradlab compiles the programs that run the engine's rules: `jit`, `eqx.filter_jit` with XLA options.
 
-XLA:CPU in jaxlib 0.10 hands fused reductions and fused dots to YNNPACK, whose parallel partial reductions race when
-an operand's trailing dimensions are broadcasts (google/XNNPACK#11243, tensorflow/tensorflow#126812; unfixed in
-jaxlib 0.10.2). The rules meet that case whenever a layer's δ is one number per example broadcast over tokens and
-outputs (a loss of a sum over tokens): the ghost norm Σₜ,ₛ (aₜ·aₛ)(δₜ·δₛ) then came out NaN or wrong by 10¹³ at
-N = 256 (exact at N = 6; tests/test_engine_broadcast.py). Keeping YNNPACK to single dots and convolutions (their
-operands are materialised buffers, never broadcasts) makes every such program exact; large matmuls and convolutions
-keep their YNNPACK kernels (benchmarks/RESULTS.md, issue 25).
+XLA:CPU hands fused reductions and fused dots to YNNPACK, whose parallel partial reductions race when an operand's
+trailing dimensions are broadcasts (google/XNNPACK#11243, tensorflow/tensorflow#126812; unfixed through the newest
+jaxlib measured: 0.10.2, 0.11.2 and 0.12.0.1, 2026-11-27). The rules meet that case whenever a layer's δ is one number
+per example broadcast over tokens and outputs (a loss of a sum over tokens): the ghost norm Σₜ,ₛ (aₜ·aₛ)(δₜ·δₛ) then
+came out NaN or wrong by 10¹³ at N = 256 (exact at N = 6; tests/test_engine_broadcast.py). Keeping YNNPACK to single
+dots and convolutions (their operands are materialised buffers, never broadcasts) makes every such program exact;
+large matmuls and convolutions keep their YNNPACK kernels (benchmarks/RESULTS.md, issue 25).
+
+Whether the installed XLA knows the option is probed, not read from jaxlib's version: `accepted` compiles a trivial
+program with `OPTIONS` once; XLA answers an option (or a value) it does not know with `INVALID_ARGUMENT: No such
+compile option`, and then no option is passed (with a warning on the CPU: the guard is gone there).
 
 The options apply to the programs `jit` compiles as the outermost jit. Inside a caller's own `jax.jit` they do not
 (that jit's options hold): `jit` then traces without `fused_reductions`, so the rules keep their dots, which the
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import warnings
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jaxlib
 
 from gradlab import jaxprs
@@ -28,22 +34,42 @@ from gradlab import jaxprs
 #: YNNPACK fusion types gradlab's engine programs allow: a dot or a convolution on its own, no fused reductions.
 YNN_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 
+#: The XLA compile options gradlab asks for on every program that runs the engine's rules on CPU (`options()`: where
+#: the installed XLA accepts them).
+OPTIONS: dict = {"xla_cpu_experimental_ynn_fusion_type": YNN_TYPES}
 
-def _known_jaxlib() -> bool:
-    """Whether this jaxlib has the option (0.10: the range requirements.txt allows); elsewhere none is passed,
-    since XLA rejects an option it does not know."""
-    return tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) == (0, 10)
+_ACCEPTED: dict = {}
 
 
-#: XLA compile options for every program that runs the engine's rules on CPU (empty where the jaxlib is not 0.10).
-OPTIONS: dict = {"xla_cpu_experimental_ynn_fusion_type": YNN_TYPES} if _known_jaxlib() else {}
+def accepted(opts: dict) -> bool:
+    """Whether the default backend's compiler accepts the compile options `opts`: a trivial program is compiled
+    with them, once per set of options in a process. XLA rejects an option or a value it does not know with
+    `INVALID_ARGUMENT` ("No such compile option", "is not a valid enum value"): False; any other error is raised."""
+    key = tuple(sorted(opts.items()))
+    if key not in _ACCEPTED:
+        try:
+            jax.jit(lambda x: x + 1, compiler_options=dict(opts)).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
+            _ACCEPTED[key] = True
+        except Exception as e:  # jax.errors.JaxRuntimeError (XlaRuntimeError in older jaxlibs)
+            if "INVALID_ARGUMENT" not in str(e) and "No such compile option" not in str(e):
+                raise
+            _ACCEPTED[key] = False
+    return _ACCEPTED[key]
 
 
 @functools.cache
 def options() -> dict:
-    """`OPTIONS` where JAX's default backend is the CPU, else none (other backends have no YNNPACK, and the rules
-    keep their dots there: the fused forms were measured on CPU only)."""
-    return OPTIONS if jax.default_backend() == "cpu" else {}
+    """`OPTIONS` where JAX's default backend is the CPU and its XLA accepts them (`accepted`), else none (other
+    backends have no YNNPACK, and the rules keep their dots there: the fused forms were measured on CPU only)."""
+    if jax.default_backend() != "cpu":
+        return {}
+    if not accepted(OPTIONS):
+        warnings.warn(f"this jaxlib's XLA:CPU ({jaxlib.__version__}) does not accept {sorted(OPTIONS)}: engine "
+                      "programs compile without gradlab's guard against YNNPACK's reduction race "
+                      "(google/XNNPACK#11243); tests/test_engine_broadcast.py checks whether this XLA still has it",
+                      RuntimeWarning, stacklevel=2)
+        return {}
+    return OPTIONS
 
 
 #: True while tracing a program that compiles with `options()` (the outermost `jit`); read by `fused_reductions`.

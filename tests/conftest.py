@@ -35,6 +35,16 @@ os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 # extreme-links browser test gives its server the default level: it measures the memory a user's server takes.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
+# JAX's announced future forms (`GRADLAB_JAX_FLAGS=jax_remat3,jax_custom_vjp3`, a comma-separated list of boolean JAX
+# config flags turned on for the whole run; .ci/run's newest-JAX lane runs the engine zoo and the users' model set so).
+# A flag this JAX does not have is an error here, never a silent no-op.
+JAX_FLAGS = tuple(f.strip() for f in os.environ.get("GRADLAB_JAX_FLAGS", "").split(",") if f.strip())
+if JAX_FLAGS:
+    import jax
+
+    for _flag in JAX_FLAGS:
+        jax.config.update(_flag, True)  # AttributeError: Unrecognized config option
+
 # A fresh results store per test process: a test must compute, never read a result a previous run stored.
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
 

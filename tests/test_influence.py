@@ -109,11 +109,16 @@ def test_own_retraining_agrees_with_scipy(x64):
     theta = np_fit(xs, ys, lam, np.zeros((D + 1) * K))
     base = inf.minimize(softmax_loss, jnp.asarray(theta), jnp.asarray(xs), jnp.asarray(ys), l2=lam)
     chk = inf.check_against_retraining(softmax_loss, base, jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(xt), yt, k=3)
-    assert chk.base is base and base.converged and chk.base.grad_norm < 1e-8
+    # Margins against what was measured (JAX 0.10.2 and 0.12.0.1, 1 and 2 BLAS threads, and another machine). θ̂ at
+    # SciPy's minimum: ‖∇F‖ 2.2e-11 here, 5.9e-10 on a fresh clone elsewhere (issue 42), bound 1e-8 (17×).
+    # `converged` (‖∇F‖ < 1e-10, float64's default target) is not asserted: near the optimum float64 rounds F's
+    # decrease away and where L-BFGS-B stops depends on the BLAS (the retrains below stop at 3e-10 to 9.5e-9).
+    assert chk.base is base and chk.base.grad_norm < 1e-8
     for i, m in zip(chk.indices, chk.retrained):
         keep = np.arange(len(xs)) != i
+        # measured: at most 1.2e-8 from SciPy's BFGS (80× inside)
         np.testing.assert_allclose(np.asarray(m.params), np_fit(xs[keep], ys[keep], lam, theta), atol=1e-6)
-    assert chk.pearson > 0.99
+    assert chk.pearson > 0.99  # measured 0.99891: 1 − r is 9× inside
 
 
 def test_influence_methods_agree_with_brute_force(x64):
@@ -310,7 +315,9 @@ def test_truncated_cg_of_many_test_points_is_each_points_own_solve(monkeypatch, 
                                damping=0.01))
     assert np.linalg.eigvalsh(a).min() < 0           # indefinite: a converged solve would be refused
     oracle = np.stack([galerkin(a, v.astype(np.float64), 4) for v in vs])
-    np.testing.assert_allclose(x, oracle, rtol=0, atol=1e-4 * scale)
+    # float32 CG on an indefinite H against float64: the error moves with the machine (issue 42's audit: 7.7e-6 of the
+    # largest entry on 1 core with JAX 0.10.2, 5.6e-5 on 2 cores with JAX 0.12.0.1); the bound is 9× the larger
+    np.testing.assert_allclose(x, oracle, rtol=0, atol=5e-4 * scale)
 
 
 # ---------------------------------------------------------------- self-influence on a planted mislabel

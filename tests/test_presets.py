@@ -205,20 +205,32 @@ def test_influence_preset_most_self_influential_are_flipped():
     assert f.data.flipped.mean() == pytest.approx(0.1, abs=0.01)
 
 
-def test_performance_preset_loop_is_much_slower_than_vmap():
-    """The one timing check: the loop at N = 256 against one vmap(grad) call (a generous 3× on a shared
-    machine; the text says over 10×, measured 30× here)."""
+def test_performance_preset_times_the_loop_and_vmap_and_they_agree():
+    """The preset's sweep times the loop and one vmap(grad) call at its largest N, and both give the same
+    per-example gradients. How much slower the loop is (the text says over 10×) is a benchmark line,
+    `python -m benchmarks.loop_vs_vmap` (benchmarks/RESULTS.md): a timing ratio asserted here failed at load 15
+    (2.9 against a floor of 3; issue 42), and load cannot move what is asserted now."""
+    import jax
+
     from gradlab import bench
     from gradlab.experiment import init_model, load_data
     from gradlab.losses import loss_for
 
     preset = BY_NAME["Per-example gradients cost about one gradient"]
+    assert "over 10× slower" in preset.look_at  # the claim benchmarks/loop_vs_vmap.py measures
     data = load_data(preset.config)
     n = max(preset.widgets["perf_sizes"])
-    rows = bench.sweep(loss_for(data.task), init_model(preset.config, data), data.x_train, data.y_train, [n],
-                       ["loop", "vmap"], repeats=2)
-    t = {r.approach: r.run_s for r in rows}
-    assert t["loop"] / t["vmap"] > 3
+    assert n == 256
+    loss, model = loss_for(data.task), init_model(preset.config, data)
+    xs, ys = data.x_train[:n], data.y_train[:n]
+    rows = bench.sweep(loss, model, xs, ys, [n], ["loop", "vmap"], repeats=1)
+    assert [(r.n, r.approach, r.repeats) for r in rows] == [(n, "loop", 1), (n, "vmap", 1)]
+    loop, vmap = (bench.runner(a, loss, model, xs, ys)() for a in ("loop", "vmap"))
+    for a, b in zip(jax.tree.leaves(loop), jax.tree.leaves(vmap)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert a.shape == b.shape and a.shape[0] == n
+        # measured: at most 1.9e-7 of the leaf's largest entry (float32 sums in another order), with 1 and 2 threads
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
 
 
 def test_diverging_preset_says_so():

@@ -148,18 +148,20 @@ def test_over_budget_settings_are_refused_with_the_largest_that_fits():
     assert "at most 147,961 parameters" in memory.influence_fix(826_378, dims, 5, 7)  # θ̂'s L-BFGS-B: 88 P-floats
 
 
-def test_a_link_over_the_work_budget_is_refused_before_training():
-    """The measured 175-CPU-s link: refused with the estimate and the most steps that fit, nothing trained."""
-    import time
-
+def test_a_link_over_the_work_budget_is_refused_before_training(monkeypatch):
+    """The measured 175-CPU-s link: refused with the estimate and the most steps that fit, nothing trained (gradlab's
+    training loop is never called: a check load cannot move, where a wall-clock bound could)."""
     from conftest import assert_clean, open_page
 
-    started = time.perf_counter()
+    from gradlab import experiment
+
+    trained = []
+    monkeypatch.setattr(experiment, "train", lambda *a, **k: trained.append(1) or pytest.fail("it trained"))
     at = open_page("norms", steps=2000, width=512, depth=4, batch_size=2048, checkpoint_every=500)
     assert_clean(at)
     text = " ".join(e.value for e in at.error)
     assert "CPU-seconds" in text and "Training steps" in text, text
-    assert time.perf_counter() - started < 60  # it did not train (training alone is minutes here)
+    assert trained == []
 
 
 def test_influence_and_performance_links_over_the_work_budget_are_refused(monkeypatch):

@@ -232,13 +232,14 @@ class _LinenGPT2(nn.Module):
         t = ids.shape[0]
         h = nn.Embed(12, 8)(ids) + nn.Embed(6, 8)(jnp.arange(t))
         for _ in range(2):
-            h = h + nn.SelfAttention(num_heads=2)(nn.LayerNorm()(h), mask=nn.make_causal_mask(ids))
+            # self-attention (flax 0.12.12 deprecates nn.SelfAttention for this call)
+            h = h + nn.MultiHeadDotProductAttention(num_heads=2)(nn.LayerNorm()(h), mask=nn.make_causal_mask(ids))
             h = h + nn.Dense(8)(nn.gelu(nn.Dense(16)(nn.LayerNorm()(h))))
         return nn.Dense(12, use_bias=False)(nn.LayerNorm()(h))
 
 
 def linen_gpt_untied():
-    """A two-block linen GPT: nn.Embed positions over `arange(T)`, nn.SelfAttention, an untied head."""
+    """A two-block linen GPT: nn.Embed positions over `arange(T)`, self-attention, an untied head."""
     ids = randint(44, (N, 5), 12)
     return linen_case(_LinenGPT2(), ids[:, :-1], ids[:, 1:], per_token=True)
 
@@ -293,8 +294,8 @@ class _NNXBN(nnx.Module):
 def nnx_batchnorm_inference():
     """nnx.BatchNorm(use_running_average=True): `nnx.split(model, nnx.Param, ...)`, the BatchStat state fixed."""
     model = _NNXBN(nnx.Rngs(5))
-    model.bn.mean.value = normal(47, (4,), 0.3)
-    model.bn.var.value = 0.5 + jnp.abs(normal(48, (4,)))
+    model.bn.mean[...] = normal(47, (4,), 0.3)  # flax 0.12.12 deprecates the `.value` setter
+    model.bn.var[...] = 0.5 + jnp.abs(normal(48, (4,)))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss(p, x, y):

@@ -16,7 +16,8 @@ Everything streams over chunks of training examples through `gradlab.engine`; no
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import equinox as eqx
 import jax

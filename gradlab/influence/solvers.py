@@ -17,7 +17,8 @@ needs δ > 0 where H_F has negative eigenvalues; a converged convex model needs 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
