@@ -195,3 +195,15 @@ def test_the_problem_as_a_file_checks_the_seeds_input_locally(tmp_path):
         path.write_text(code)
         done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
         assert verdict in done.stdout, (done.stdout, done.stderr[-500:])
+
+
+def test_a_session_pressing_run_too_often_is_asked_to_slow_down(monkeypatch):
+    from gradlab.ui import cache
+
+    monkeypatch.setattr(cache, "PRACTICE_PER_MINUTE", 1)
+    at = open_page("practice")
+    at.button(key="practice_run").click().run()
+    assert "Slow down" not in texts(at.error)
+    at.button(key="practice_run").click().run()
+    assert_clean(at)
+    assert "Slow down" in texts(at.error) and "at most 1 run a minute" in texts(at.error)

@@ -87,12 +87,11 @@ st.download_button("Download this problem as a file to run locally", practice.as
 
 if (pressed_run or pressed_check) and MODE.runs_code:
     reasons = practice.refusals(code)
-    wait = 0.0 if reasons else ui.practice_wait()
+    wait = None if reasons else ui.practice_wait()
     if reasons:  # refused before it reaches the gate: nothing runs
         verdict = practice.Verdict(False, practice.Outcome(refused=reasons))
     elif wait:
-        verdict = practice.Verdict(False, practice.Outcome(
-            stopped=f"Slow down: at most {ui.PRACTICE_PER_MINUTE} runs a minute. Try again in {wait:.0f} s."))
+        verdict = practice.Verdict(False, practice.Outcome(stopped=wait))
     else:
         failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
         verdict = practice.Verdict(False, failed)

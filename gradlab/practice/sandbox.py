@@ -6,11 +6,12 @@
    frames, code objects and tracebacks. Imports only from `ALLOWED_IMPORTS`; a few builtins. `refusals` gives the
    friendly message for the common mistakes before anything runs. It is a lint with teeth, never the only wall.
 2. **The OS wall** (`os_wall`): each run in a fresh bubblewrap sandbox (new PID, network, IPC, UTS and mount
-   namespaces, and a user namespace or, under root, the uid `nobody`: `_bwrap_args`; the interpreter and its packages read-only and nothing else of the machine: no home, no store, no
-   `.streamlit`, no other process's `/proc`; a private 64 MB `/tmp`; the root read-only), ended as a whole: the
-   sandbox's PID 1 dies with the server's handle on it, and the kernel ends every process in its namespace. Inside,
-   the child sets its limits (CPU time, file size, open files, address space after JAX's import, the idle CPU
-   class) and a seccomp filter (no process, executable, socket, ptrace, signal outside itself, namespace or mount).
+   namespaces, and a user namespace or, under root, the uid `nobody`: `_bwrap_args`; the interpreter and its
+   packages read-only and nothing else of the machine: no home, no store, no `.streamlit`, no other process's
+   `/proc`; a private 64 MB `/tmp`; the root read-only), ended as a whole: the sandbox's PID 1 dies with the
+   server's handle on it, and the kernel ends every process in its namespace. Inside, the child sets its limits
+   (CPU time, file size, open files, address space after JAX's import, nice 10) and a seccomp filter (no process,
+   executable, socket, ptrace, signal outside itself, namespace or mount).
 3. **Channels the server owns**: the payload in on stdin, the reply out on a pipe (never a path in a folder the
    child can write), printed text and errors on a third, each read with a cap; the reply is schema-checked and a
    malformed or oversized one is a failed run with a clear message. `execute` never raises for the student's code.

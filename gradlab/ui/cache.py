@@ -119,7 +119,7 @@ GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * M
 
 
 #: Practice's own slot: a student's run waits only behind other students' runs, never in the pages' queue, so a run
-#: held for its whole wall-clock limit delays no page's computation (the child runs in the idle CPU class besides).
+#: held for its whole wall-clock limit delays no page's computation (the child runs at nice 10 besides).
 #: Its memory is the sandbox child's, not this process's: no budget check here (the child has its own limit).
 PRACTICE_GATE = Gate(1, 2**62)
 #: Run/Check presses one session may make in a minute.
@@ -150,16 +150,17 @@ def sandboxed(fn, *args, label: str, est_seconds: float):
         slot.empty()
 
 
-def practice_wait() -> float:
-    """Seconds this session must wait before its next Run or Check (0: go ahead; the press is counted), at most
+def practice_wait() -> str | None:
+    """Why this session must wait before its next Run or Check (None: go ahead; the press is counted): at most
     `PRACTICE_PER_MINUTE` presses in any minute."""
     now, key = time.monotonic(), "_practice_presses"
     presses = [t for t in st.session_state.get(key, []) if now - t < 60]
     if len(presses) >= PRACTICE_PER_MINUTE:
         st.session_state[key] = presses
-        return 60 - (now - presses[0])
+        return (f"Slow down: at most {PRACTICE_PER_MINUTE} run{'s' * (PRACTICE_PER_MINUTE != 1)} a minute. "
+                f"Try again in {60 - (now - presses[0]):.0f} s.")
     st.session_state[key] = [*presses, now]
-    return 0.0
+    return None
 
 
 def _show_queued(slot, ahead: int, wait: float) -> None:
