@@ -230,3 +230,15 @@ def test_a_malformed_reply_is_a_failed_run_never_an_exception(reply):
     assert parsed is None
     assert problem is None if reply == b"" else "answer" in problem
     assert sandbox._parse(b"x", 1, cases=1) == (None, "sent back an answer over 16 MB")
+
+
+def test_a_run_takes_only_the_cpu_nothing_else_wants():
+    """The server's default priority (`Limits.priority="idle"`): Linux's idle scheduling class at nice 19, which the
+    code cannot leave (seccomp refuses it). The suite itself runs its children at nice 10 (conftest)."""
+    code = ("import os\nprint(os.sched_getscheduler(0) == os.SCHED_IDLE, os.getpriority(os.PRIO_PROCESS, 0))\n"
+            "try:\n    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\nexcept OSError as e:\n"
+            "    print('refused', e.errno)\n")
+    out = execute(code, limits=Limits(memory_mb=150, cpu_seconds=5, wall_seconds=30, priority="idle"), check=False,
+                  language_wall=False)
+    assert out.output.split("\n")[:2] == ["True 19", "refused 1"], (out.output, out.stopped, out.exec_error)
+    assert sandbox.Limits.__dataclass_fields__["priority"].default == os.environ.get("GRADLAB_PRACTICE_PRIORITY", "idle")

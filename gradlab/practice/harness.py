@@ -3,8 +3,8 @@
 Order matters; each step comes before the student's code can do anything:
 
 1. Limits it sets on itself from argv[1] (JSON): CPU time, file size, open files, no core files (soft = hard, so
-   they cannot be raised again), and a low CPU priority (nice 10: a student's run barely slows the server's own
-   computations, and still advances on a busy server, where the idle class would starve it past its wall clock).
+   they cannot be raised again), and a low CPU priority (`Limits.priority`: by default the idle class, so a
+   student's run never slows the server's own computations).
 2. JAX and every module a student may import, the backend started (a spare child is warm when its code arrives);
    then an address-space limit (RLIMIT_AS) of what the import mapped plus the run's share, and, when it started
    as root (inside bubblewrap as outside), the drop to `nobody` for good.
@@ -37,7 +37,9 @@ for name, value in (("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NOFILE", li
                     ("RLIMIT_CORE", 0)):
     resource.setrlimit(getattr(resource, name), (value, value))
 resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))  # SIGXCPU, then SIGKILL
-os.setpriority(os.PRIO_PROCESS, 0, 10)  # about a tenth of a core's share against the server's threads when contended
+if limits["priority"] == "idle":  # runs only on a core nothing else wants
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.setpriority(os.PRIO_PROCESS, 0, 19 if limits["priority"] == "idle" else int(limits["priority"]))
 
 
 def _tasks_of(uid):

@@ -104,7 +104,10 @@ class Limits:
     whole tree); `cpu_seconds`: CPU time (RLIMIT_CPU, JAX's import included); `wall_seconds`: wall-clock timeout;
     `output_chars`: printed characters kept; `file_bytes`: largest file the child may write (RLIMIT_FSIZE);
     `tmp_mb`: the sandbox's private `/tmp` (all its files together); `open_files`: RLIMIT_NOFILE; `tasks`: processes
-    beyond the user's, only where no seccomp filter refuses every new process (RLIMIT_NPROC).
+    beyond the user's, only where no seccomp filter refuses every new process (RLIMIT_NPROC); `priority`: "idle"
+    (Linux's idle scheduling class: the run gets only CPU nothing else wants, so it never slows a page's
+    computation; a run starved past its wall clock is told so) or a nice value ("10": a share of the CPU when
+    contended; the test suite's setting, where two workers keep both cores busy).
     """
 
     memory_mb: int = int(os.environ.get("GRADLAB_PRACTICE_MEMORY_MB", "150"))
@@ -115,6 +118,7 @@ class Limits:
     tmp_mb: int = 64
     open_files: int = 64
     tasks: int = 64
+    priority: str = os.environ.get("GRADLAB_PRACTICE_PRIORITY", "idle")
 
 
 LIMITS = Limits()
@@ -448,6 +452,7 @@ def _start(limits: Limits, as_server: bool = False) -> _Child:
     reply_r, reply_w = os.pipe()
     config = {"memory_bytes": limits.memory_mb * 2**20, "cpu_seconds": limits.cpu_seconds,
               "file_bytes": limits.file_bytes, "open_files": limits.open_files, "tasks": limits.tasks,
+              "priority": limits.priority,
               "imports": ALLOWED_IMPORTS, "reply_fd": reply_w, "seccomp": _seccomp_available(),
               "user": None if as_server else _nobody(), "server": os.getpid()}  # whose child it is, in its argv
     folder = None
@@ -597,8 +602,9 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         status, usage, timed_out = _wait(child.proc, limits.wall_seconds)
         for drain in (child.reply, child.log):  # the server's deadline: a channel still open is cut off
             drain.join(DRAIN_SECONDS)
+        cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
         outcome = Outcome(seconds=time.perf_counter() - started, peak_rss_mb=usage.ru_maxrss / 1024 if usage else 0.0,
-                          stopped=_stopped(status, limits, timed_out))
+                          stopped=_stopped(status, limits, timed_out, cpu))
         reply, problem = _parse(bytes(child.reply.data), child.reply.overflow, len(cases))
         if reply is None:
             if outcome.stopped is None:
@@ -618,8 +624,13 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
         _done(child, limits)
 
 
-def _stopped(status: int, limits: Limits, timed_out: bool) -> str | None:
-    """A clear sentence for a child that did not end on its own, from its wait status."""
+def _stopped(status: int, limits: Limits, timed_out: bool, cpu_seconds: float = 0.0) -> str | None:
+    """A clear sentence for a child that did not end on its own, from its wait status (and, for a run stopped by
+    the wall clock, the CPU seconds it got: a run that got little was starved by a busy server, not endless)."""
+    busy = os.getloadavg()[0] >= (os.cpu_count() or 1)
+    if timed_out and cpu_seconds < limits.wall_seconds / 4 and limits.priority == "idle" and busy:
+        return (f"Stopped: the server was busy with other computations, and your code got only {cpu_seconds:.1f} s "
+                f"of CPU in its {limits.wall_seconds:.0f} s. Press again in a moment.")
     if timed_out:
         return (f"Stopped: your code ran longer than {limits.wall_seconds:.0f} s (wall clock). "
                 "An endless loop, or far more work than this problem needs?")
