@@ -222,14 +222,18 @@ def test_without_the_os_wall_a_shared_server_runs_no_code_and_localhost_runs_it_
     assert sandbox.mode(local=False).runs_code
 
 
-@pytest.mark.parametrize("reply", [b"", b"{", b"[" * 100_000 + b"]" * 100_000, b'{"output": 1}',
-                                   b'{"output": "", "truncated": 0, "exec_error": null, "results": [{"leaves": '
-                                   b'[{"shape": [3], "data": [1.0]}], "error": null}]}'])
+BAD_LEAVES = ['{"shape": [3], "data": [1.0]}', '{"shape": [18446744073709551616, 0], "data": []}',
+              '{"shape": [1], "data": [' + "9" * 400 + ']}', '{"shape": [1000000], "data": []}']
+
+
+@pytest.mark.parametrize("reply", [b"", b"{", b"[" * 100_000 + b"]" * 100_000, b'{"output": 1}'] + [
+    b'{"output": "", "truncated": 0, "exec_error": null, "results": [{"leaves": [' + leaf.encode() + b'], "error": '
+    b'null}]}' for leaf in BAD_LEAVES])
 def test_a_malformed_reply_is_a_failed_run_never_an_exception(reply):
     parsed, problem = sandbox._parse(reply, 0, cases=1)
     assert parsed is None
     assert problem is None if reply == b"" else "answer" in problem
-    assert sandbox._parse(b"x", 1, cases=1) == (None, "sent back an answer over 16 MB")
+    assert sandbox._parse(b"x", True, cases=1) == (None, "sent back an answer over 2.7 MB")
 
 
 def test_a_run_takes_only_the_cpu_nothing_else_wants():

@@ -3,6 +3,8 @@ what went wrong. The code runs in an OS sandbox (gradlab.practice.sandbox), one 
 own gate slot; where no sandbox can be set up, a shared server offers each problem as a file instead. Progress
 lives in the session and the URL (`?problem=fix_in_axes&solved=1,3`)."""
 
+import secrets
+
 import numpy as np
 import streamlit as st
 
@@ -82,7 +84,7 @@ pressed_run = b_run.button("Run", key="practice_run", icon=":material/play_arrow
 pressed_check = b_check.button("Check", key="practice_check", type="primary", icon=":material/task_alt:",
                                width="stretch", disabled=not MODE.runs_code)
 b_reset.button("Back to the starter code", key="practice_reset", on_click=reset_code)
-st.download_button("Download this problem as a file to run locally", practice.as_file(problem),
+st.download_button("Download this problem as a Python file", practice.as_file(problem),
                    file_name=f"{slug}.py", mime="text/x-python", key="practice_file", icon=":material/download:")
 
 if (pressed_run or pressed_check) and MODE.runs_code:
@@ -96,7 +98,7 @@ if (pressed_run or pressed_check) and MODE.runs_code:
         failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
         verdict = practice.Verdict(False, failed)
         with ui.guard("Your code could not be run"):
-            verdict = (ui.sandboxed(check_code, slug, code, practice.HIDDEN_SEED, label="Checking your code",
+            verdict = (ui.sandboxed(check_code, slug, code, secrets.randbits(32), label="Checking your code",
                                     est_seconds=costs.PRACTICE_SECONDS) if pressed_check else
                        ui.sandboxed(run_code, slug, code, label="Running your code", est_seconds=costs.PRACTICE_SECONDS))
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)
@@ -126,7 +128,8 @@ def show(kind: str, ran_code: str, v: practice.Verdict) -> None:
         st.warning(f"**{d.title}.** {d.explain}", icon=":material/lightbulb:")
     if out.exec_error:
         line = f" (line {out.exec_error['line']})" if out.exec_error.get("line") else ""
-        st.error(f"**{out.exec_error['type']}{line}:** {ui.inert(out.exec_error['message'])}", icon=":material/bug_report:")
+        st.error(f"**{ui.inert(out.exec_error['type'])}{line}:** {ui.inert(out.exec_error['message'])}",
+                 icon=":material/bug_report:")
     for note in v.notes:
         st.info(note, icon=":material/info:")
     if out.output:

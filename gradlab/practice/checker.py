@@ -21,7 +21,9 @@ from gradlab.practice.problems import Key, Pitfall, Problem
 
 #: float32 against float64: relative and absolute tolerance (the absolute one scaled by the answer's size).
 RTOL, ATOL = 1e-4, 1e-4
-#: Hidden inputs come from this server's own seed: a student cannot read them from the source.
+#: Hidden inputs come from a seed the server draws: a student cannot read them from the source. This one is the
+#: default (the cache fill's: shapes do not depend on it); the page draws a fresh seed for every Check, so answers
+#: read back from one Check's messages build no table for the next (found by a red team: 15 Checks recovered them).
 HIDDEN_SEED = secrets.randbits(32)
 
 

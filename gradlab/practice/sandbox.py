@@ -52,7 +52,10 @@ ALLOWED_IMPORTS = ("jax", "jax.numpy", "jax.random", "jax.nn", "jax.lax", "jax.t
 #: Modules whose attributes are an allowlist (the rest of their names: `update_wrapper` writes attributes,
 #: `time.thread_time` and friends are harmless but no problem needs them).
 MODULE_ATTRIBUTES = {"functools": ("partial", "reduce", "lru_cache", "cache"),
-                     "time": ("perf_counter", "perf_counter_ns", "time", "monotonic", "sleep")}
+                     "time": ("perf_counter", "perf_counter_ns", "time", "monotonic", "sleep"),
+                     # register_dataclass(cls, data_fields=[...]) reads any attribute of any class: never offered
+                     "jax.tree_util": ("tree_map", "tree_leaves", "tree_flatten", "tree_unflatten", "tree_structure",
+                                       "tree_reduce", "tree_all", "Partial")}
 
 #: Names no student code may use: they read files, run code built from strings, or reach frames and globals.
 DENIED_NAMES = frozenset({
@@ -76,6 +79,9 @@ DENIED_ATTRIBUTES = frozenset({
     "core", "rec", "records", "ma", "mrecords", "fromtextfile", "npyio", "open_memmap", "ffi", "lib_loader",
     # the XLA client behind a device, and callbacks into Python from compiled code
     "client", "pure_callback", "io_callback", "debug", "callback",
+    # a jaxpr's source information holds real tracebacks, frames and code objects; NumPy's type list holds memoryview
+    "source_info", "traceback", "raw_frames", "as_python_traceback", "get_traceback", "frames", "ScalarType",
+    "register_dataclass", "register_pytree_node", "register_pytree_with_keys", "register_static",
 })
 
 #: Builtins the child's namespace offers (everything else, `open` included, does not exist there).
@@ -122,7 +128,8 @@ class Limits:
 
 
 LIMITS = Limits()
-#: The reply's size cap before it is parsed, and how long the server waits for the channels after the child ended.
+#: The reply's size cap before it is parsed (a run's own is smaller: `_reply_bytes`), the log's, and how long the
+#: server waits for the channels after the child ended.
 REPLY_BYTES = 16 * 2**20
 LOG_BYTES = 64 * 2**10
 DRAIN_SECONDS = 2.0
@@ -255,9 +262,12 @@ def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[st
     bubblewrap keeps the server's user namespace, drops every capability but the two the child needs to become
     `nobody` (after JAX's import, before it reads any student code; `harness.py`), and the child runs as `nobody`
     outside too. Either way: new PID, network, IPC, UTS and mount namespaces, no new user namespace inside (seccomp
-    refuses `unshare` and process-creating `clone`s), and `/proc/sys` read-only."""
+    refuses `unshare` and process-creating `clone`s), and `/proc/sys` read-only. The child is the sandbox's PID 1
+    (`--as-pid-1`: no init of bubblewrap's inside, unfiltered and of the same user, whose memory a child could write
+    through `/proc/1/mem`: found by a red team), and nothing inside is writable: `/dev`, `/tmp` and the root are
+    read-only (a tmpfs caps bytes but not files, and 250,000 empty files took 290 MB of the machine's memory)."""
     args = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
     if os.geteuid() == 0:
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -269,8 +279,8 @@ def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[st
             args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
         elif os.path.isdir(f"/{name}"):
             args += ["--ro-bind", f"/{name}", f"/{name}"]
-    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
-             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--remount-ro", "/dev",
+             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp", "--remount-ro", "/tmp"]
     if cache:
         args += ["--bind" if write_cache else "--ro-bind", cache, CACHE_INSIDE]
     return args + ["--remount-ro", "/", "--chdir", "/tmp"]
@@ -372,21 +382,27 @@ def child_env(home: str) -> dict[str, str]:
 # ---------------------------------------------------------------- the child: started, fed, drained, ended
 
 class _Drain(threading.Thread):
-    """Reads a pipe to its end, keeping the first `cap` bytes (`overflow` counts the rest)."""
+    """Reads a pipe (a raw file descriptor) to its end or to `cap` bytes, whichever comes first, then closes it: a
+    child writing past the cap gets EPIPE, not a server thread reading and discarding for it. `overflow` is true
+    when the cap was reached."""
 
-    def __init__(self, stream, cap: int):
+    def __init__(self, fd: int, cap: int):
         super().__init__(daemon=True, name="practice-drain")
-        self.stream, self.cap, self.data, self.overflow = stream, cap, bytearray(), 0
+        self.fd, self.cap, self.data, self.overflow = fd, cap, bytearray(), False
         self.start()
 
     def run(self) -> None:
         try:
-            while chunk := self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536):
-                room = self.cap - len(self.data)
-                self.data += chunk[:max(room, 0)]
-                self.overflow += max(len(chunk) - max(room, 0), 0)
-        except (OSError, ValueError):
+            while chunk := os.read(self.fd, min(65536, self.cap + 1 - len(self.data))):
+                self.data += chunk
+                if len(self.data) > self.cap:
+                    del self.data[self.cap:]
+                    self.overflow = True
+                    break
+        except OSError:
             pass
+        finally:
+            os.close(self.fd)
 
 
 @dataclasses.dataclass
@@ -410,12 +426,10 @@ class _Child:
             self.proc.wait(5)
         except (subprocess.TimeoutExpired, ChildProcessError):
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream:
-                    stream.close()
-            except OSError:
-                pass
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -463,15 +477,15 @@ def _start(limits: Limits, as_server: bool = False) -> _Child:
         if config["user"]:
             os.chown(folder, *config["user"])
         prefix = []
+    log_r, log_w = os.pipe()
     try:
         proc = subprocess.Popen([*prefix, sys.executable, "-I", "-c", HARNESS, json.dumps(config)], cwd=cwd,
-                                env=child_env(folder or "/tmp"),
-                                start_new_session=True, pass_fds=(reply_w,), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                env=child_env(folder or "/tmp"), start_new_session=True, pass_fds=(reply_w,),
+                                stdin=subprocess.PIPE, stdout=log_w, stderr=log_w)
     finally:
-        os.close(reply_w)  # the child holds the only write end: the pipe ends when its sandbox does
-    return _Child(proc, folder, limits, _Drain(os.fdopen(reply_r, "rb", buffering=0), REPLY_BYTES),
-                  _Drain(proc.stdout, LOG_BYTES))
+        os.close(reply_w)  # the child holds the only write ends: the pipes end when its sandbox does
+        os.close(log_w)
+    return _Child(proc, folder, limits, _Drain(reply_r, REPLY_BYTES), _Drain(log_r, LOG_BYTES))
 
 
 @functools.cache
@@ -599,13 +613,12 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
             child.proc.stdin.close()
         except OSError:
             pass  # it died waiting: its status says why
-        status, usage, timed_out = _wait(child.proc, limits.wall_seconds)
+        status, usage, timed_out, cpu = _wait(child.proc, limits.wall_seconds)
         for drain in (child.reply, child.log):  # the server's deadline: a channel still open is cut off
             drain.join(DRAIN_SECONDS)
-        cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
         outcome = Outcome(seconds=time.perf_counter() - started, peak_rss_mb=usage.ru_maxrss / 1024 if usage else 0.0,
                           stopped=_stopped(status, limits, timed_out, cpu))
-        reply, problem = _parse(bytes(child.reply.data), child.reply.overflow, len(cases))
+        reply, problem = _parse(bytes(child.reply.data), child.reply.overflow, len(cases), max_elements)
         if reply is None:
             if outcome.stopped is None:
                 tail = bytes(child.log.data)[-600:].decode(errors="replace").strip()
@@ -613,9 +626,12 @@ def execute(code: str, fn: str | None = None, cases=(), *, limits: Limits = LIMI
                 outcome.stopped = (f"Stopped: the process running your code {problem or 'ended without an answer'} "
                                    f"(exit status {exit_text}). {tail}").strip()
             return outcome
-        outcome.output, outcome.truncated, outcome.exec_error = reply["output"], reply["truncated"], reply["exec_error"]
+        # the child's caps are not trusted: the server cuts what it keeps again
+        outcome.output = reply["output"][:limits.output_chars]
+        outcome.truncated = max(0, reply["truncated"]) + len(reply["output"]) - len(outcome.output)
+        outcome.exec_error = _error(reply["exec_error"])
         outcome.results = [{"leaves": None if r["leaves"] is None else [_array(leaf) for leaf in r["leaves"]],
-                            "error": r["error"]} for r in reply["results"]]
+                            "error": _error(r["error"])} for r in reply["results"]]
         if outcome.exec_error and _out_of_memory(outcome.exec_error):
             outcome.stopped = (f"Stopped: your code went past its memory limit ({limits.memory_mb:,} MB). Is an "
                                "array far larger than the problem needs?")
@@ -650,39 +666,76 @@ def _stopped(status: int, limits: Limits, timed_out: bool, cpu_seconds: float = 
 
 def _wait(proc: subprocess.Popen, wall_seconds: float):
     """Wait for `proc` up to `wall_seconds`, then kill it (its sandbox ends with it). Returns (status, rusage,
-    timed_out)."""
+    timed_out, CPU seconds of its tree when it was killed: a killed child's own time never reaches bubblewrap's
+    rusage)."""
     deadline = time.monotonic() + wall_seconds
-    timed_out = False
+    timed_out, cpu = False, 0.0
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         if time.monotonic() > deadline:
-            timed_out = True
+            timed_out, cpu = True, _tree_cpu_seconds(proc.pid)
             _kill(proc)
             pid, status, usage = os.wait4(proc.pid, 0)
             break
         time.sleep(0.02)
     proc.returncode = status  # reaped here: Popen must not wait for it again
     _kill(proc)  # anything left in its group (without the OS wall; with it, the namespace is gone already)
-    return status, usage, timed_out
+    return status, usage, timed_out, cpu
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of `root` and its descendants now (from /proc; 0 where it cannot be read)."""
+    parent, ticks = {}, {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            parent[int(entry)], ticks[int(entry)] = int(fields[1]), int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo += [child for child, p in parent.items() if p == pid]
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _out_of_memory(error: dict) -> bool:
     return error["type"] == "MemoryError" or "RESOURCE_EXHAUSTED" in error["message"]
 
 
-def _parse(raw: bytes, overflow: int, cases: int) -> tuple[dict | None, str | None]:
+def _parse(raw: bytes, overflow: bool, cases: int, max_elements: int = 100_000) -> tuple[dict | None, str | None]:
     """The child's reply, schema-checked: (reply, None), or (None, what is wrong with it)."""
-    if overflow:
-        return None, f"sent back an answer over {REPLY_BYTES // 2**20} MB"
+    if overflow or len(raw) > _reply_bytes(cases, max_elements):
+        return None, f"sent back an answer over {_reply_bytes(cases, max_elements) / 2**20:.1f} MB"
     if not raw:
         return None, None
     try:
         reply = json.loads(raw.decode())
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None, "sent back an answer that is not valid JSON"
-    return (reply, None) if _valid(reply, cases) else (None, "sent back an answer of the wrong form")
+    return (reply, None) if _valid(reply, cases, max_elements) else (None, "sent back an answer of the wrong form")
+
+
+def _reply_bytes(cases: int, max_elements: int) -> int:
+    """The largest reply a run may send: every case's numbers (up to 26 characters each in JSON), the printed text
+    (up to 6 bytes a character, escaped) and 64 KB for the rest; never over `REPLY_BYTES`."""
+    return min(REPLY_BYTES, 26 * max_elements * max(1, cases) + 6 * LIMITS.output_chars + 2**16)
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,99}")
+
+
+def _error(e: dict | None) -> dict | None:
+    """An error the child reported, as the server keeps it: a type that is a name (else "Error"), the message cut
+    at 3,000 characters."""
+    if e is None:
+        return None
+    kind = e["type"] if _IDENTIFIER.fullmatch(e["type"]) else "Error"
+    return {"type": kind, "message": e["message"][:3000], "line": e["line"]}
 
 
 def _valid_error(e) -> bool:
@@ -690,18 +743,21 @@ def _valid_error(e) -> bool:
                          and isinstance(e["message"], str) and (e["line"] is None or type(e["line"]) is int))
 
 
-def _valid_leaf(leaf) -> bool:
+def _valid_leaf(leaf, max_elements: int) -> bool:
     if not (isinstance(leaf, dict) and set(leaf) == {"shape", "data"} and isinstance(leaf["shape"], list)
             and isinstance(leaf["data"], list) and len(leaf["shape"]) <= 8):
         return False
-    if not all(type(n) is int and 0 <= n for n in leaf["shape"]) or len(leaf["data"]) != math.prod(leaf["shape"]):
+    if not all(type(n) is int and 0 <= n <= max_elements for n in leaf["shape"]):
         return False
-    return all(type(x) in (int, float) for x in leaf["data"])
+    if math.prod(leaf["shape"]) > max_elements or len(leaf["data"]) != math.prod(leaf["shape"]):
+        return False
+    return all(type(x) is float or (type(x) is int and abs(x) < 2**63) for x in leaf["data"])
 
 
-def _valid(reply, cases: int) -> bool:
+def _valid(reply, cases: int, max_elements: int) -> bool:
     """`{"output": str, "truncated": int, "exec_error": error|None, "results": [{"leaves": [leaf]|None, "error":
-    error|None}]}` with at most one result per case, each leaf's data as long as its shape's product."""
+    error|None}]}` with at most one result per case, at most 64 leaves each, each leaf's data as long as its
+    shape's product (at most `max_elements`), every number a float or an int of at most 64 bits."""
     if not (isinstance(reply, dict) and set(reply) == {"output", "truncated", "exec_error", "results"}):
         return False
     if not (isinstance(reply["output"], str) and type(reply["truncated"]) is int and _valid_error(reply["exec_error"])
@@ -710,7 +766,8 @@ def _valid(reply, cases: int) -> bool:
     for r in reply["results"]:
         if not (isinstance(r, dict) and set(r) == {"leaves", "error"} and _valid_error(r["error"])):
             return False
-        if r["leaves"] is not None and not (isinstance(r["leaves"], list) and all(map(_valid_leaf, r["leaves"]))):
+        if r["leaves"] is not None and not (isinstance(r["leaves"], list) and len(r["leaves"]) <= 64 and all(
+                _valid_leaf(leaf, max_elements) for leaf in r["leaves"])):
             return False
     return True
 
