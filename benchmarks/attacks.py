@@ -26,6 +26,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -94,6 +95,16 @@ LANGUAGE = {
     "print's self is builtins": _lang("print(print.__self__.open)"),
     "a star-args getattr": _lang("import numpy as np\nargs = ['random']\nprint([np.__getattribute__(*args)])"),
     "a class with __init_subclass__": _lang("class A:\n    def __init_subclass__(cls):\n        pass\nprint(A)"),
+    # found by the red team's corpus (kept outside the repository), now regressions
+    "register_dataclass reads any attribute": _lang(
+        "import jax\nu = '_' * 2\njax.tree_util.register_dataclass(ZeroDivisionError, data_fields=[u + 'traceback' + u],"
+        " meta_fields=[])\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n    print(jax.tree_util.tree_leaves(e))"),
+    "a jaxpr's source traceback": _lang(
+        "import jax, jax.numpy as jnp\nprint(jax.make_jaxpr(jnp.sin)(1.0).eqns[0].source_info.traceback"
+        ".as_python_traceback())"),
+    "NumPy's ScalarType holds memoryview": _lang("import numpy as np\nprint(np.ScalarType[6](b'x'))"),
+    "an exception whose message cannot be printed": _lang(
+        "d = []\nfor i in range(100000):\n    d = [d]\nraise KeyError(d)"),
 }
 
 # ---------------------------------------------------------------- the OS wall alone: the language wall has fallen
@@ -155,7 +166,7 @@ _os = {
     # signals and other processes
     "signal the server": "import os, signal\nos.kill({server_pid}, signal.SIGUSR1)\nprint('ESCAPED kill')",
     "signal every process": "import os, signal\nos.kill(-1, signal.SIGUSR1)\nprint('ESCAPED kill -1')",
-    "signal the sandbox's init": "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('ESCAPED kill 1')",
+    "signal the sandbox's PID 1 (itself)": "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('still here')",
     "ptrace": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.ptrace(16, {server_pid}, 0, 0)\n"
               "print('ESCAPED ptrace' if r == 0 else f'refused {{ctypes.get_errno()}}')",
     "process_vm_readv": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -204,6 +215,32 @@ _os = {
     "close the reply pipe and hang": "import os, time\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n"
                                      "    except OSError:\n        pass\ntime.sleep(3600)",
     "markup in the output": "print('<img src=http://example.invalid/x.png> [link](http://example.invalid) :red[x]')",
+    # found by the red team's corpus (kept outside the repository), now regressions
+    "write PID 1's memory": "sc = bytes.fromhex('b870000000' '0f05' 'bf01000000' '31f6' 'b89d000000' '0f05' 'b839000000'"
+                            " '0f05' 'b822000000' '0f05' 'ebf7')  # setsid; prctl(PDEATHSIG, 0); fork; pause\n"
+                            "pc = int(open('/proc/1/syscall').read().split()[-1], 16)\n"
+                            "with open('/proc/1/mem', 'r+b', buffering=0) as f:\n    f.seek(pc)\n    f.write(sc)\n",
+    "fill /dev and /dev/shm": "block = b'x' * (4 << 20)\nfor d in ('/dev/shm', '/dev'):\n    for n in range(150):\n"
+                              "        with open(f'{{d}}/f{{n}}', 'wb') as f:\n            f.write(block)",
+    "flood /tmp with empty files": "import os\nos.mkdir('/tmp/i')\nfor n in range(250000):\n"
+                                   "    os.close(os.open(f'/tmp/i/{{n}}', os.O_CREAT | os.O_WRONLY))",
+    "raise the I/O priority": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                              "print('ESCAPED' if libc.syscall(251, 1, 0, 2 << 13) == 0 else 'refused')",
+    "a reply with a 400-digit number": "import os, json\nfd = json.loads(open('/proc/self/cmdline').read().split('\\0')"
+                                       "[-2])['reply_fd']\nos.write(fd, b'{{\"output\": \"\", \"truncated\": 0, "
+                                       "\"exec_error\": null, \"results\": [{{\"leaves\": [{{\"shape\": [1], "
+                                       "\"data\": [' + b'9' * 400 + b']}}], \"error\": null}}]}}')\nos._exit(0)",
+    "a reply of shape 2**64 by 0": "import os, json\nfd = json.loads(open('/proc/self/cmdline').read().split('\\0')"
+                                   "[-2])['reply_fd']\nos.write(fd, json.dumps({{'output': '', 'truncated': 0, "
+                                   "'exec_error': None, 'results': [{{'leaves': [{{'shape': [2 ** 64, 0], 'data': []}}],"
+                                   " 'error': None}}]}}).encode())\nos._exit(0)",
+    "a reply with 15 MB of output": "import os, json\nfd = json.loads(open('/proc/self/cmdline').read().split('\\0')"
+                                    "[-2])['reply_fd']\nos.write(fd, json.dumps({{'output': 'x' * (15 << 20), "
+                                    "'truncated': 0, 'exec_error': None, 'results': []}}).encode())\nos._exit(0)",
+    "markup in a forged error type": "import os, json\nfd = json.loads(open('/proc/self/cmdline').read().split('\\0')"
+                                     "[-2])['reply_fd']\nos.write(fd, json.dumps({{'output': '', 'truncated': 0, "
+                                     "'exec_error': {{'type': '![x](http://127.0.0.1:{port}/t)', 'message': 'm', "
+                                     "'line': None}}, 'results': []}}).encode())\nos._exit(0)",
 }
 OS = {name: Attack("OS wall", "os", code) for name, code in _os.items()}
 ATTACKS: dict[str, Attack] = {**LANGUAGE, **OS}
@@ -331,6 +368,10 @@ def run_one(name: str, attack: Attack, scene: Scene, limits: Limits = SMALL) -> 
             why.append("a canary of the server reached the student")
     if "ESCAPED" in (out.output if out else ""):
         why.append("the attack says it escaped")
+    if out is not None and out.exec_error and not re.fullmatch(r"[A-Za-z_][\w.]*", out.exec_error["type"]):
+        why.append("an error type that is not a name was kept")
+    if out is not None and len(out.output) > limits.output_chars:
+        why.append("more output than the limit was kept")
     time.sleep(0.3)
     if left := _files_named(marker, scene):
         why.append(f"files left: {left}")

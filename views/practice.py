@@ -3,8 +3,6 @@ what went wrong. The code runs in an OS sandbox (gradlab.practice.sandbox), one 
 own gate slot; where no sandbox can be set up, a shared server offers each problem as a file instead. Progress
 lives in the session and the URL (`?problem=fix_in_axes&solved=1,3`)."""
 
-import secrets
-
 import numpy as np
 import streamlit as st
 
@@ -59,8 +57,8 @@ def run_code(slug: str, code: str) -> practice.Verdict:
     return practice.run(practice.BY_SLUG[slug], code)
 
 
-def check_code(slug: str, code: str, seed: int) -> practice.Verdict:
-    return practice.check(practice.BY_SLUG[slug], code, seed)
+def check_code(slug: str, code: str) -> practice.Verdict:
+    return practice.check(practice.BY_SLUG[slug], code)  # hidden inputs from a fresh seed, each Check its own
 
 
 code_key, result_key, hints_key = f"practice_code_{slug}", f"_practice_result_{slug}", f"_practice_hints_{slug}"
@@ -98,7 +96,7 @@ if (pressed_run or pressed_check) and MODE.runs_code:
         failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
         verdict = practice.Verdict(False, failed)
         with ui.guard("Your code could not be run"):
-            verdict = (ui.sandboxed(check_code, slug, code, secrets.randbits(32), label="Checking your code",
+            verdict = (ui.sandboxed(check_code, slug, code, label="Checking your code",
                                     est_seconds=costs.PRACTICE_SECONDS) if pressed_check else
                        ui.sandboxed(run_code, slug, code, label="Running your code", est_seconds=costs.PRACTICE_SECONDS))
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)

@@ -21,9 +21,9 @@ from gradlab.practice.problems import Key, Pitfall, Problem
 
 #: float32 against float64: relative and absolute tolerance (the absolute one scaled by the answer's size).
 RTOL, ATOL = 1e-4, 1e-4
-#: Hidden inputs come from a seed the server draws: a student cannot read them from the source. This one is the
-#: default (the cache fill's: shapes do not depend on it); the page draws a fresh seed for every Check, so answers
-#: read back from one Check's messages build no table for the next (found by a red team: 15 Checks recovered them).
+#: Hidden inputs come from a seed the server draws: a student cannot read them from the source. This one is the cache
+#: fill's (shapes do not depend on it); `check` draws a fresh seed for every Check, so answers read back from one
+#: Check's messages build no table for the next (found by a red team: 15 Checks recovered them).
 HIDDEN_SEED = secrets.randbits(32)
 
 
@@ -136,15 +136,17 @@ def run(problem: Problem, code: str, *, limits: sandbox.Limits = sandbox.LIMITS,
     return _judge(problem, code, [("the seed's input", problem.args)], limits, execute)
 
 
-def check(problem: Problem, code: str, seed: int = HIDDEN_SEED, *, limits: sandbox.Limits = sandbox.LIMITS,
+def check(problem: Problem, code: str, seed: int | None = None, *, limits: sandbox.Limits = sandbox.LIMITS,
           execute=sandbox.execute) -> Verdict:
-    """**Check**: `code`'s function on the seed's input and the hidden random inputs drawn from `seed`, each compared
+    """**Check**: `code`'s function on the seed's input and the hidden random inputs drawn from `seed` (None: a fresh
+    one, as the page does for every Check), each compared
     with the problem's oracle (float64, computed another way), and the problem's `extra` condition (a timing).
 
     **Returns** a `Verdict`: `passed` only when every case passes; `diagnoses` lists the pitfalls the first wrong
     case shows (a summed gradient, a missing `in_axes`, a mean for a sum, a shape (N,) against a scalar, clipping
     after averaging...). Never raises for what the student's code does.
     """
+    seed = secrets.randbits(32) if seed is None else seed
     inputs = [("the seed's input", problem.args)]
     inputs += [(f"hidden input {i}", a) for i, a in enumerate(hidden_inputs(problem, seed), start=1)]
     return _judge(problem, code, inputs, limits, execute)

@@ -123,6 +123,9 @@ if limits["user"]:  # started as root: become `nobody` for good before any stude
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
         os._exit(3)
+    import ctypes  # noqa: E402 - a change of user clears the parent-death signal bubblewrap set: set it again, so
+    if ctypes.CDLL(None).prctl(1, 9, 0, 0, 0) != 0:  # this process (the sandbox's PID 1) dies with bubblewrap
+        os._exit(3)
 if limits["seccomp"]:
     _seccomp()
 else:  # without the filter, at least a bound on processes (it binds users that are not root, and counts them all)

@@ -435,10 +435,40 @@ class _Child:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL to `proc`'s whole tree (the sandbox's PID 1 among it: its namespace ends with it) and its group."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, CPU clock ticks)} of every process /proc shows."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            found[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _descendants(root: int, table: dict[int, tuple[int, int]] | None = None) -> list[int]:
+    table = _processes() if table is None else table
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        children = [child for child, (parent, _) in table.items() if parent == pid]
+        found += children
+        todo += children
+    return found
 
 
 #: One spare child kept warm (JAX imported, waiting for code) while Practice has visitors: Check then skips JAX's
@@ -687,20 +717,9 @@ def _wait(proc: subprocess.Popen, wall_seconds: float):
 
 def _tree_cpu_seconds(root: int) -> float:
     """User + system CPU seconds of `root` and its descendants now (from /proc; 0 where it cannot be read)."""
-    parent, ticks = {}, {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            parent[int(entry)], ticks[int(entry)] = int(fields[1]), int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            continue
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo += [child for child, p in parent.items() if p == pid]
-    return total / os.sysconf("SC_CLK_TCK")
+    table = _processes()
+    ticks = sum(table.get(pid, (0, 0))[1] for pid in [root, *_descendants(root, table)])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _out_of_memory(error: dict) -> bool:
