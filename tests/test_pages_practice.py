@@ -33,7 +33,7 @@ def test_a_pitfall_is_diagnosed_then_the_fix_is_solved_and_recorded_in_the_url(p
     at.text_area(key="practice_code_per_example_grads").set_value(practice.BY_SLUG["per_example_grads"].pitfalls[0].example)
     at.button(key="practice_check").click().run()
     assert_clean(at)
-    assert "A summed gradient instead of per-example ones" in texts(at.warning)
+    assert "A summed gradient instead of per-example ones" in texts(at.warning), [e.value for e in at.error]
     assert "solved" not in at.query_params
     at.text_area(key="practice_code_per_example_grads").set_value(practice.PROBLEMS[0].solution)
     at.button(key="practice_check").click().run()

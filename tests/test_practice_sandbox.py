@@ -246,3 +246,21 @@ def test_a_run_takes_only_the_cpu_nothing_else_wants():
                   language_wall=False)
     assert out.output.split("\n")[:2] == ["True 19", "refused 1"], (out.output, out.stopped, out.exec_error)
     assert sandbox.Limits.__dataclass_fields__["priority"].default == os.environ.get("GRADLAB_PRACTICE_PRIORITY", "idle")
+
+
+@needs_os_wall
+def test_a_spare_started_by_a_script_runs_thread_outlives_that_thread(monkeypatch):
+    """Streamlit runs each script run in its own thread, and bubblewrap's `--die-with-parent` follows the thread that
+    started it: every child is started by one long-lived thread, so a visit's spare waits for the visitor's run."""
+    monkeypatch.setattr(sandbox, "WARM", True)
+    monkeypatch.setattr(sandbox, "SPARE_IDLE_SECONDS", 60.0)
+    sandbox._discard_spares()
+    visit = threading.Thread(target=sandbox.prepare, args=(SMALL,))
+    visit.start()
+    visit.join()
+    time.sleep(1.0)
+    (spare,) = sandbox._SPARE
+    assert spare.alive
+    out = execute("print(2)", limits=SMALL)
+    assert out.ran and out.output == "2\n" and spare.proc.poll() is not None  # the spare ran it, then went
+    sandbox._discard_spares()

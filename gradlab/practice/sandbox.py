@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -487,7 +488,18 @@ _RUNNING: list[_Child] = []  # the child running now (at most one)
 _reaper: threading.Thread | None = None
 
 
+#: The one thread that starts children. bubblewrap's `--die-with-parent` ends the sandbox when the *thread* that
+#: started it ends (the kernel's parent-death signal follows the thread), and Streamlit runs each script run in a
+#: thread of its own: a spare started by a visit would die when that run's thread did.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="practice-spawner")
+
+
 def _start(limits: Limits, as_server: bool = False) -> _Child:
+    """`_spawn` in the spawner thread (see `_SPAWNER`)."""
+    return _SPAWNER.submit(_spawn, limits, as_server).result()
+
+
+def _spawn(limits: Limits, as_server: bool = False) -> _Child:
     """Start a harness child under `limits`, waiting for its payload: in a fresh bubblewrap sandbox where the OS
     wall holds, else as a plain process in a fresh empty folder; either way dropping to `nobody` after JAX's import
     when we are root. `as_server`: the server's own code (the reference solutions), which may write the children's
