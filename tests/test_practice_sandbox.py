@@ -255,10 +255,14 @@ def test_a_spare_started_by_a_script_runs_thread_outlives_that_thread(monkeypatc
     monkeypatch.setattr(sandbox, "WARM", True)
     monkeypatch.setattr(sandbox, "SPARE_IDLE_SECONDS", 60.0)
     sandbox._discard_spares()
-    visit = threading.Thread(target=sandbox.prepare, args=(SMALL,))
-    visit.start()
-    visit.join()
-    time.sleep(1.0)
+    def visit():  # a visit, then a run (Practice's cache fill runs one in a thread of its own): its end starts a spare
+        sandbox.prepare(SMALL)
+        assert execute("print(1)", limits=SMALL).output == "1\n"
+
+    thread = threading.Thread(target=visit)
+    thread.start()
+    thread.join()
+    time.sleep(2.0)
     (spare,) = sandbox._SPARE
     assert spare.alive
     out = execute("print(2)", limits=SMALL)
