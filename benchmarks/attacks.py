@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 
+from benchmarks.practice import STOPPED
 from gradlab import practice
 from gradlab.memory import rss_mb
 from gradlab.practice import Limits, sandbox
@@ -243,7 +244,9 @@ _os = {
                                      "'line': None}}, 'results': []}}).encode())\nos._exit(0)",
 }
 OS = {name: Attack("OS wall", "os", code) for name, code in _os.items()}
-ATTACKS: dict[str, Attack] = {**LANGUAGE, **OS}
+#: The first corpus's attacks that pass the static check and are stopped by the limits (`benchmarks/practice.py`).
+LIMITED = {name: Attack("limits", "language", code) for name, code in STOPPED.items()}
+ATTACKS: dict[str, Attack] = {**LANGUAGE, **OS, **LIMITED}
 
 
 @dataclasses.dataclass
