@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.browser import CHROMIUM
+
 # One XLA compilation cache on disk for the whole run: page scripts rebuild their closures on every
 # rerun and every browser test starts a fresh server, so the same programs would compile again and
 # again. Set before JAX is imported; the streamlit servers inherit it through the environment.
@@ -154,3 +156,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.name in WHOLE_SUITE_ONLY.get(item.path.name, ()):
             item.add_marker(pytest.mark.slow)
+
+
+#: Every browser test file's marks: slow (a real server and Chromium per test: the whole suite runs them,
+#: `-m "not slow"` skips them), skipped without Debian's Chromium, and a long timeout.
+BROWSER_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed at {CHROMIUM} "
+                       "(apt-get install chromium); the browser tests need it"),
+    pytest.mark.timeout(900),
+]

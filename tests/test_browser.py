@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import BROWSER_MARKS
 from benchmarks.browser import (
-    CHROMIUM,
     EXTREME_LINKS,
     PAGES,
     ROOT,
@@ -35,12 +34,7 @@ from benchmarks.browser import (
     wait_until_idle,
 )
 
-pytestmark = [
-    pytest.mark.slow,  # a real server and Chromium per test: the whole suite runs them, `-m "not slow"` skips them
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed at {CHROMIUM} "
-                       "(apt-get install chromium); the browser tests need it"),
-    pytest.mark.timeout(900),
-]
+pytestmark = BROWSER_MARKS
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 SHOTS = ROOT / "screenshots"

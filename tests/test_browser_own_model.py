@@ -18,16 +18,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import BROWSER_MARKS
 from sklearn.model_selection import train_test_split
-from benchmarks.browser import (CHROMIUM, ROOT, free_port, metrics, normalized, page_errors, title, wait_healthy,
+from benchmarks.browser import (ROOT, free_port, metrics, normalized, page_errors, title, wait_healthy,
                                 wait_until_idle)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed at {CHROMIUM} "
-                       "(apt-get install chromium); the browser tests need it"),
-    pytest.mark.timeout(900),
-]
+pytestmark = BROWSER_MARKS
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 pytest.importorskip("flax", reason="the Flax example needs flax (requirements-dev.txt)")
 

@@ -7,19 +7,14 @@ the names are on the page as text. Screenshots in screenshots/user_text_*.png. M
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import urlencode, urlparse
 
 import pytest
-from benchmarks.browser import CHROMIUM, ROOT, page_errors, streamlit_server, wait_until_idle
+from conftest import BROWSER_MARKS
+from benchmarks.browser import ROOT, page_errors, streamlit_server, wait_until_idle
 from hostile import CORPUS, INVISIBLE, LINK_KEYS, batch_csv, hostile_link
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed at {CHROMIUM} "
-                       "(apt-get install chromium); the browser tests need it"),
-    pytest.mark.timeout(900),
-]
+pytestmark = BROWSER_MARKS
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 SHOTS = ROOT / "screenshots"
