@@ -273,6 +273,8 @@ def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[st
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         args += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
+    # /tmp first: the interpreter may live under it (a clone in /tmp with its venv), and a bind goes on top of it
+    args += ["--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
     for root in _read_only_roots():
         args += ["--ro-bind", root, root]
     for name in ("lib", "lib64", "bin", "sbin"):
@@ -281,7 +283,7 @@ def _bwrap_args(limits: Limits, cache: str | None, write_cache: bool) -> list[st
         elif os.path.isdir(f"/{name}"):
             args += ["--ro-bind", f"/{name}", f"/{name}"]
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--remount-ro", "/dev",
-             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp", "--remount-ro", "/tmp"]
+             "--remount-ro", "/tmp"]
     if cache:
         args += ["--bind" if write_cache else "--ro-bind", cache, CACHE_INSIDE]
     return args + ["--remount-ro", "/", "--chdir", "/tmp"]
