@@ -8,7 +8,7 @@
 2. **The OS wall** (`os_wall`): each run in a fresh bubblewrap sandbox (new PID, network, IPC, UTS and mount
    namespaces, and a user namespace or, under root, the uid `nobody`: `_bwrap_args`; the interpreter and its
    packages read-only and nothing else of the machine: no home, no store, no `.streamlit`, no other process's
-   `/proc`; a private 64 MB `/tmp`; the root read-only), ended as a whole: the sandbox's PID 1 dies with the
+   `/proc`; the root, `/dev` and a private `/tmp` read-only), ended as a whole: the sandbox's PID 1 dies with the
    server's handle on it, and the kernel ends every process in its namespace. Inside, the child sets its limits
    (CPU time, file size, open files, address space after JAX's import, nice 10) and a seccomp filter (no process,
    executable, socket, ptrace, signal outside itself, namespace or mount).
