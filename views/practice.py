@@ -96,9 +96,9 @@ if (pressed_run or pressed_check) and MODE.runs_code:
         failed = practice.Outcome(stopped="Your code could not be run: see the message above.")
         verdict = practice.Verdict(False, failed)
         with ui.guard("Your code could not be run"):
-            verdict = (ui.sandboxed(check_code, slug, code, label="Checking your code",
-                                    est_seconds=costs.PRACTICE_SECONDS) if pressed_check else
-                       ui.sandboxed(run_code, slug, code, label="Running your code", est_seconds=costs.PRACTICE_SECONDS))
+            verdict = ui.sandboxed(check_code if pressed_check else run_code, slug, code,
+                                   label="Checking your code" if pressed_check else "Running your code",
+                                   est_seconds=costs.PRACTICE_SECONDS)
     st.session_state[result_key] = ("check" if pressed_check else "run", code, verdict)
     if pressed_check and verdict.passed:
         done.add(slug)

@@ -10,8 +10,8 @@
    packages read-only and nothing else of the machine: no home, no store, no `.streamlit`, no other process's
    `/proc`; the root, `/dev` and a private `/tmp` read-only), ended as a whole: the sandbox's PID 1 dies with the
    server's handle on it, and the kernel ends every process in its namespace. Inside, the child sets its limits
-   (CPU time, file size, open files, address space after JAX's import, the idle CPU class) and a seccomp filter (no process,
-   executable, socket, ptrace, signal outside itself, namespace or mount).
+   (CPU time, file size, open files, address space after JAX's import, the idle CPU class) and a seccomp filter
+   (no process, executable, socket, ptrace, signal outside itself, namespace or mount).
 3. **Channels the server owns**: the payload in on stdin, the reply out on a pipe (never a path in a folder the
    child can write), printed text and errors on a third, each read with a cap; the reply is schema-checked and a
    malformed or oversized one is a failed run with a clear message. `execute` never raises for the student's code.
