@@ -438,7 +438,11 @@ class _Child:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL to `proc`'s whole tree (the sandbox's PID 1 among it: its namespace ends with it) and its group."""
+    """SIGKILL to `proc`'s whole tree (the sandbox's PID 1 among it: its namespace ends with it) and its group.
+    Nothing once `proc` is reaped: its pid may already be another process's (pid_max is 32,768 here), and with no
+    process of its own (seccomp) nothing of the run outlives its sandbox's PID 1."""
+    if proc.returncode is not None:
+        return
     for pid in [*_descendants(proc.pid), proc.pid]:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -724,8 +728,7 @@ def _wait(proc: subprocess.Popen, wall_seconds: float):
             pid, status, usage = os.wait4(proc.pid, 0)
             break
         time.sleep(0.02)
-    proc.returncode = status  # reaped here: Popen must not wait for it again
-    _kill(proc)  # anything left in its group (without the OS wall; with it, the namespace is gone already)
+    proc.returncode = status  # reaped here: Popen must not wait for it again (nor `_kill` signal its old pid)
     return status, usage, timed_out, cpu
 
 
