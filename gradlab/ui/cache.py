@@ -51,11 +51,13 @@ LOG_RUNS = bool(os.environ.get("GRADLAB_LOG_RUNS"))  # benchmarks/latency.py rea
 _MISSING = object()
 
 
+_ROOT = Path(__file__).resolve().parents[2]
+
+
 def _code_version() -> str:
     """A hash of gradlab's and the views' sources and JAX's version: stored results from other code are never used."""
-    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256(jax.__version__.encode())
-    for path in sorted([*root.glob("gradlab/**/*.py"), *root.glob("views/*.py")]):
+    for path in sorted([*_ROOT.glob("gradlab/**/*.py"), *_ROOT.glob("views/*.py")]):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -217,11 +219,22 @@ def _key_part(value):
     return value
 
 
+def origin(fn) -> str:
+    """Where `fn` is defined, as a key: its module, or for a page (Streamlit runs every page, and the lecture runs
+    each step, as `__main__`) the page file's path relative to the app's root, so that two pages defining a
+    function of the same name and parameters never share results. Relative, so servers sharing a store agree."""
+    if fn.__module__ != "__main__":
+        return fn.__module__
+    path = Path(fn.__code__.co_filename).resolve()
+    return path.relative_to(_ROOT).as_posix() if path.is_relative_to(_ROOT) else path.as_posix()
+
+
 def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bool = True, cost=None):
     """The one cache of page computations: shared by every session, stored, and heavy work through the gate.
 
     - Key: every argument (a `Fitted` by its experiment; arguments named `_x` are left out, so the key
-      must hold every input that changes the result), the function's name and `CODE_VERSION`.
+      must hold every input that changes the result), where the function is defined (`origin`: the page's
+      file for a page's function), its name and `CODE_VERSION`.
     - Store: results are kept in `STORE` (memory by bytes, and on disk unless `persist=False` or an
       argument is an upload's or a served model's experiment: `Experiment.in_memory_only`); a file lock on
       the key makes two servers sharing the store directory compute a result once.
@@ -239,6 +252,7 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
     if fn is None:
         return functools.partial(shared, label=label, persist=persist, gated=gated, cost=cost)
     names = list(inspect.signature(fn).parameters)
+    where = origin(fn)
     takes_progress = "progress" in names
 
     def key(args, kwargs) -> tuple[str, bool]:
@@ -246,7 +260,7 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
         parts = {k: _key_part(v) for k, v in bound.items() if not k.startswith("_") and k != "progress"}
         memory_only = any(isinstance(v, Experiment) and v.in_memory_only for v in parts.values()) or any(
             isinstance(v, Fitted) and v.experiment.in_memory_only for v in bound.values())
-        return key_of(fn.__module__, fn.__qualname__, CODE_VERSION, parts), memory_only
+        return key_of(where, fn.__qualname__, CODE_VERSION, parts), memory_only
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
