@@ -7,11 +7,12 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gradlab.membership import dp_roc_bound
-from gradlab.plots import TEMPLATE, style_figure
+from gradlab.plots import TEMPLATE, figure, style_figure
 
 FLOOR = 1e-4  # log axes: rates below this are drawn at it
 
 
+@figure
 def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsilon: float | None, delta: float,
                floor: float = FLOOR, title: str = "Membership inference ROC (log-log)", height: int = 480,
                axes: tuple[str, str] = ("false positive rate (non-members called members)",
@@ -37,6 +38,7 @@ def roc_loglog(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], *, epsil
     return style_figure(fig, title, *axes, height=height)
 
 
+@figure
 def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray | dict[str, np.ndarray], claimed: float, *,
                       confidence: float = 0.95, title: str = "Empirical ε lower bound as trials grow") -> go.Figure:
     """The audit's lower bound from the first n trials against n (log x), with the accountant's ε.
@@ -51,6 +53,7 @@ def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray | dict[str, np.ndarr
                         f"ε lower bound ({confidence:.0%} confidence)", height=420)
 
 
+@figure
 def observation_histogram(scores: np.ndarray, is_in: np.ndarray, threshold: float, *, xlabel: str,
                           title: str = "What the auditor observes") -> go.Figure:
     """Histograms of the observation with and without the canary, and the test's threshold."""

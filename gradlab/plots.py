@@ -1,10 +1,9 @@
-"""Plotly figure builders: pure functions, data in, `go.Figure` out. Every axis is labelled."""
+"""Plotly figure builders: pure functions, data and a `Style` in, `go.Figure` out. Every axis is labelled."""
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
-import threading
 
 import numpy as np
 import plotly.express as px
@@ -47,33 +46,35 @@ def _decades(fig: go.Figure, log10_values, axis: str = "x", most: int | None = N
 
 # ---------------------------------------------------------------- readability (presenter mode)
 
-_STYLE = threading.local()  # Streamlit runs each session's script in its own thread
+
+@dataclasses.dataclass(frozen=True)
+class Style:
+    """Where a figure is shown, which sets its type sizes and wrapping (an argument of every builder, so a figure
+    is a function of its arguments alone and a memo of them is complete).
+
+    - `presenter`: a projector (presenter mode): tick labels 18 px, axis titles 20 px, shorter title lines.
+    - `half`: a column of at most half the page: about 250 px on a 1024 px laptop screen with the sidebar open,
+      where a one-line title of 50 characters was cut off.
+    """
+
+    presenter: bool = False
+    half: bool = False
 
 
-def set_presenter(on: bool) -> None:
-    """Presenter mode for the figures built on this thread from now on: tick labels 18 px, axis titles 20 px."""
-    _STYLE.presenter = bool(on)
+NORMAL = Style()
 
 
-def presenter() -> bool:
-    """Whether figures built on this thread use presenter-mode type sizes."""
-    return getattr(_STYLE, "presenter", False)
+def figure(builder):
+    """Mark `builder` (data in, `go.Figure` out) as one of this house's figure builders: it gains a keyword
+    argument `style: Style = NORMAL`, and its figure is made `readable` in that style. `gradlab.ui.figures` shares
+    every builder so marked (`builder.builds_figure`)."""
 
+    @functools.wraps(builder)
+    def build(*args, style: Style = NORMAL, **kwargs) -> go.Figure:
+        return readable(builder(*args, **kwargs), style)
 
-def half_width() -> bool:
-    """Whether figures built on this thread are for a column of at most half the page (`in_half_column`)."""
-    return getattr(_STYLE, "half", False)
-
-
-@contextlib.contextmanager
-def in_half_column():
-    """Figures built inside this block wrap their titles for a column of half the page or less: about 250 px on a
-    1024 px laptop screen with the sidebar open, where a one-line title of 50 characters was cut off."""
-    before, _STYLE.half = half_width(), True
-    try:
-        yield
-    finally:
-        _STYLE.half = before
+    build.builds_figure = True
+    return build
 
 
 #: (tick labels, axis titles, figure title, legend) in px, normal and presenter mode.
@@ -101,13 +102,13 @@ def _wrap(text: str, width: int) -> str:
     return "<br>".join([*lines, line])
 
 
-def readable(fig: go.Figure) -> go.Figure:
+def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     """Type sizes and colours readable from the back of a room; log axes labelled with powers of ten.
 
-    Applied to every figure this module builds. In presenter mode (`set_presenter(True)`) tick
+    Applied to every figure a `figure` builder returns. In presenter mode (`Style(presenter=True)`) tick
     labels are 18 px and axis titles 20 px; long titles wrap instead of being cut at 1024 px.
     """
-    big, half = presenter(), half_width()
+    big, half = style.presenter, style.half
     tick, axis, title, legend = FONT_SIZES[big]
     text = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
     lines = 1
@@ -207,6 +208,7 @@ def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) 
     return fig
 
 
+@figure
 def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray | None = None, bins: int = 60) -> go.Figure:
     """Histogram of per-example gradient norms; flipped-label examples stacked in red when given."""
     v = _log10(norms) if log else np.asarray(norms)
@@ -223,6 +225,7 @@ def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray 
                    f"{NORM_LABEL} (log scale)" if log else NORM_LABEL, "number of training examples")
 
 
+@figure
 def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, *, log: bool = False) -> go.Figure:
     """One small histogram of per-example gradient norms per (training) label."""
     v = _log10(norms) if log else np.asarray(norms)
@@ -243,6 +246,7 @@ def norm_histogram_by_class(norms: np.ndarray, labels: np.ndarray, class_names, 
     return fig
 
 
+@figure
 def layer_share(layer_norms: dict[str, np.ndarray]) -> go.Figure:
     """Bar per parameter leaf: its share of the total squared per-example norm (mean over examples)."""
     names = list(layer_norms)
@@ -259,6 +263,7 @@ def layer_share(layer_norms: dict[str, np.ndarray]) -> go.Figure:
                    "parameter leaf", height=max(260, 60 * len(names) + 120))
 
 
+@figure
 def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_shape=(8, 8)) -> go.Figure:
     """Small grayscale images (rows of flattened pixels) with a title each, e.g. top-k digits.
 
@@ -289,6 +294,7 @@ def image_grid(images: np.ndarray, titles: list[str], *, cols: int = 8, image_sh
     return fig
 
 
+@figure
 def scatter_2d(x: np.ndarray, color: np.ndarray, *, color_label: str, highlight: np.ndarray | None = None,
                ids: dict | None = None, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
     """Scatter of 2-D inputs coloured by a per-example value, `highlight` indices circled; a hover names each
@@ -306,6 +312,7 @@ def scatter_2d(x: np.ndarray, color: np.ndarray, *, color_label: str, highlight:
     return style_figure(fig, title, axis_names[0], axis_names[1], height=480)
 
 
+@figure
 def scatter_1d(x: np.ndarray, y: np.ndarray, color: np.ndarray, *, color_label: str, highlight=None, ids: dict | None = None,
                axis_names=("x", "y"), title: str = "") -> go.Figure:
     """Regression data `y` against a single feature `x`, coloured by a per-example value (`ids`: as `scatter_2d`)."""
@@ -313,6 +320,7 @@ def scatter_1d(x: np.ndarray, y: np.ndarray, color: np.ndarray, *, color_label: 
                       highlight=highlight, ids=ids, axis_names=axis_names, title=title)
 
 
+@figure
 def roc_figure(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], title: str) -> go.Figure:
     """ROC curves `{name: (fpr, tpr, auc)}` with the chance diagonal."""
     fig = go.Figure()
@@ -323,6 +331,7 @@ def roc_figure(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], title: s
     return style_figure(fig, title, "false positive rate (clean examples flagged)", "true positive rate (flipped labels found)", height=420)
 
 
+@figure
 def training_curve(losses: np.ndarray, checkpoint_steps, current_step: int | None = None) -> go.Figure:
     """Minibatch training objective per step, checkpoints marked."""
     steps = np.arange(1, len(losses) + 1)
@@ -341,6 +350,7 @@ PROPONENT_COLOR = "#2ca02c"
 OPPONENT_COLOR = "#d62728"
 
 
+@figure
 def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_names=("x₁", "x₂"), ids: dict | None = None,
                       title: str = "Test points: click one") -> go.Figure:
     """Clickable scatter of test points `xy (M, 2)` (inputs, or index vs loss), misclassified as crosses.
@@ -363,6 +373,7 @@ def point_picker(xy: np.ndarray, correct: np.ndarray, selected: int, *, axis_nam
     return style_figure(fig, title + " (blue: correct, red ×: misclassified)", axis_names[0], axis_names[1], height=360)
 
 
+@figure
 def influence_scatter_2d(x_train: np.ndarray, scores: np.ndarray, proponents, opponents, test_x: np.ndarray, *,
                          score_label: str, ids: dict | None = None, axis_names=("x₁", "x₂"), title: str = "") -> go.Figure:
     """2-D training inputs coloured by an influence score (diverging, 0 = white), the top-k proponents
@@ -387,6 +398,7 @@ def influence_scatter_2d(x_train: np.ndarray, scores: np.ndarray, proponents, op
     return style_figure(fig, title, axis_names[0], axis_names[1], height=480)
 
 
+@figure
 def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agreement between methods") -> go.Figure:
     """Rank-correlation matrix (e.g. Spearman ρ) between score vectors, annotated."""
     m = np.asarray(matrix, np.float64)
@@ -396,6 +408,7 @@ def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agr
     return style_figure(fig, title, "method", "method", height=380)
 
 
+@figure
 def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, *, pearson: float, spearman: float,
                 n_top: int | None = None, ids: dict | None = None, title: str | None = None) -> go.Figure:
     """Predicted vs actual leave-one-out change in test loss, the y = x line (Koh & Liang 2017, Fig. 2).
@@ -427,6 +440,7 @@ PRIVATE_COLOR = "#9467bd"
 NONPRIVATE_COLOR = "#7f7f7f"
 
 
+@figure
 def clipping_histograms(norms: np.ndarray, clipped_norms: np.ndarray, clip_norm: float, *, log: bool = False,
                         bins: int = 60) -> go.Figure:
     """Overlaid histograms of per-example gradient norms before and after clipping at C (C marked)."""
@@ -456,6 +470,7 @@ def _mark_log_x(fig: go.Figure, x: float, text: str, color: str) -> None:
                        xanchor="right", yanchor="bottom", font=dict(color=color))
 
 
+@figure
 def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.ndarray, clip_norm: float, *,
                         cosine_layer: np.ndarray | None = None, norm_ratio_layer: np.ndarray | None = None,
                         fraction_clipped: np.ndarray | None = None) -> go.Figure:
@@ -484,6 +499,7 @@ def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.nda
                    "clipping norm C (log scale)", "cos∠(Ḡ_C, G)  ·  ‖Ḡ_C‖/‖G‖  ·  fraction clipped", height=460)
 
 
+@figure
 def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.ndarray, norm_ratio: np.ndarray,
                        clip_norm: float) -> go.Figure:
     """Per class at C: fraction of examples clipped and the bias of the class's clipped mean gradient."""
@@ -501,6 +517,7 @@ def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.nda
                    "class", "", height=420)
 
 
+@figure
 def signal_noise_curve(grid: np.ndarray, clipped_mean_norm: np.ndarray, noise_norm: np.ndarray, clip_norm: float,
                        *, noise_std: np.ndarray | None = None) -> go.Figure:
     """Signal ‖Ḡ_C‖ against the noise norm σC√P/B as C varies (log-log), current C marked."""
@@ -520,6 +537,7 @@ def signal_noise_curve(grid: np.ndarray, clipped_mean_norm: np.ndarray, noise_no
                    "norm of the averaged update (log scale)", height=440)
 
 
+@figure
 def dp_accuracy_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str = "Test accuracy during training") -> go.Figure:
     """Test accuracy vs training step, one line per run `{name: (steps, accuracy)}` (private first)."""
     fig = go.Figure()
@@ -531,6 +549,7 @@ def dp_accuracy_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], *, titl
     return style_figure(fig, title, "training step", "test accuracy (%)", height=400)
 
 
+@figure
 def epsilon_curve(steps: np.ndarray, epsilons: np.ndarray, *, delta: float, accountant: str,
                   target: float | None = None) -> go.Figure:
     """ε spent vs training step (at fixed δ), the target ε as a horizontal line."""
@@ -543,6 +562,7 @@ def epsilon_curve(steps: np.ndarray, epsilons: np.ndarray, *, delta: float, acco
                    "ε (privacy loss bound)", height=400)
 
 
+@figure
 def per_class_accuracy(class_names, private: np.ndarray, nonprivate: np.ndarray) -> go.Figure:
     """Per-class test accuracy of the private and the non-private model, side by side."""
     names = [str(c) for c in class_names]
@@ -564,6 +584,7 @@ APPROACH_COLORS = {"loop": "#7f7f7f", "vmap": "#1f77b4", "rules": "#17becf", "ba
                    "norms_vmap": "#9467bd", "norms": "#d62728"}
 
 
+@figure
 def equivalence_bars(names: list[str], rel32, rel64, *, reduction: str = "sum") -> go.Figure:
     """Per parameter leaf: max relative |way (a) − way (b)| in float32 and float64 (log scale).
 
@@ -592,6 +613,7 @@ def equivalence_bars(names: list[str], rel32, rel64, *, reduction: str = "sum") 
                    "parameter leaf", "max |a − b| / max |b|")
 
 
+@figure
 def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     """Log-log run time vs batch size N, one line per approach. `rows`: dicts with approach, n, run_s."""
     fig = go.Figure()
@@ -607,6 +629,7 @@ def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     return style_figure(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)", height=460)
 
 
+@figure
 def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     """Log-log speed-up over the Python loop (loop time / approach time) vs N."""
     loop = {r["n"]: r["run_s"] for r in rows if r["approach"] == "loop"}
@@ -625,6 +648,7 @@ def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     return style_figure(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)", height=460)
 
 
+@figure
 def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
     """Memory per approach: what it must hold by construction (and XLA's allocation), log MB."""
     fig = go.Figure()
@@ -662,6 +686,7 @@ def _arrows(fig: go.Figure, start, ends, color: str, width: float, name: str, *,
                     marker=dict(symbol="arrow", angleref="previous", size=size, color=color))
 
 
+@figure
 def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked, marked_name: str = "",
                    param_names=("w", "b"), clip_norm: float | None = None, clipped=None, clipped_mean=None,
                    cloud=None, trajectories: dict | None = None, removal=None, title: str = "") -> go.Figure:
@@ -727,6 +752,7 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
 _METHOD_NAMES = {"sgd": "SGD", "clipped": "clipped SGD", "dp": "DP-SGD"}
 
 
+@figure
 def removal_zoom(removal, param_names=("w", "b")) -> go.Figure:
     """A close-up of where removing one example moves the optimum: θ* (star), the retrained θ*₋ᵢ (cross) and
     the influence-function prediction (diamond), on axes fitted to the three points (the move is often a
@@ -751,6 +777,7 @@ def removal_zoom(removal, param_names=("w", "b")) -> go.Figure:
                         f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=420)
 
 
+@figure
 def scalar_gradients(per_example, summed_loss_grad) -> go.Figure:
     """The seeds' example: one bar per example's gradient (vmap(grad)), their sum, and the gradient of the summed
     loss (grad(sum)): the last two are equal."""
@@ -778,6 +805,7 @@ def _frame(fig: go.Figure, xr: tuple[float, float], yr: tuple[float, float], mar
     return (lo_x - pad_x, hi_x + pad_x), (lo_y - pad_y, hi_y + pad_y)
 
 
+@figure
 def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", removed: int | None = None,
                   kind: str = "line", title: str = "Training examples: click one to remove it") -> go.Figure:
     """The training data of a two-parameter problem, clickable (`customdata[0]` = example index); a hover names
@@ -817,6 +845,7 @@ def geometry_data(xs, ys, theta, *, labels, marked, marked_name: str = "", remov
 # ---------------------------------------------------------------- influence: the linear datamodeling score
 
 
+@figure
 def lds_bars(names: list[str], means, per_test: list, *, m: int) -> go.Figure:
     """Each method's LDS (mean over test points) as a bar, with every test point's Spearman ρ as dots."""
     fig = go.Figure(go.Bar(x=names, y=np.asarray(means, np.float64), name="LDS (mean over test points)",
@@ -829,18 +858,3 @@ def lds_bars(names: list[str], means, per_test: list, *, m: int) -> go.Figure:
     fig.update_yaxes(range=[-1, 1.1])
     return style_figure(fig, f"Linear datamodeling score over {m} models trained on random halves",
                    "attribution method", "Spearman ρ(predicted, actual output)", height=420)
-
-
-# every public figure builder returns a figure made `readable` (type sizes, presenter mode, log ticks)
-def _styled(builder):
-    @functools.wraps(builder)
-    def build(*args, **kwargs):
-        return readable(builder(*args, **kwargs))
-
-    return build
-
-
-for _name, _fn in list(globals().items()):
-    if callable(_fn) and not _name.startswith("_") and _name != "readable" and getattr(_fn, "__module__", None) == __name__ \
-            and _fn.__annotations__.get("return") in ("go.Figure", go.Figure):
-        globals()[_name] = _styled(_fn)

@@ -5,7 +5,11 @@ import threading
 import jax
 import numpy as np
 
+import inspect
+
+from gradlab import audit_plots as audit_library
 from gradlab import plots as library
+from gradlab.ui import figures
 from gradlab.ui.figures import audit_plots, plots
 
 
@@ -23,13 +27,13 @@ def test_same_arguments_share_one_figure_equal_to_a_fresh_build():
 
 
 def test_presenter_mode_is_part_of_the_key_and_other_names_pass_through():
-    assert plots.set_presenter is library.set_presenter and plots.NORM_LABEL == library.NORM_LABEL
+    assert plots.NORM_LABEL == library.NORM_LABEL
     norms = np.linspace(0.1, 3.0, 20)
     normal = plots.norm_histogram(norms)
     seen = {}
 
     def presenter_session():  # Streamlit runs each session on its own thread; the mode is per thread
-        library.set_presenter(True)
+        figures.set_presenter(True)
         seen["fig"] = plots.norm_histogram(norms)
 
     t = threading.Thread(target=presenter_session)
@@ -44,9 +48,9 @@ def test_a_figure_for_a_half_width_column_wraps_its_titles_and_is_its_own_entry(
     54-character axis title on one line were cut off there."""
     norms = np.linspace(0.1, 3.0, 20)
     wide = plots.norm_histogram(norms, log=True)
-    with plots.in_half_column():
+    with figures.half_column():
         half = plots.norm_histogram(norms, log=True)
-    assert not library.half_width()  # the block ends the style
+    assert figures.style() == library.NORMAL  # the block ends the style
     assert half is not wide and "<br>" not in wide.layout.title.text
     for text, chars in ((half.layout.title.text, 30), (half.layout.xaxis.title.text, 24)):
         lines = text.split("<br>")
@@ -101,3 +105,31 @@ def test_a_small_facet_labels_a_few_decades_with_ten_to_the_zero_among_them():
     assert list(fig.layout.xaxis.tickvals) == [-6, -3, 0]
     assert list(fig.layout.xaxis.ticktext) == ["10⁻⁶", "10⁻³", "10⁰"]
     assert list(library.norm_histogram(norms, log=True).layout.xaxis.tickvals) == list(range(-8, 1))  # room for all
+
+
+def _builders(module):
+    """Every public function of `module` that returns a Plotly figure built from data (not one that restyles a
+    figure it is given: `readable`, `style_figure`), by its signature."""
+    return {name: fn for name, fn in vars(module).items() if inspect.isfunction(fn) and not name.startswith("_")
+            and fn.__module__ == module.__name__ and "Figure" in str(inspect.signature(fn).return_annotation)
+            and next(iter(inspect.signature(fn).parameters), "") != "fig"}
+
+
+def test_every_public_builder_is_marked_and_shared():
+    for module, shared in ((library, plots), (audit_library, audit_plots)):
+        builders = _builders(module)
+        assert len(builders) >= (25 if module is library else 3)
+        for name, fn in builders.items():
+            assert getattr(fn, "builds_figure", False), f"{module.__name__}.{name} lacks @figure"
+            assert getattr(shared, name).__wrapped__ is fn, f"{module.__name__}.{name} is not shared"
+
+
+def test_style_is_an_argument_and_the_library_keeps_no_state():
+    norms = np.linspace(0.1, 3.0, 20)
+    normal = library.norm_histogram(norms)
+    big = library.norm_histogram(norms, style=library.Style(presenter=True))
+    assert big.layout.xaxis.tickfont.size > normal.layout.xaxis.tickfont.size
+    assert library.norm_histogram(norms).to_json() == normal.to_json()  # nothing carried over from the last call
+    assert plots.norm_histogram(norms, style=library.Style(presenter=True)).to_json() == big.to_json()
+    source = inspect.getsource(library) + inspect.getsource(audit_library)
+    assert "threading" not in source and "global " not in source

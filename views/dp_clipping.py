@@ -92,9 +92,9 @@ with ui.guard("The clipping analysis could not be computed"):
             a = analysis_at(exp, ckpt, clip_norm, fitted)
         i = a.index
         left, right = st.columns(2)
-        with left, plots.in_half_column():
+        with left, ui.half_column():
             ui.chart(plots.clipping_histograms(a.norms, a.clipped_norms, clip_norm, log=log), width="stretch")
-        with right, plots.in_half_column():
+        with right, ui.half_column():
             ui.chart(plots.clipping_bias_curve(a.grid, a.cosine, a.norm_ratio, clip_norm, cosine_layer=a.cosine_layer,
                                                       norm_ratio_layer=a.norm_ratio_layer, fraction_clipped=a.fraction_clipped),
                             width="stretch")
@@ -272,10 +272,10 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
                         help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "
                              "of per-example gradients were clipped on average.")
             left, right = st.columns(2)
-            with left, plots.in_half_column():
+            with left, ui.half_column():
                 ui.chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
                                                           "non-private": (res["public"].steps, acc_n)}), width="stretch")
-            with right, plots.in_half_column():
+            with right, ui.half_column():
                 ui.chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
                                                     accountant=accountant.upper(), target=eps_target), width="stretch")
             ui.chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),

@@ -20,7 +20,7 @@ the loss of a *single* example, differentiated with `grad`, vectorized over the 
     )
     st.code("per_example_grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xs, ys)", language="python", wrap_lines=True)
     # the picture: the seeds' two examples, computed live: one gradient each, and their sum is the batch's
-    with plots.in_half_column():
+    with ui.half_column():
         ui.chart(plots.scalar_gradients(*ui.shared(gated=False)(equivalence.scalar_gradients)()))
     st.markdown(
         """

@@ -121,9 +121,9 @@ at_loop = {r["approach"]: r for r in rows if r["n"] == n_loop}
 
 with figure:
     left, right = st.columns(2)
-    with left, plots.in_half_column():
+    with left, ui.half_column():
         ui.chart(plots.timing_vs_n(rows, labels), width="stretch")
-    with right, plots.in_half_column():
+    with right, ui.half_column():
         if any(r["approach"] == "loop" for r in rows):
             ui.chart(plots.speedup_vs_loop(rows, labels), width="stretch")
         else:

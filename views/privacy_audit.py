@@ -87,7 +87,7 @@ else:
         with st.spinner("Calibrating σ with dp-accounting…"):
             sigma = calibrated_sigma(float(eps_target), q, int(steps), delta)
         eps = privacy.dp_sgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=int(steps), delta=delta)
-        with promise, plots.in_half_column():
+        with promise, ui.half_column():
             ui.chart(audit_plots.roc_loglog({}, epsilon=eps, delta=delta, floor=1 / (int(pool) - int(pool) // 2), height=360,
                                             title=f"What ε = {eps:.2f} allows any membership attack",
                                             axes=("FPR: non-members called members", "TPR: members found")))
@@ -212,9 +212,9 @@ if res is not None:
                                                       "paper": e.reference}) for name, e in audit.ESTIMATORS.items()]),
                  hide_index=True, width="stretch", column_config={"of claimed ε": st.column_config.NumberColumn(format="percent")})
     left, right = st.columns(2)
-    with left, plots.in_half_column():
+    with left, ui.half_column():
         ui.chart(audit_plots.epsilon_vs_trials(res.trials_curve, res.curves, res.epsilon_claimed, confidence=res.confidence))
-    with right, plots.in_half_column():
+    with right, ui.half_column():
         xlabel = "−Δθ_canary·qN/C (gradient canary)" if canary == "gradient" else "model's margin on the canary"
         ui.chart(audit_plots.observation_histogram(res.scores, res.is_in, res.threshold, xlabel=xlabel))
     st.caption("Each point of the left curve is a 95% bound on its own. Clopper–Pearson: a quarter of the trials picks "

@@ -8,11 +8,17 @@ straight to `ui.chart` and never change them, so one object can serve every sess
 Pages import `from gradlab.ui.figures import plots` (or `audit_plots`) and call it as the library module.
 Arguments are keyed by value (arrays by dtype, shape and bytes); a call with an argument that has no value
 key (a function, an object) is built as before, unshared.
+
+The library's builders take their `plots.Style` as an argument; here it is this session's: presenter mode
+(`set_presenter`, once per run) and a half-width column (`half_column`, a block), passed to every builder a page
+calls unless the page passes its own, and so part of the key.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import threading
@@ -43,6 +49,8 @@ def _feed(h, value) -> None:
             raise _Unkeyable
         h.update(f"array:{a.dtype.str}:{a.shape};".encode())
         h.update(a.tobytes())
+    elif isinstance(value, _plots.Style):
+        h.update(f"{value!r};".encode())
     elif isinstance(value, (tuple, list)):
         h.update(f"{type(value).__name__}:{len(value)}(".encode())
         for v in value:
@@ -87,12 +95,35 @@ class _Figures:
 FIGURES = _Figures(KEEP)
 
 
+_SESSION = threading.local()  # Streamlit runs each session's script in its own thread
+
+
+def style() -> _plots.Style:
+    """This session's figure style: presenter mode as set for this run, a half column inside `half_column`."""
+    return getattr(_SESSION, "style", _plots.NORMAL)
+
+
+def set_presenter(on: bool) -> None:
+    """Presenter mode for the figures this session's run builds from now on (`lecture.frame`, once per run)."""
+    _SESSION.style = dataclasses.replace(style(), presenter=bool(on))
+
+
+@contextlib.contextmanager
+def half_column():
+    """Figures built inside this block are for a column of at most half the page (`plots.Style.half`)."""
+    before = style()
+    _SESSION.style = dataclasses.replace(before, half=True)
+    try:
+        yield
+    finally:
+        _SESSION.style = before
+
+
 def _shared(fn):
     @functools.wraps(fn)
     def build(*args, **kwargs):
-        # presenter mode and a half-width column (this session's thread) change a figure's type and wrapping: the key
-        style = f"{_plots.presenter()};{_plots.half_width()}"
-        h = hashlib.blake2b(f"{fn.__module__}.{fn.__qualname__};{style};".encode(), digest_size=20)
+        kwargs.setdefault("style", style())  # a figure's style is an argument like any other: part of the key
+        h = hashlib.blake2b(f"{fn.__module__}.{fn.__qualname__};".encode(), digest_size=20)
         try:
             _feed(h, args)
             _feed(h, sorted(kwargs.items()))
@@ -103,12 +134,8 @@ def _shared(fn):
     return build
 
 
-def _builds_figure(value) -> bool:
-    return callable(value) and getattr(value, "__annotations__", {}).get("return") in ("go.Figure", "Figure")
-
-
 class _Module:
-    """A plotting module whose figure builders (annotated `-> go.Figure`) are shared; other names pass through."""
+    """A plotting module whose figure builders (marked by `plots.figure`) are shared; other names pass through."""
 
     def __init__(self, module):
         self._module = module
@@ -116,7 +143,7 @@ class _Module:
     @functools.cache  # noqa: B019 - two module-lifetime instances
     def __getattr__(self, name: str):
         value = getattr(self._module, name)
-        return _shared(value) if _builds_figure(value) else value
+        return _shared(value) if getattr(value, "builds_figure", False) else value
 
 
 plots = _Module(_plots)

@@ -1,7 +1,7 @@
 """Streamlit glue for teaching: presenter mode (bound to `?presenter=true`) and the lecture's steps.
 
 Presenter mode hides the sidebar, the intro paragraph under each page title and the captions,
-and enlarges type, metrics and figure text (through `gradlab.plots.set_presenter`) for a projector.
+and enlarges type, metrics and figure text (through `gradlab.ui.figures.set_presenter`) for a projector.
 A lecture step sets every control of its view before the sidebar is drawn (`follow_lecture`), so
 `/lecture?step=4` reproduces step 4 in a fresh session.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import streamlit as st
 import streamlit.components.v1 as components
 
-from gradlab import plots
+from gradlab.ui import figures
 from gradlab.ui.presets import LECTURE
 from gradlab.ui.state import reset_controls
 
@@ -75,7 +75,7 @@ def frame(page) -> bool:
     on = st.toggle("Presenter mode", key=PRESENTER, bind="query-params",
                    help="For a projector: hides the sidebar and long prose, enlarges text and figures. "
                         "The URL keeps it (?presenter=true).")
-    plots.set_presenter(on)
+    figures.set_presenter(on)
     st.html(_READABLE_CSS + (_PRESENTER_CSS if on else ""))
     return on
 
