@@ -23,7 +23,7 @@ _APPLIED = "_lecture_applied"
 _PRESENTER_CSS = """
 <style>
 html { font-size: 21px; }
-[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"] { display: none; }
+[data-testid="stSidebar"], [data-testid="stExpandSidebarButton"] { display: none; }
 .stElementContainer:has(h1) + .stElementContainer:has([data-testid="stMarkdown"]) { display: none; }
 [data-testid="stCaptionContainer"] { display: none; }
 [data-testid="stMetricValue"] { font-size: min(1.55rem, 22cqi); }
