@@ -62,12 +62,6 @@ def per_example_grads_bytes(n: int, num_params: int, *, itemsize: int = 4) -> in
     return int(n) * int(num_params) * itemsize * XLA_COPIES
 
 
-def streamed_bytes(n: int, num_params: int, chunk_size: int, *, itemsize: int = 4) -> int:
-    """Bytes of a reduction streamed over chunks (norms, dot products, clipped sums): one chunk of
-    per-example gradients, min(chunk, N) × P × itemsize × `XLA_COPIES`."""
-    return per_example_grads_bytes(min(int(chunk_size), int(n)), num_params, itemsize=itemsize)
-
-
 def training_bytes(num_params: int, n_checkpoints: int) -> int:
     """Bytes to train a model of P parameters and keep its checkpoints: the checkpoints (P floats
     each) plus parameters, gradient and two optimizer moments (4 P floats)."""
