@@ -115,9 +115,11 @@ def _compare(got, expected) -> str:
     return "does not match"
 
 
-def _diagnose(problem: Problem, args: tuple, got, error: dict | None) -> list[Pitfall]:
+def _diagnose(problem: Problem, args: tuple, got, error: dict | None, code: str) -> list[Pitfall]:
     found = []
     for pitfall in problem.pitfalls:
+        if pitfall.code is not None and not re.search(pitfall.code, code):
+            continue
         if pitfall.error is not None:
             hit = error is not None and re.search(pitfall.error, error["message"]) is not None
         elif pitfall.answers is not None:
@@ -126,7 +128,8 @@ def _diagnose(problem: Problem, args: tuple, got, error: dict | None) -> list[Pi
             hit = error is None and got is not None and pitfall.test(args, got)
         if hit:
             found.append(pitfall)
-    return found
+    replaced = {p.replaces for p in found}
+    return [p for p in found if p.name not in replaced]
 
 
 def run(problem: Problem, code: str, *, limits: sandbox.Limits = sandbox.LIMITS, execute=sandbox.execute) -> Verdict:
@@ -156,7 +159,7 @@ def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits:
     out = execute(code, problem.fn, [[encode(a) for a in args] for _, args in inputs], limits=limits)
     verdict = Verdict(passed=False, outcome=out)
     if out.exec_error is not None:
-        verdict.diagnoses = _diagnose(problem, problem.args, None, out.exec_error)
+        verdict.diagnoses = _diagnose(problem, problem.args, None, out.exec_error, code)
     if not out.ran:
         return verdict
     for (name, args), result in zip(inputs, out.results):
@@ -176,7 +179,7 @@ def _judge(problem: Problem, code: str, inputs: list[tuple[str, tuple]], limits:
             if not verdict.notes:
                 verdict.notes = notes
         if not case.passed and not verdict.diagnoses:
-            verdict.diagnoses = _diagnose(problem, args, got, error)
+            verdict.diagnoses = _diagnose(problem, args, got, error, code)
         if verdict.figure_leaves is None and got is not None:
             verdict.figure_leaves = got
         verdict.cases.append(case)

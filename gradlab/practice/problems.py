@@ -39,6 +39,8 @@ class Pitfall:
     - `error`: text the error message of this mistake contains (a regular expression); or
     - `test(args, leaves)`: whether the output shows this mistake (what no single wrong answer pins, e.g. a timing).
     - `example`: code that makes the mistake (the tests run it and expect this diagnosis).
+    - `code`: a regular expression the student's code must also match: it tells apart two mistakes with the same
+      answer (a sum before differentiating, or after); `replaces`: the name of the pitfall it then stands for.
     """
 
     name: str
@@ -48,6 +50,8 @@ class Pitfall:
     answers: Callable[[tuple], list[list[np.ndarray]]] | None = None
     error: str | None = None
     test: Callable[[tuple, list], bool] | None = None
+    code: str | None = None
+    replaces: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +138,38 @@ MEAN = Pitfall(
             return jax.grad(lambda w: jnp.mean((w * x_batch - y_batch) ** 2))(w)
     """),
     answers=lambda a: [[_scalar_grads(a).mean()]])
+SUMMED_AFTER = Pitfall(
+    "summed_after", "Per-example gradients, then summed",
+    "Your answer is **one number, the sum of the per-example gradients**. You did compute them, with "
+    "`vmap(grad(…))`, and then summed them (`.sum()`): the batch collapsed *after* differentiating. Drop the sum and "
+    "return the (N,) array `vmap` gives: one gradient per example.",
+    _code("""
+        import jax
+
+        def per_example_loss(w, b, x, y):
+            return (w * x - y) ** 2
+
+        def per_example_grads(w, b, x_batch, y_batch):
+            return jax.vmap(jax.grad(per_example_loss), in_axes=(None, None, 0, 0))(w, b, x_batch, y_batch).sum()
+    """),
+    answers=lambda a: [[_scalar_grads(a).sum()]], code=r"vmap\(\s*(jax\.)?grad\b[\s\S]*(\.sum\(|\bsum\()",
+    replaces="summed")
+UNMAPPED = Pitfall(
+    "unmapped_batch", "An `in_axes` that leaves a batch argument unmapped",
+    "JAX said *Gradient only defined for scalar-output functions*: inside `vmap`, the loss of one example came out "
+    "with shape (N,). An argument that carries the batch was not mapped: its `in_axes` entry is `None`, so the whole "
+    "batch reached every call. Map every batch argument with `0`, the scalars with `None`: "
+    "`in_axes=(None, None, 0, 0)` for `(w, b, x_batch, y_batch)`.",
+    _code("""
+        import jax
+
+        def per_example_loss(w, b, x, y):
+            return (w * x - y) ** 2
+
+        def per_example_grads(w, b, x_batch, y_batch):
+            return jax.vmap(jax.grad(per_example_loss), in_axes=(None, None, 0, None))(w, b, x_batch, y_batch)
+    """),
+    error=r"Gradient only defined for scalar-output functions")
 IN_AXES = Pitfall(
     "in_axes", "`vmap` without `in_axes`: JAX's rank error explained",
     "JAX said *vmap was requested to map its argument along axis 0, which implies that its rank should be at least "
@@ -189,7 +225,8 @@ PER_EXAMPLE = Problem(
      "(x, y).",
      "`jax.vmap` turns that one-example function into a batch function: it maps axis 0 of the arguments you name.",
      "`w` and `b` are the same for every example: `in_axes=(None, None, 0, 0)`."),
-    "per_example_grads", _SCALAR_ARGS, lambda a: [_scalar_grads(a)], _scalar_hidden, (SUMMED, MEAN, IN_AXES),
+    "per_example_grads", _SCALAR_ARGS, lambda a: [_scalar_grads(a)], _scalar_hidden,
+    (SUMMED, SUMMED_AFTER, MEAN, IN_AXES, UNMAPPED),
     expected="[2., 8.]")
 
 FIX_IN_AXES = dataclasses.replace(
@@ -214,7 +251,7 @@ FIX_IN_AXES = dataclasses.replace(
            "By default `vmap` maps axis 0 of every argument. `in_axes` says, per argument, which axis to map, or "
            "`None` for 'the same for every example'.",
            "`jax.vmap(grad_fn, in_axes=(None, None, 0, 0))`."),
-    pitfalls=(IN_AXES, SUMMED, MEAN),
+    pitfalls=(IN_AXES, UNMAPPED, SUMMED, SUMMED_AFTER, MEAN),
     question="Why does JAX say the rank \"should be at least 1, but is only 0\"?",
     causes=(
         Cause("`x_batch` and `y_batch` must be 2-D, shape (N, 1), for `vmap` to map them.",
@@ -253,7 +290,7 @@ FIX_SUMMED = dataclasses.replace(
            "(10 here = 2 + 8).",
            "Write the loss of one example, differentiate it, and map it over the batch.",
            "`jax.vmap(jax.grad(per_example_loss), in_axes=(None, None, 0, 0))`."),
-    pitfalls=(SUMMED, MEAN, IN_AXES),
+    pitfalls=(SUMMED, SUMMED_AFTER, MEAN, IN_AXES, UNMAPPED),
     question="Why does one number (10) come back instead of one gradient per example?",
     causes=(
         Cause("`jax.grad` needs `argnums=0` to return one gradient per example.",
@@ -588,12 +625,12 @@ def _noise(key: Key, shape) -> np.ndarray:
     return _f64(jax.random.normal(jax.random.PRNGKey(key.seed), shape))
 
 
-def _dp_step(args, *, clip_first: bool = True, clip: bool = True, reduce=np.mean) -> np.ndarray:
+def _dp_step(args, *, clip_first: bool = True, clip: bool = True, reduce=np.mean, norm_axis: int = -1) -> np.ndarray:
     params, X, Y, lr, C, sigma, key = args
     G = _linear_grads(params, X, Y)
-    factor = lambda g: np.minimum(1.0, C / np.maximum(np.linalg.norm(g, axis=-1, keepdims=True), 1e-30))  # noqa: E731
+    factor = lambda g, axis=-1: np.minimum(1.0, C / np.maximum(np.linalg.norm(g, axis=axis, keepdims=True), 1e-30))  # noqa: E731
     if clip and clip_first:
-        G = G * factor(G)
+        G = G * factor(G, norm_axis)
     g = reduce(G, axis=0)
     if clip and not clip_first:
         g = g * factor(g)
@@ -655,6 +692,24 @@ DP_SUM = Pitfall(
     """),
     answers=lambda a: [[_dp_step(a, reduce=np.sum)]])
 
+NORM_OVER_BATCH = Pitfall(
+    "norm_over_batch", "Norms over the batch axis",
+    "You took the norms over the **batch** axis (`axis=0`): one number per parameter, the norm of that coordinate "
+    "across all examples, not one per example. Clipping must bound each example's whole gradient: "
+    "`jnp.linalg.norm(g_each, axis=1, keepdims=True)` is (N, 1), one norm per example (a row of `g_each`).",
+    _code("""
+        import jax, jax.numpy as jnp
+
+        def loss_one(params, x, y):
+            return (jnp.dot(x, params) - y) ** 2
+
+        def dp_sgd_step(params, X, Y, lr, clip_norm, noise_scale, key):
+            g = jax.vmap(jax.grad(loss_one), in_axes=(None, 0, 0))(params, X, Y)
+            g = g * jnp.minimum(1.0, clip_norm / jnp.linalg.norm(g, axis=0, keepdims=True))
+            return params - lr * (g.mean(0) + jax.random.normal(key, params.shape) * noise_scale)
+    """),
+    answers=lambda a: [[_dp_step(a, norm_axis=0)]])
+
 DP_SGD = Problem(
     "dp_sgd_step", "A DP-SGD step with per-example clipping", "001",
     "Seed 001's `dp_sgd_step(params, X, Y, lr, clip_norm, noise_scale, key)` for the linear model: compute the "
@@ -686,7 +741,7 @@ DP_SGD = Problem(
      "`jnp.linalg.norm(g_each, axis=1, keepdims=True)` is (N, 1): one norm per example, ready to broadcast.",
      "Clip before you average: `g_each * jnp.minimum(1.0, clip_norm / norms)`, then `.mean(0)`."),
     "dp_sgd_step", (_f32([1.0, 2.0, 3.0]), *_linear_data(np.random.default_rng(2), 64)[1:], 0.1, 1.0, 0.1, Key(42)),
-    lambda a: [_dp_step(a)], _dp_hidden, (CLIP_AFTER, NO_CLIP, DP_SUM))
+    lambda a: [_dp_step(a)], _dp_hidden, (CLIP_AFTER, NO_CLIP, DP_SUM, NORM_OVER_BATCH))
 
 
 # ---------------------------------------------------------------- seed 001: an influence score
