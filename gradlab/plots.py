@@ -157,14 +157,28 @@ def _power_ticks(ax) -> None:
         ax.update(exponentformat="power", minorloglabels="none")
 
 
+#: The house's subscripted symbols, written plainly in the builders and typeset after escaping (Plotly's `<sub>`):
+#: the clipped mean gradient Ḡ_C (and per layer k), the true mean G_k.
+_SUBSCRIPTS = (("Ḡ_C,k", "Ḡ<sub>C,k</sub>"), ("Ḡ_C", "Ḡ<sub>C</sub>"), ("G_k", "G<sub>k</sub>"))
+
+
+def _typeset(text: str) -> str:
+    for plain, sub in _SUBSCRIPTS:
+        text = text.replace(plain, sub)
+    return text
+
+
 def _escape_traces(fig: go.Figure) -> None:
     """Escape every trace's name, categories, text and hover text (`escape.plotly`): data, never markup. Builders
-    put raw strings there (an upload's class names, a served model's leaf names) and this escapes them once."""
+    put raw strings there (an upload's class names, a served model's leaf names) and this escapes them once; a
+    trace's name then gets the house's subscripts (`_typeset`)."""
     for trace in fig.data:
         for field in ("name", "x", "y", "text", "hovertext"):
             value = getattr(trace, field, None)
             if value is not None:
                 escaped = escape.plotly_all(value)
+                if field == "name" and isinstance(escaped, str):
+                    escaped = _typeset(escaped)
                 if escaped is not value:
                     trace[field] = escaped
 
@@ -202,7 +216,7 @@ def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) 
     **Returns** `fig` (changed in place).
     """
     _escape_traces(fig)
-    title, x, y = escape.plotly(title), escape.plotly(x), escape.plotly(y)
+    title, x, y = (_typeset(escape.plotly(t)) for t in (title, x, y))
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE, height=height,
                       margin=dict(l=60, r=20, t=60, b=50), font=dict(size=15, color="#111111"))
     return fig
