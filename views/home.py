@@ -3,6 +3,7 @@
 import streamlit as st
 
 from gradlab import equivalence, ui
+from gradlab.ui import pages
 from gradlab.ui.figures import plots
 from gradlab.ui.presets import LECTURE, PRESETS
 
@@ -34,6 +35,9 @@ Every number in gradlab is computed live on a real model and dataset (digits fro
 default) and checked in the test suite against an independent oracle: a Python loop of `jax.grad`,
 float64, actual leave-one-out retraining, published privacy-accountant values.
 The sidebar sets the experiment shared by every page; the URL keeps it, so a link reproduces it.
+The **seeds** cited on the pages ("seed 000" to "seed 003") are the four public tutorials gradlab grew from:
+JAX's per-example gradients (000), a lesson on a linear model with DP-SGD and influence (001), the
+`vmap(grad).sum()` = `grad(sum)` identity (002), and PyTorch's per-sample gradients of a SimpleCNN (003).
 """
     )
 with right:
@@ -45,6 +49,9 @@ with right:
     st.page_link("views/influence.py", label="**Influence**: who helped this prediction?", icon=":material/explore:")
     st.page_link("views/privacy_audit.py", label="**Privacy audit**: what ε means; audit DP-SGD, spot the bug", icon=":material/policy:")
     st.page_link("views/geometry.py", label="**Geometry**: every example's gradient is an arrow", icon=":material/call_split:")
+    if "views/practice.py" in pages.BY_PATH:  # the page exists unless the server turned Practice off
+        st.page_link("views/practice.py", label="**Practice**: write the seeds' code, checked against an oracle",
+                     icon=":material/edit_note:")
     st.page_link("views/lecture.py", label="**Lecture**: the whole story, step by step", icon=":material/school:",
                  query_params={"step": "1"})
 

@@ -9,7 +9,6 @@ A lecture step sets every control of its view before the sidebar is drawn (`foll
 from __future__ import annotations
 
 import streamlit as st
-import streamlit.components.v1 as components
 
 from gradlab.ui import figures
 from gradlab.ui.presets import LECTURE
@@ -121,7 +120,7 @@ def go(step: int) -> None:
 
 
 # Arrow keys press the page's Back / Next buttons (a clicker or a keyboard at the lectern). A component's iframe
-# shares the app's origin, so its script can listen on the app's document; the listener is installed once.
+# (`st.iframe` of an HTML string; `st.components.v1.html` is deprecated) shares the app's origin, so its script can listen on the app's document; the listener is installed once.
 _KEYS_JS = """
 <script>
 const doc = window.parent.document;
@@ -142,4 +141,4 @@ if (!doc.gradlabKeys) {
 
 def arrow_keys() -> None:
     """→ / PageDown press Next and ← / PageUp press Back on this page (not while typing in a field)."""
-    components.html(_KEYS_JS, height=0)
+    st.iframe(_KEYS_JS, height=1)  # our own constant script, never user text (st.iframe runs what it is given)

@@ -27,6 +27,8 @@ DEFAULT = Experiment()
 def _widget(kind, label, key, **kwargs):
     """A sidebar widget whose value lives in the URL (`bind="query-params"`, key = param name)."""
     assert key in CONTROLS, key  # the sidebar's keys are the Experiment's fields
+    if key in st.session_state:  # set by a preset or a lecture step: its value wins, and a default beside it warns
+        kwargs.pop("value", None), kwargs.pop("index", None)
     return kind(label, key=key, bind="query-params", **kwargs)
 
 

@@ -189,6 +189,8 @@ def control(kind, label: str, *args, key: str, **kwargs):
     """
     if key not in pages.control_keys():
         raise KeyError(f"control {key!r} is not declared in gradlab.ui.pages: add it to its page's controls")
+    if key in st.session_state:  # set by a preset or a lecture step: its value wins, and a default beside it warns
+        kwargs.pop("value", None), kwargs.pop("index", None)
     return kind(label, *args, key=key, bind="query-params", **kwargs)
 
 
