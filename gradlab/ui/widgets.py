@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import html
+import inspect
 import logging
 import os
 import re
@@ -190,8 +191,19 @@ def control(kind, label: str, *args, key: str, **kwargs):
     if key not in pages.control_keys():
         raise KeyError(f"control {key!r} is not declared in gradlab.ui.pages: add it to its page's controls")
     if key in st.session_state:  # set by a preset or a lecture step: its value wins, and a default beside it warns
-        kwargs.pop("value", None), kwargs.pop("index", None)
+        args, kwargs = without_default(kind, label, args, kwargs)
+        return kind(*args, key=key, bind="query-params", **kwargs)
     return kind(label, *args, key=key, bind="query-params", **kwargs)
+
+
+def without_default(kind, label: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments of widget `kind(label, *args, **kwargs)` less its default value (`value`, `index`, `default`),
+    positional or not: for a widget whose key already holds a value in Session State, where Streamlit warns about a
+    default beside it (and uses the Session State value anyway)."""
+    bound = inspect.signature(kind).bind_partial(label, *args, **kwargs)
+    for name in ("value", "index", "default"):
+        bound.arguments.pop(name, None)
+    return bound.args, bound.kwargs
 
 
 def choice(kind, label: str, choices: dict, key: str, **kwargs):
