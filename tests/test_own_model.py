@@ -155,7 +155,7 @@ def test_a_served_model_is_an_experiment_that_fits_without_training(examples, se
     assert exp == Experiment(dataset=m.name) and Experiment.from_query(exp.to_query()) == exp
     # every other field is unused: a link with stray values is the same experiment (one cache key)
     assert Experiment(dataset=m.name, steps=25, model="cnn", lr=3.0).canonical() == exp
-    assert exp.is_own and exp.in_memory_only and not Experiment().is_own
+    assert exp.source.brings_model and exp.in_memory_only and not Experiment().source.brings_model
     f = fit(exp)
     assert f.trainable and f.run is m.run and f.loss_fn is m.loss_fn  # trainable: the module has init_fn
     assert load_data(exp) is m.data
