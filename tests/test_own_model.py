@@ -174,7 +174,7 @@ def test_data_forms_and_row_identity(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(50, 3)).astype(np.float32), rng.integers(0, 3, 50)
     np.savez(tmp_path / "d.npz", x=x, y=y)
-    d = own.load_data(tmp_path / "d.npz")
+    d = own.as_dataset(tmp_path / "d.npz")
     assert d.task == "classification" and len(d.y_train) == 40 and len(d.y_test) == 10 and d.row_label == "index"
     # rows name each example's place in the source arrays: the split loses none and invents none
     np.testing.assert_array_equal(x[d.rows_train], d.x_train)
@@ -182,15 +182,15 @@ def test_data_forms_and_row_identity(tmp_path):
     # a CSV: rows are its lines (the header is line 1), text labels become class ids in sorted order
     lines = ["a,b,kind"] + [f"{i},{i % 7},{'cat' if i % 2 else 'dog'}" for i in range(30)]
     (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
-    c = own.load_data(str(tmp_path / "d.csv"), label="kind")
+    c = own.as_dataset(str(tmp_path / "d.csv"), label="kind")
     assert c.row_label == "CSV line" and c.class_names == ("cat", "dog")
     i = 3
     line = lines[c.rows_train[i] - 1].split(",")
     assert c.x_train[i].tolist() == [float(line[0]), float(line[1])] and c.class_names[c.y_train[i]] == line[2]
     # regression: float targets; images: (N, H, W) sets the image shape
-    r = own.load_data((x, x[:, 0] * 2.0))
+    r = own.as_dataset((x, x[:, 0] * 2.0))
     assert r.task == "regression" and r.n_classes == 1
-    assert own.load_data((rng.normal(size=(20, 5, 4)), rng.integers(0, 2, 20))).image_shape == (5, 4)
+    assert own.as_dataset((rng.normal(size=(20, 5, 4)), rng.integers(0, 2, 20))).image_shape == (5, 4)
 
 
 def linear_loss(w, x, y):

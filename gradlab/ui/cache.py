@@ -36,7 +36,6 @@ import jax
 import streamlit as st
 
 from gradlab import costs, memory, summary
-from gradlab.data import DATASETS
 from gradlab.memory import release_memory, rss_mb
 from gradlab.models import MODELS
 from gradlab.store import MB, Gate, Store, default_directory, key_of
@@ -448,7 +447,7 @@ def fitted(exp: Experiment) -> Fitted:
                 ask = st.empty()  # the notice and its button go once trained (this run goes on to the page)
                 with ask.container():
                     st.info(f"This page needs the {MODELS.get(exp.model, exp.model)} trained on "
-                            f"{DATASETS.get(exp.dataset, 'your data')} ({exp.steps} steps of {exp.batch_size}). No one has "
+                            f"{exp.source.label} ({exp.steps} steps of {exp.batch_size}). No one has "
                             "trained it on this server yet; a link alone never starts work this large, so it starts when "
                             "you ask.", icon=":material/model_training:")
                     trained = on_request(_fit, exp, upload, name="train", button="Train the model")
