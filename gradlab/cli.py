@@ -91,7 +91,7 @@ def data_from_spec(spec: str, *, label: str | None, task: str, seed: int, label_
         return load_data(Experiment(dataset=spec, **common))
     path = Path(spec)
     if path.suffix.lower() not in (".csv", ".npz"):
-        raise CLIError(f"--data {spec!r} is neither a dataset ({', '.join(_named_sources())}) "
+        raise CLIError(f"--data {spec!r} is neither a bundled dataset ({', '.join(_named_sources())}) "
                        "nor a .csv or .npz file")
     if not path.is_file():
         raise CLIError(f"--data: no file {spec!r}")
