@@ -8,7 +8,7 @@ Subcommands (each trains the model first, as the app does, unless `--train-steps
     python -m gradlab influence --data my.csv --label target --test-index 0 3 --out influence.csv
     python -m gradlab dp-sgd    --data my.npz --clip-norm 1 --noise-multiplier 1.1 --sample-rate 0.01 --out dp.csv
 
-`--data` is a bundled dataset (`gradlab.data.DATASETS`), a CSV with a header row (numeric
+`--data` is a dataset name (`gradlab.sources`: `gradlab.data.DATASETS`, wine), a CSV with a header row (numeric
 features, one `--label` column) or an NPZ with arrays `x (N, D)` and `y (N,)`. Results are one
 table, one row per example (per step for `dp-sgd`), written as CSV, NPZ or Parquet by the
 extension of `--out`: the same layout as the app's downloads. Before the work starts the command
@@ -33,7 +33,8 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from gradlab import data, engine, export, influence, losses, models, serve, sharding, train
-from gradlab.experiment import Experiment, fit, init_model
+from gradlab.experiment import Experiment, fit, init_model, load_data
+from gradlab.sources import SOURCES, source_of
 
 #: The result formats, by file extension: `gradlab.export`'s encodings.
 WRITERS = {".csv": export.to_csv, ".npz": export.to_npz, ".parquet": export.to_parquet}
@@ -74,17 +75,23 @@ def _fmt_bytes(b: float) -> str:
 # ---------------------------------------------------------------------------------- data
 
 
-def load_data(spec: str, *, label: str | None, task: str, seed: int, label_noise: float, test_fraction: float):
-    """A `gradlab.data.Dataset` from a bundled name, a CSV path or an NPZ path (x, y arrays).
+def _named_sources() -> list[str]:
+    """The data sources a command loads by name alone: neither a session's upload nor a served model."""
+    return [n for n in SOURCES if not (source_of(n).needs_upload or source_of(n).brings_model)]
+
+
+def data_from_spec(spec: str, *, label: str | None, task: str, seed: int, label_noise: float, test_fraction: float):
+    """A `gradlab.data.Dataset` from a data source's name (`gradlab.sources`: a bundled set, wine, …), a CSV path
+    or an NPZ path (x, y arrays).
 
     **Raises** `CLIError` for a missing file or an unknown name, `DataError` for bad contents.
     """
     common = dict(seed=seed, label_noise=label_noise, test_fraction=test_fraction)
-    if spec in data.DATASETS:
-        return data.load_dataset(spec, **common)
+    if spec in _named_sources():
+        return load_data(Experiment(dataset=spec, **common))
     path = Path(spec)
     if path.suffix.lower() not in (".csv", ".npz"):
-        raise CLIError(f"--data {spec!r} is neither a bundled dataset ({', '.join(data.DATASETS)}) "
+        raise CLIError(f"--data {spec!r} is neither a bundled dataset ({', '.join(_named_sources())}) "
                        "nor a .csv or .npz file")
     if not path.is_file():
         raise CLIError(f"--data: no file {spec!r}")
@@ -309,7 +316,7 @@ def cmd_dp_sgd(args, log) -> int:
 
 
 def _dataset(args):
-    return load_data(args.data, label=args.label, task=args.task, seed=args.seed, label_noise=args.label_noise,
+    return data_from_spec(args.data, label=args.label, task=args.task, seed=args.seed, label_noise=args.label_noise,
                      test_fraction=args.test_fraction)
 
 
@@ -341,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
 
     def common(p, out):
         p.add_argument("--data", default="digits",
-                       help="bundled dataset name, or a .csv (header row) / .npz (arrays x, y) file")
+                       help="dataset name (bundled, wine), or a .csv (header row) / .npz (arrays x, y) file")
         p.add_argument("--label", help="label column of a CSV")
         p.add_argument("--task", choices=["classification", "regression"], default="classification",
                        help="for a CSV or NPZ file (bundled datasets know their task)")

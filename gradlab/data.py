@@ -438,7 +438,8 @@ def load_csv(
     for regression it must be numeric.
 
     **Arguments**
-    - `file_like`: path, bytes or file object of a CSV with a header row.
+    - `file_like`: path, bytes or file object of a CSV with a header row, or a table `read_csv` parsed (a
+      `pandas.DataFrame`, used as it is: `max_rows` and `max_features` were checked when it was read).
     - `label_column`: the header of the label column; `task`: `"classification"` or `"regression"`.
     - `seed`, `label_noise`, `test_fraction`: as in `make_dataset`.
     - `max_rows`, `max_features`, `min_rows`, `max_classes`: the limits.
@@ -451,7 +452,8 @@ def load_csv(
     """
     if task not in ("classification", "regression"):
         raise DataError(f"task must be 'classification' or 'regression', got {task!r}")
-    table = read_csv(file_like, max_rows=max_rows, max_features=max_features)
+    table = file_like if isinstance(file_like, pd.DataFrame) else read_csv(file_like, max_rows=max_rows,
+                                                                             max_features=max_features)
     if label_column not in table.columns:
         raise DataError(f"no column named {label_column!r}; the columns are: {', '.join(map(str, table.columns))}")
     features = table.drop(columns=[label_column])

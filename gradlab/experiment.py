@@ -5,31 +5,30 @@ strings (`to_query` / `from_query`), so a shared link reproduces the exact numbe
 Its fields are listed once, here: the sidebar's widget keys, the URL's parameter names and the
 presets' experiment fields are `CONTROLS`, derived from `dataclasses.fields`.
 
-An uploaded CSV is named by a hash of its bytes, label column and task (`upload_name`), e.g.
-`dataset="upload:3fa9…"`: two uploads of different bytes are different experiments, so no cache
-keyed on the experiment can serve one person's upload to another.
-
-A model served with `python -m gradlab serve my_model.py` (`gradlab.own`) is `dataset="own:<fingerprint>"`:
-its loss, trained params and data come from the server's start-up setting, never from the URL, and every
-other field is unused (`canonical` sets them to their defaults).
+`dataset` names the data's source (`gradlab.sources`: one registry keyed by the string's prefix), which
+loads the data, builds and trains the model, and says whether results may be stored on disk. An uploaded
+CSV is named by a hash of its bytes, label column and task (`upload_name`), e.g. `dataset="upload:3fa9…"`:
+two uploads of different bytes are different experiments, so no cache keyed on the experiment can serve
+one person's upload to another. A model served with `python -m gradlab serve my_model.py` (`gradlab.own`)
+is `dataset="own:<fingerprint>"`: its loss, trained params and data come from the server's start-up
+setting, never from the URL, and every other field is unused (`canonical` sets them to their defaults).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
 from typing import Callable
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from gradlab import costs, engine, escape, losses, memory, own
+from gradlab import costs, escape, losses, memory
 from gradlab import data as data_mod
-from gradlab.models import ModelSpec, build_model
+from gradlab.models import ModelSpec
+from gradlab.sources import UPLOAD, Source, source_of, upload_name
 from gradlab.train import TrainResult, train
+
+__all__ = ["Experiment", "Fitted", "CONTROLS", "MODEL_DEFAULTS", "DP_SGD_DEFAULTS", "UPLOAD", "upload_name", "load_data",
+           "init_model", "count_params", "forward_macs", "check_training_memory", "check_training_work", "fit", "recipe"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +117,8 @@ class Experiment:
         """The same experiment with the fields its model ignores at their defaults (width and depth
         exist only for the MLP, the activation only for MLP and CNN)."""
         default = Experiment()
-        if self.is_own:  # the user's own trained model: nothing here changes it
-            return Experiment(dataset=self.dataset)
+        if self.source.brings_model:  # the user's own trained model: nothing here changes it
+            return self.source.canonical(self)
         changes = {}
         if self.model != "mlp":
             changes.update(width=default.width, depth=default.depth)
@@ -128,21 +127,15 @@ class Experiment:
         return self.replace(**changes) if changes else self
 
     @property
-    def is_upload(self) -> bool:
-        """Whether the data is an uploaded CSV (`dataset="upload:<hash>"` or the bare `"upload"`)."""
-        return self.dataset == UPLOAD or self.dataset.startswith(UPLOAD + ":")
-
-    @property
-    def is_own(self) -> bool:
-        """Whether this is the model the server was started with (`dataset="own:<fingerprint>"` or the bare
-        `"own"`; `gradlab.own`)."""
-        return self.dataset == own.OWN or self.dataset.startswith(own.OWN + ":")
+    def source(self) -> Source:
+        """Where the data (and a served model) come from: `sources.source_of(dataset)`."""
+        return source_of(self.dataset)
 
     @property
     def in_memory_only(self) -> bool:
         """Whether results computed from this experiment stay out of the disk store: an upload's (someone's
-        data) and a served model's (the user's code, which need not pickle)."""
-        return self.is_upload or self.is_own
+        data) and a served model's (the user's code, which need not pickle): `not source.persist`."""
+        return not self.source.persist
 
     @property
     def spec(self) -> ModelSpec:
@@ -172,17 +165,6 @@ DP_SGD_DEFAULTS = {
 #: The Experiment fields that are controls: sidebar widget keys and URL query parameters, in order.
 CONTROLS = tuple(f.name for f in dataclasses.fields(Experiment) if f.metadata.get("control", True))
 
-#: The sidebar's dataset choice for "your own data"; the experiment then names the upload by hash.
-UPLOAD = "upload"
-
-
-def upload_name(raw: bytes, label: str, task: str) -> str:
-    """The `dataset` name of an uploaded CSV: `"upload:"` + 16 hex digits of SHA-256 over its bytes,
-    label column and task. Different bytes, label or task give a different name (and cache key)."""
-    digest = hashlib.sha256(raw + b"\0" + label.encode() + b"\0" + task.encode()).hexdigest()[:16]
-    return f"{UPLOAD}:{digest}"
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Fitted:
     """An experiment's data, loss and trained checkpoints; `predict_fn(params, x)` gives one example's output
@@ -199,74 +181,63 @@ class Fitted:
         return self.run.final
 
     @property
+    def source(self) -> Source:
+        """The experiment's data source (`Experiment.source`)."""
+        return self.experiment.source
+
+    @property
     def trainable(self) -> bool:
         """Whether gradlab's training loop can train this experiment again (new seeds, DP-SGD, subsets): always
-        for gradlab's own models; for a served model when its module defines `init_fn` (`own.OwnModel.recipe`)."""
-        return not self.experiment.is_own or own.for_name(self.experiment.dataset).trainable
+        for gradlab's own models; for a served model when its module defines `init_fn` (`Source.trainable`)."""
+        return self.source.trainable
 
     @property
     def recipe(self) -> dict:
         """How gradlab's loop trains this experiment again: the keyword arguments of `gradlab.train.train`
         (`optimizer`, a name or an optax transformation, `lr`, `steps`, `batch_size`, `l2`, `checkpoint_every`):
-        the experiment's fields, or a served model's module's recipe."""
-        if self.experiment.is_own:
-            return own.for_name(self.experiment.dataset).recipe()
+        the experiment's fields, or a served model's module's recipe (`Source.recipe`)."""
         return recipe(self.experiment)
 
     def predict(self, params, xs):
         """Predictions `(N,)` of `params` on `xs (N, ...)`: class ids or real values; NaN for a served regression
         model without a `predict_fn`."""
-        if self.experiment.is_own and self.predict_fn is None:
+        if self.source.brings_model and self.predict_fn is None:
             return np.full(len(xs), np.nan, np.float32)
         return losses.predict(params, xs, self.data.task, self.predict_fn)
 
 
 def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
-    """The experiment's dataset: a bundled or generated set, or an upload's CSV.
+    """The experiment's dataset, from its source (`Source.load`): a bundled or generated set, an upload's CSV,
+    a served model's data. Not cached here (`gradlab.ui.cache.data` keeps each once per `sources.data_key`).
 
     **Arguments** `upload`: `{"bytes", "label", "task"}` of the CSV whose hash is in `exp.dataset` (an upload
     experiment only). **Raises** `DataError` for impossible settings, or for an upload experiment without
     its bytes (they are not in the config)."""
-    if exp.is_own:
-        return own.for_name(exp.dataset).data
-    if exp.is_upload:
-        if upload is None:
-            raise data_mod.DataError("This experiment uses an uploaded CSV: upload it again in the sidebar")
-        return data_mod.load_csv(upload["bytes"], upload["label"], upload["task"], seed=exp.seed,
-                                 label_noise=exp.label_noise, test_fraction=exp.test_fraction)
-    return data_mod.load_dataset(exp.dataset, seed=exp.seed, label_noise=exp.label_noise, test_fraction=exp.test_fraction)
+    return exp.source.load(exp, upload)
 
 
 def init_model(exp: Experiment, data: data_mod.Dataset):
-    """The untrained model for `exp` on `data`, initialized from `exp.seed`.
+    """The untrained model for `exp` on `data`, initialized from `exp.seed` (`Source.init_model`).
 
-    A served model (`exp.is_own`) is initialized by its module's `init_fn(jax.random.key(exp.seed))`.
+    A served model is initialized by its module's `init_fn(jax.random.key(exp.seed))`.
 
     **Raises** `DataError` for a served model whose module has no `init_fn`, saying what to add."""
-    if exp.is_own:
-        return own.for_name(exp.dataset).init(exp.seed)
-    return build_model(exp.spec, data.n_features, data.n_classes, key=jax.random.key(exp.seed), image_shape=data.image_shape)
+    return exp.source.init_model(exp, data)
 
 
 def count_params(exp: Experiment, data: data_mod.Dataset) -> int:
     """P, the number of parameters of `exp`'s model on `data` (shapes only: nothing is initialized, in about 15 ms
-    against a second of compiling the initializers): lets a page refuse a model too large before anything trains."""
-    if exp.is_own:
-        return engine.num_params(own.for_name(exp.dataset).params)
-    shapes = eqx.filter_eval_shape(init_model, exp, data)  # traced, never run: no compile, no memory
-    return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)
-                   if isinstance(leaf, jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.inexact)))
+    against a second of compiling the initializers; `Source.count_params`): lets a page refuse a model too large
+    before anything trains."""
+    return exp.source.count_params(exp, data)
 
 
 def forward_macs(exp: Experiment, data: data_mod.Dataset) -> int:
-    """Multiply-adds of one example's forward pass through `exp`'s model on `data` (half the FLOPs of XLA's cost
-    analysis of the lowered, never compiled or run, forward): P for dense models, about 10 P for seed 003's
-    SimpleCNN, whose convolutions reuse each weight at every position."""
-    shapes = eqx.filter_eval_shape(init_model, exp, data)
-    arrays, static = eqx.partition(shapes, lambda leaf: isinstance(leaf, jax.ShapeDtypeStruct))
-    x = jax.ShapeDtypeStruct(data.x_train.shape[1:], jnp.float32)
-    cost = jax.jit(lambda a, x: eqx.combine(a, static)(x)).lower(arrays, x).cost_analysis() or {}
-    return int(cost.get("flops", 0) // 2)
+    """Multiply-adds of one example's forward pass through `exp`'s model on `data` (`Source.forward_macs`: half the
+    FLOPs of XLA's cost analysis of the lowered, never compiled or run, forward): P for dense models, about 10 P for
+    seed 003's SimpleCNN, whose convolutions reuse each weight at every position; 0 for a served model (its forward
+    is the user's own)."""
+    return exp.source.forward_macs(exp, data)
 
 
 def check_training_memory(exp: Experiment, num_params: int) -> None:
@@ -304,29 +275,24 @@ def fit(exp: Experiment, data: data_mod.Dataset | None = None, progress=None) ->
     **Arguments** `exp`; `data` to train on instead of `load_data(exp)` (an uploaded CSV);
     `progress(step, steps)` called after each checkpoint.
 
-    A served model (`exp.is_own`) is not trained at seed 0 on its own data: its checkpoints are the ones its
-    module lists. At another seed, or on other `data` (a subset), its module's `init_fn` and recipe train it
-    with gradlab's loop.
+    A source that brings its model (a served one) is not trained at seed 0 on its own data: its checkpoints are the
+    ones its module lists (`Source.trained`). At another seed, or on other `data` (a subset), its module's `init_fn`
+    and recipe train it with gradlab's loop.
 
     **Raises** `DataError` / `TrainingError` (both ValueError) with a message that says what to change (for a
     served model without `init_fn`, what to add to its module).
     """
-    if exp.is_own:
-        m = own.for_name(exp.dataset)
-        if exp.seed == 0 and (data is None or data is m.data):
-            return Fitted(exp, m.data, m.loss_fn, m.run, m.predict_fn)
-        data = data if data is not None else m.data
-        run = train(m.init(exp.seed), m.loss_fn, data.x_train, data.y_train, **m.recipe(), seed=exp.seed,
-                    progress=progress)
-        return Fitted(exp, data, m.loss_fn, run, m.predict_fn)
-    data = data if data is not None else load_data(exp)
-    loss_fn = losses.loss_for(data.task)
-    run = train(init_model(exp, data), loss_fn, data.x_train, data.y_train, **recipe(exp), seed=exp.seed,
-                progress=progress)
-    return Fitted(exp, data, loss_fn, run)
+    source = exp.source
+    data = data if data is not None else source.load(exp)
+    loss_fn = source.loss_fn(data)
+    run = source.trained(exp, data)
+    if run is None:
+        run = train(source.init_model(exp, data), loss_fn, data.x_train, data.y_train, **source.recipe(exp),
+                    seed=exp.seed, progress=progress)
+    return Fitted(exp, data, loss_fn, run, source.predict_fn())
 
 
 def recipe(exp: Experiment) -> dict:
-    """The keyword arguments of `gradlab.train.train` that `exp`'s fields set (all but the seed)."""
-    return dict(optimizer=exp.optimizer, lr=exp.lr, steps=exp.steps, batch_size=exp.batch_size, l2=exp.l2,
-                checkpoint_every=exp.checkpoint_every, order=exp.order, ema=exp.ema, label_smoothing=exp.label_smoothing)
+    """The keyword arguments of `gradlab.train.train` that train `exp` (all but the seed; `Source.recipe`): its
+    fields, or a served model's module's recipe."""
+    return exp.source.recipe(exp)

@@ -226,7 +226,7 @@ def from_objects(loss_fn=None, params=None, data=None, *, predict_fn=None, task=
                             "-> scalar, params (any pytree) and data ((x, y), a dict, an NPZ or a CSV path)")
     if not callable(loss_fn) or (predict_fn is not None and not callable(predict_fn)):
         raise OwnModelError(f"{_where}: loss_fn and predict_fn must be functions")
-    dataset = load_data(data, task=task, class_names=class_names, image_shape=image_shape, label=label)
+    dataset = as_dataset(data, task=task, class_names=class_names, image_shape=image_shape, label=label)
     run = _run(params, checkpoints, steps, learning_rates, _where)
     _check_loss(loss_fn, params, dataset, _where)
     name = f"{OWN}:{_fingerprint(_salt, params, run.checkpoints, dataset)}"
@@ -323,7 +323,7 @@ def _fingerprint(salt: bytes, params, checkpoints, data: Dataset) -> str:
 # ---------------------------------------------------------------- data
 
 
-def load_data(data, *, task=None, class_names=None, image_shape=None, label=None) -> Dataset:
+def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=None) -> Dataset:
     """The user's data as a `Dataset`, features as given (not standardized).
 
     **Arguments** `data`: `(x, y)` or `(x_train, y_train, x_test, y_test)`; a dict with keys `x`, `y` or

@@ -6,12 +6,12 @@ definition, and the wrapper sits under the engine, so it lives apart from both.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 PyTree = Any
 
@@ -47,9 +47,13 @@ def split_params(params: PyTree) -> tuple[PyTree, PyTree]:
 
 
 def num_params(params: PyTree) -> int:
-    """P: the number of differentiable scalars in `params`."""
-    diff, _ = split_params(as_params(params))
-    return int(sum(np.size(a) for a in jax.tree.leaves(diff)))
+    """P: the number of differentiable scalars in `params`: its floating arrays, and its floating
+    `jax.ShapeDtypeStruct` leaves (an initialization traced, never run: `eqx.filter_eval_shape`) by their shape."""
+    return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(as_params(params)) if _inexact(leaf)))
+
+
+def _inexact(leaf) -> bool:
+    return eqx.is_inexact_array(leaf) or (isinstance(leaf, jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.inexact))
 
 
 def leaf_names(params: PyTree) -> list[str]:

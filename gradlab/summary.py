@@ -77,7 +77,7 @@ def norm_summary(f: Fitted, checkpoint: int = -1, *, size: int | None = None) ->
     n_train = len(d.y_train)
     index = subset(n_train, n_train if size is None else size)
     xs, ys = jnp.asarray(d.x_train[index]), jnp.asarray(d.y_train[index])
-    if f.experiment.is_own:  # a user's params: predictions come from its own predict_fn (or the loss)
+    if f.source.brings_model:  # a user's params: predictions come from its own predict_fn (or the loss)
         layer, per_loss, total = engine.layer_norms_and_grad_sum(f.loss_fn, model, xs, ys)
         predictions = f.predict(model, xs)
     else:

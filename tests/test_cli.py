@@ -39,7 +39,7 @@ def test_norms_from_csv_match_a_grad_loop(moons_csv, tmp_path, capsys):
     assert "memory estimate: per device (XLA, one block)" in log and "wrote" in log
     table = pd.read_parquet(out)
     # the oracle: the same split and initial model, one jax.grad per example
-    ds = cli.load_data(str(moons_csv), label="class", task="classification", seed=0, label_noise=0.0,
+    ds = cli.data_from_spec(str(moons_csv), label="class", task="classification", seed=0, label_noise=0.0,
                        test_fraction=0.2)
     model = build_model(ModelSpec("linear"), 2, 2, key=jax.random.key(0))
     g = eqx.filter_jit(eqx.filter_grad(losses.cross_entropy))

@@ -155,7 +155,7 @@ def test_a_served_model_is_an_experiment_that_fits_without_training(examples, se
     assert exp == Experiment(dataset=m.name) and Experiment.from_query(exp.to_query()) == exp
     # every other field is unused: a link with stray values is the same experiment (one cache key)
     assert Experiment(dataset=m.name, steps=25, model="cnn", lr=3.0).canonical() == exp
-    assert exp.is_own and exp.in_memory_only and not Experiment().is_own
+    assert exp.source.brings_model and exp.in_memory_only and not Experiment().source.brings_model
     f = fit(exp)
     assert f.trainable and f.run is m.run and f.loss_fn is m.loss_fn  # trainable: the module has init_fn
     assert load_data(exp) is m.data
@@ -174,7 +174,7 @@ def test_data_forms_and_row_identity(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(50, 3)).astype(np.float32), rng.integers(0, 3, 50)
     np.savez(tmp_path / "d.npz", x=x, y=y)
-    d = own.load_data(tmp_path / "d.npz")
+    d = own.as_dataset(tmp_path / "d.npz")
     assert d.task == "classification" and len(d.y_train) == 40 and len(d.y_test) == 10 and d.row_label == "index"
     # rows name each example's place in the source arrays: the split loses none and invents none
     np.testing.assert_array_equal(x[d.rows_train], d.x_train)
@@ -182,15 +182,15 @@ def test_data_forms_and_row_identity(tmp_path):
     # a CSV: rows are its lines (the header is line 1), text labels become class ids in sorted order
     lines = ["a,b,kind"] + [f"{i},{i % 7},{'cat' if i % 2 else 'dog'}" for i in range(30)]
     (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
-    c = own.load_data(str(tmp_path / "d.csv"), label="kind")
+    c = own.as_dataset(str(tmp_path / "d.csv"), label="kind")
     assert c.row_label == "CSV line" and c.class_names == ("cat", "dog")
     i = 3
     line = lines[c.rows_train[i] - 1].split(",")
     assert c.x_train[i].tolist() == [float(line[0]), float(line[1])] and c.class_names[c.y_train[i]] == line[2]
     # regression: float targets; images: (N, H, W) sets the image shape
-    r = own.load_data((x, x[:, 0] * 2.0))
+    r = own.as_dataset((x, x[:, 0] * 2.0))
     assert r.task == "regression" and r.n_classes == 1
-    assert own.load_data((rng.normal(size=(20, 5, 4)), rng.integers(0, 2, 20))).image_shape == (5, 4)
+    assert own.as_dataset((rng.normal(size=(20, 5, 4)), rng.integers(0, 2, 20))).image_shape == (5, 4)
 
 
 def linear_loss(w, x, y):

@@ -100,7 +100,8 @@ def test_an_upload_is_named_by_its_bytes_label_and_task():
 
     a = upload_name(b"x,y\n1,0\n", "y", "classification")
     assert a.startswith("upload:") and len(a) == len("upload:") + 16
-    assert Experiment(dataset=a).is_upload and not Experiment().is_upload
+    assert Experiment(dataset=a).source.needs_upload and not Experiment().source.needs_upload
+    assert Experiment(dataset=a).in_memory_only and not Experiment().in_memory_only
     assert len({a, upload_name(b"x,y\n1,1\n", "y", "classification"), upload_name(b"x,y\n1,0\n", "x", "classification"),
                 upload_name(b"x,y\n1,0\n", "y", "regression")}) == 4
 

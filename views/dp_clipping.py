@@ -78,7 +78,7 @@ with ui.guard("The clipping analysis could not be computed"):
     refused = None  # the work budget's refusal (a model too large for the analysis), said as a warning, not an error
     if not analysis_at.stored(exp, ckpt, clip_norm, None):
         passes = clipping.analysis_passes(fitted.model, n_train, data.n_classes if classify else 0)
-        macs = 0 if exp.is_own else ui.macs(exp)  # a served model's forward is the user's own, run locally
+        macs = ui.macs(exp)  # 0 for a served model: its forward is the user's own, run locally
         try:
             costs.check_work(costs.clipping_seconds(engine.num_params(fitted.model), n_train, passes, macs),
                              f"clipping all {n_train:,} examples at {passes} weighted backward passes",

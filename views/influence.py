@@ -33,7 +33,7 @@ def check_work(P: int, n: int, trak_models: int = 0) -> None:
                      f"{p_fits:,} parameters (a smaller width or fewer layers)." if p_fits else "Use a smaller model.")
 
 
-if not exp.is_own:  # before training: a model this page refuses whatever it scores is not trained for it
+if not exp.source.brings_model:  # before training: a model this page refuses whatever it scores is not trained for it
     with ui.guard("The influence scores do not fit this server", stop=True):
         check_work(ui.num_params(exp), ui.num_examples(exp))
 fitted = ui.fitted(exp)

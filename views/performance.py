@@ -49,7 +49,7 @@ def problem(workload, exp, _data=None):
     `_data`: an upload's dataset (its hash is in `exp.dataset`)."""
     if workload == "digits_mlp":
         return bench.digits_mlp()
-    if exp.is_own:  # a served model: its own loss and params (timing does not depend on the weights)
+    if exp.source.brings_model:  # a served model: its own loss and params (timing does not depend on the weights)
         f = fit(exp)
         return f.loss_fn, f.model, f.data.x_train, f.data.y_train
     data = _data if _data is not None else load_data(exp)
@@ -58,7 +58,7 @@ def problem(workload, exp, _data=None):
 
 loss_fn = params = xs = ys = None
 with ui.guard("The workload could not be built", stop=True):
-    upload_data = ui.fitted(exp).data if workload == "experiment" and exp.is_upload else None
+    upload_data = ui.data(exp) if workload == "experiment" else None  # loaded once per data key (an upload: its bytes)
     loss_fn, params, xs, ys = problem(workload, exp if workload == "experiment" else None, upload_data)
 n_avail = int(xs.shape[0])
 P = engine.num_params(params)

@@ -59,7 +59,7 @@ def tracin_run(fitted, fit: Callable | None = None):
     """The run TracIn follows: the experiment's own run under SGD, else the same experiment trained
     with SGD (TracIn is derived for SGD steps; Adam preconditions them). Returns `(TrainResult, note)`."""
     exp = fitted.experiment
-    if exp.is_own:  # a served model: the checkpoints its module lists (its own run), or nothing to follow
+    if exp.source.brings_model:  # a served model: the checkpoints its module lists (its own run), or nothing to follow
         if len(fitted.run.checkpoints) < 2:
             raise ValueError("TracIn follows the checkpoints of a training run: list `checkpoints` (params at earlier "
                              "steps, ending with the trained ones) and `learning_rates` in your model's module")
@@ -196,7 +196,7 @@ def lds_table(fitted, base: Minimum, *, m: int = 50, n_test: int = 32, damping: 
     say(0.0, f"Training {m} models on random halves of the training set…")
     subsets = evaluation.random_subsets(n, m, seed=seed)
     # a served model's listed run need not start at an initialization: its module's init_fn gives one
-    init = experiment.init_model(exp, fitted.data) if exp.is_own else fitted.run.checkpoints[0]
+    init = experiment.init_model(exp, fitted.data) if exp.source.brings_model else fitted.run.checkpoints[0]
     r = fitted.recipe
     stacked = evaluation.train_on_subsets(init, f, xs, ys, subsets, optimizer=r["optimizer"], lr=r["lr"], steps=r["steps"],
                                           batch_size=r["batch_size"], l2=r["l2"], seed=seed + 1)

@@ -36,7 +36,6 @@ import jax
 import streamlit as st
 
 from gradlab import costs, memory, summary
-from gradlab.data import DATASETS
 from gradlab.memory import release_memory, rss_mb
 from gradlab.models import MODELS
 from gradlab.store import MB, Gate, Store, default_directory, key_of
@@ -45,6 +44,7 @@ from gradlab.ui.upload import require_upload
 from gradlab.ui.widgets import guard
 from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
                                 forward_macs, load_data, recipe)
+from gradlab.sources import data_key
 
 log = logging.getLogger("gradlab")
 LOG_RUNS = bool(os.environ.get("GRADLAB_LOG_RUNS"))  # benchmarks/latency.py reads the server times
@@ -356,14 +356,32 @@ def fill_store_in_background() -> None:
     log.info("filling the results store in the background (pid %d)", _FILLING[0].pid)
 
 
+@shared(gated=False, persist=False)
+def _data(exp: Experiment, _upload: dict | None):
+    """`exp`'s data (`load_data`), once per `sources.data_key(exp)` (`exp` is one already) while the store's memory
+    tier keeps it: P, N, the forward's multiply-adds and the training all read it (an upload is parsed once)."""
+    return load_data(exp, _upload)
+
+
+def _session_upload(exp: Experiment) -> dict | None:
+    """This session's upload when `exp`'s source needs one (`Source.needs_upload`; stops the page without it)."""
+    return require_upload(exp) if exp.source.needs_upload else None
+
+
+def data(exp: Experiment):
+    """`exp`'s `Dataset`, loaded once per data key (`_data`). **Raises** `DataError` for impossible settings;
+    stops the page with a hint when an upload's bytes are not this session's."""
+    return _data(data_key(exp), _session_upload(exp))
+
+
 @shared(gated=False)
 def _num_params(exp: Experiment, _upload: dict | None) -> int:
-    return count_params(exp, load_data(exp, _upload))
+    return count_params(exp, _data(data_key(exp), _upload))
 
 
 @shared(gated=False)
 def _forward_macs(exp: Experiment, _upload: dict | None) -> int:
-    return forward_macs(exp, load_data(exp, _upload))
+    return forward_macs(exp, _data(data_key(exp), _upload))
 
 
 #: Settings that change how a model trains, never its shapes: P and the forward's multiply-adds do not depend on them,
@@ -382,27 +400,25 @@ _SHAPES = Experiment()
 def num_params(exp: Experiment) -> int:
     """P, the number of parameters `exp`'s model has, from its untrained initialization: lets a page
     refuse a model too large for it before anything trains. **Raises** `DataError` for impossible settings."""
-    return _num_params(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
+    return _num_params(_shapes_only(exp), _session_upload(exp))
 
 
 @shared(gated=False)
 def _num_examples(exp: Experiment, _upload: dict | None) -> int:
-    return len(load_data(exp, _upload).y_train)
+    return len(_data(data_key(exp), _upload).y_train)
 
 
 def num_examples(exp: Experiment) -> int:
     """N, the number of training examples `exp` trains on (stored): lets a page refuse work for a model and data
     too large for it before anything trains. **Raises** `DataError` for impossible settings."""
-    return _num_examples(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
+    return _num_examples(_shapes_only(exp), _session_upload(exp))
 
 
 def macs(exp: Experiment) -> int:
     """Multiply-adds of one forward pass of `exp`'s model (`experiment.forward_macs`, stored): the work estimates
     of models whose convolutions reuse each weight; 0 for a served model (its forward is the user's own, run on
-    the user's machine; estimates count its P). **Raises** `DataError` for impossible settings."""
-    if exp.is_own:
-        return 0
-    return _forward_macs(_shapes_only(exp), require_upload(exp) if exp.is_upload else None)
+    the user's machine; estimates count its P: `Source.forward_macs`). **Raises** `DataError` for impossible settings."""
+    return _forward_macs(_shapes_only(exp), _session_upload(exp))
 
 
 def summary_size(exp: Experiment, f: Fitted) -> int:
@@ -411,7 +427,7 @@ def summary_size(exp: Experiment, f: Fitted) -> int:
     A training over `costs.TRAIN_BUTTON_SECONDS` runs from its own button, never as a link's work, so the
     summary after it has the whole budget."""
     n = len(f.data.y_train)
-    if exp.is_own:
+    if exp.source.brings_model:
         return n
     p, m = num_params(exp), macs(exp)
     train = costs.training_seconds(p, exp.steps, exp.batch_size, m)
@@ -421,7 +437,7 @@ def summary_size(exp: Experiment, f: Fitted) -> int:
 def summary_seconds(exp: Experiment, size: int) -> float:
     """Estimated CPU-seconds of `exp`'s norm summary over `size` examples (`costs.summary_seconds`)."""
     p = num_params(exp)
-    return costs.summary_seconds(p, size, p if exp.is_own else macs(exp))
+    return costs.summary_seconds(p, size, macs(exp))  # a served model's 0 counts as its P
 
 
 def fitted(exp: Experiment) -> Fitted:
@@ -429,12 +445,12 @@ def fitted(exp: Experiment) -> Fitted:
 
     A bad setting shows a clear message and stops this page (the sidebar keeps working). An upload
     experiment is trained on this session's upload, whose hash must match `exp.dataset`; a served model
-    (`exp.is_own`) is the one the server was started with.
+    (`Source.brings_model`) is the one the server was started with.
     """
-    if exp.is_own:  # the served model: loaded once per server, trained by its owner
+    if exp.source.brings_model:  # the served model: loaded once per server, trained by its owner
         with guard("Your model could not be loaded", stop=True):
             return fit(exp)
-    upload = require_upload(exp) if exp.is_upload else None
+    upload = _session_upload(exp)
     with guard("These settings cannot be trained", stop=True):
         if _fit.stored(exp):
             return _fit(exp, upload)
@@ -445,7 +461,7 @@ def fitted(exp: Experiment) -> Fitted:
                 ask = st.empty()  # the notice and its button go once trained (this run goes on to the page)
                 with ask.container():
                     st.info(f"This page needs the {MODELS.get(exp.model, exp.model)} trained on "
-                            f"{DATASETS.get(exp.dataset, 'your data')} ({exp.steps} steps of {exp.batch_size}). No one has "
+                            f"{exp.source.label} ({exp.steps} steps of {exp.batch_size}). No one has "
                             "trained it on this server yet; a link alone never starts work this large, so it starts when "
                             "you ask.", icon=":material/model_training:")
                     trained = on_request(_fit, exp, upload, name="train", button="Train the model")
@@ -468,5 +484,4 @@ def _fit(exp: Experiment, _upload: dict | None, progress) -> Fitted:
     """Train `exp` (on `_upload`'s bytes when it is an upload; its hash is in `exp.dataset`, and then the
     model stays in memory only)."""
     check_training_memory(exp, _num_params(_shapes_only(exp), _upload))
-    data = load_data(exp, _upload)
-    return fit(exp, data=data, progress=lambda step, steps: progress(step / max(steps, 1), f"step {step} of {steps}"))
+    return fit(exp, data=_data(data_key(exp), _upload), progress=lambda step, steps: progress(step / max(steps, 1), f"step {step} of {steps}"))

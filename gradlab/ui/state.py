@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gradlab import engine, own
-from gradlab.data import DATASETS
-from gradlab.experiment import CONTROLS, MODEL_DEFAULTS, UPLOAD, Experiment
+from gradlab import engine, own, sources
+from gradlab.experiment import CONTROLS, MODEL_DEFAULTS, Experiment
+from gradlab.sources.served import Served
+from gradlab.sources.upload import Upload
 from gradlab.models import ACTIVATIONS, MODELS
 from gradlab.train import OPTIMIZERS
 from gradlab.ui import pages
 from gradlab.ui.presets import BY_NAME, PRESETS
-from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, upload_dataset
+from gradlab.ui.upload import upload_controls, upload_dataset
 from gradlab.ui.widgets import inert, without_default
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
@@ -33,17 +34,17 @@ def _widget(kind, label, key, **kwargs):
     return kind(label, key=key, bind="query-params", **kwargs)
 
 
-OWN_LABEL = "Your own model (served with python -m gradlab serve)"
+OWN_LABEL = Served.label
 
 
 def _dataset_label(name: str) -> str:
-    return {UPLOAD: UPLOAD_LABEL, own.OWN: OWN_LABEL}.get(name, DATASETS.get(name, name))
+    return sources.source_of(name).label
 
 
 def _datasets() -> list[str]:
-    """The sidebar's dataset choices: the served model first (and so the default) when the server was started
-    with one (`python -m gradlab serve`; its start-up setting, never a URL, names the file)."""
-    return [*([own.OWN] if own.configured() else []), *DATASETS, UPLOAD]
+    """The sidebar's dataset choices (`sources.choices`): the served model first (and so the default) when the
+    server was started with one (`python -m gradlab serve`; its start-up setting, never a URL, names the file)."""
+    return sources.choices()
 
 
 def own_model_caption() -> None:
@@ -77,11 +78,9 @@ def experiment_sidebar() -> Experiment:
         # (links read ?dataset=moons) and the long description is the caption below.
         dataset = _widget(st.selectbox, "Dataset", "dataset", options=_datasets(), index=0)
         st.caption(_dataset_label(dataset))
-        if dataset == UPLOAD:
-            upload_controls()
-        if dataset == own.OWN:
-            own_model_caption()
-    if dataset == own.OWN:  # the user's trained model: gradlab's model and training controls do not apply
+        source = sources.source_of(dataset)
+        _SOURCE_UI.get(type(source), (lambda: None, None))[0]()
+    if source.brings_model:  # the user's trained model: gradlab's model and training controls do not apply
         exp = experiment()
         with banner:
             preset_banner(exp)
@@ -131,19 +130,31 @@ def experiment() -> Experiment:
     """The experiment the sidebar set on this run (app.py renders the sidebar before the page),
     complete: an upload is named by the hash of this session's bytes (`dataset="upload:3fa9…"`)."""
     exp = experiment_from_state(st.session_state)
-    if exp.dataset == own.OWN and own.configured():
-        try:
-            return exp.replace(dataset=own.served().name)
-        except own.OwnModelError:
-            return exp  # the page says why (`ui.fitted`)
-    return exp.replace(dataset=upload_dataset()) if exp.dataset == UPLOAD else exp
+    complete = _SOURCE_UI.get(type(exp.source), (None, None))[1]
+    return exp.replace(dataset=complete()) if complete else exp
+
+
+def _served_dataset() -> str:
+    """The served model's `dataset`, `"own:<fingerprint>"` (the bare `"own"` when it cannot be loaded: the page
+    says why, `ui.fitted`)."""
+    try:
+        return own.served().name
+    except own.OwnModelError:
+        return own.OWN
+
+
+#: The Streamlit side of the sources that have one (the library holds no Streamlit), by source class: what the
+#: sidebar draws under the dataset choice, and the experiment's complete `dataset` for this session (an upload
+#: named by the hash of this session's bytes, the served model by its fingerprint).
+_SOURCE_UI = {Upload: (upload_controls, upload_dataset), Served: (own_model_caption, _served_dataset)}
 
 
 def experiment_from_state(state) -> Experiment:
     """The `Experiment` that the sidebar's widget keys in `state` (a mapping) describe; defaults
-    elsewhere (`Experiment.from_state`). An uploaded dataset reads as the bare `"upload"` here."""
+    elsewhere (`Experiment.from_state`). A dataset with a key (an upload's hash, a served model's fingerprint) reads
+    as its source's bare prefix here (`"upload"`, `"own"`): the sidebar's choice."""
     exp = Experiment.from_state(state)
-    return exp.replace(dataset=UPLOAD) if exp.is_upload else exp
+    return exp.replace(dataset=exp.source.prefix)
 
 
 def share_link() -> str | None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gradlab.data import CSV_MAX_FEATURES, CSV_MAX_ROWS, CSV_MIN_ROWS, DataError, load_csv, read_csv
+from gradlab.data import CSV_MAX_FEATURES, CSV_MAX_ROWS, CSV_MIN_ROWS, DataError, load_csv
 from gradlab.experiment import UPLOAD, Experiment, upload_name
+from gradlab.sources import upload as upload_source
 from gradlab.ui.widgets import inert
 
-UPLOAD_LABEL = "Your own data (CSV upload)"
+UPLOAD_LABEL = upload_source.Upload.label
 _UPLOAD_STATE = "_upload"  # {"bytes", "file", "label", "task", "name"} or absent
 
 
@@ -36,7 +37,7 @@ def upload_controls() -> None:
         return
     raw = file.getvalue()
     try:
-        table = read_csv(raw)
+        table = upload_source.table(raw)  # parsed once per bytes: the pages' loads reuse it
     except DataError as err:
         _refuse(file.name, err)
         return
@@ -44,7 +45,7 @@ def upload_controls() -> None:
     label = st.selectbox("Label column", columns, index=len(columns) - 1, key="upload_label")
     task = st.radio("Task", ["classification", "regression"], key="upload_task", horizontal=True)
     try:
-        load_csv(raw, label, task)  # validate now, so the message sits next to the controls
+        load_csv(table, label, task)  # validate now, so the message sits next to the controls
     except DataError as err:
         _refuse(file.name, err)
         return

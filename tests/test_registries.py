@@ -1,0 +1,47 @@
+"""The registries are the only places that dispatch on an open-ended idea's name (shared/DESIGN.md: "nothing
+outside it compares a kind, a method name or a source prefix"): each test greps the library and the pages."""
+
+from __future__ import annotations
+
+import re
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Tests of a `dataset` string's source prefix: `is_own`/`is_upload`, `startswith("upload:")`, `== UPLOAD`,
+#: `dataset == own.OWN`, `"own" in …`. `gradlab/sources/` (the registry) is the one place that reads prefixes.
+SOURCE_PREFIX_DISPATCH = re.compile(
+    r"\bis_own\b|\bis_upload\b"
+    r"|startswith\(\s*(?:UPLOAD|OWN|own\.OWN|[\"'](?:upload|own)\b)"
+    r"|(?:==|!=)\s*(?:UPLOAD|OWN|own\.OWN|[\"'](?:upload|own)[\"'])"
+    r"|(?:\bUPLOAD|\bOWN|[\"'](?:upload|own)[\"'])\s*(?:==|!=|\bin\b)")
+
+
+def _code_lines(path: Path):
+    """(line number, code) of a Python file: comments dropped, and every string that is not a bare word or prefix
+    (`"upload"`, `"own:"`) blanked, so prose in docstrings and messages is not read as code."""
+    lines: dict[int, list[str]] = {}
+    with tokenize.open(path) as f:
+        for tok in tokenize.generate_tokens(f.readline):
+            if tok.type == tokenize.COMMENT:
+                continue
+            text = tok.string
+            if tok.type == tokenize.STRING and not re.fullmatch(r"[rbu]?([\"'])\w+:?\1", text):
+                text = '""'
+            lines.setdefault(tok.start[0], []).append(text)
+    return [(i, " ".join(parts)) for i, parts in sorted(lines.items())]
+
+
+def test_no_source_prefix_dispatch():
+    """0 tests of a source prefix outside `gradlab/sources/`: a new source is one file and one registry line."""
+    for bad in ('if exp.dataset.startswith("upload:"):', "if exp.is_own:", "dataset == own.OWN", "x == UPLOAD",
+                "return self.dataset == UPLOAD or self.dataset.startswith(UPLOAD + ':')"):
+        assert SOURCE_PREFIX_DISPATCH.search(bad), bad  # the pattern catches what the registry replaced
+    for fine in ('exp.source.brings_model', 'own.ENV', 'own.OWN', 'UPLOAD_LABEL = "x"'):
+        assert not SOURCE_PREFIX_DISPATCH.search(fine), fine
+    files = [p for p in [*ROOT.glob("gradlab/**/*.py"), *ROOT.glob("views/*.py"), ROOT / "app.py"]
+             if "sources" not in p.relative_to(ROOT).parts]
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files for i, line in _code_lines(p)
+             if SOURCE_PREFIX_DISPATCH.search(line)]
+    assert not found, "dispatch on a source prefix outside gradlab/sources (ask the Source instead):\n" + "\n".join(found)
