@@ -28,6 +28,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import tempfile
@@ -301,7 +302,7 @@ class Scene:
         os.environ["GRADLAB_ATTACK_CANARY"] = self.canaries[2]
         self.listener = _Listener()
         self.signals = 0
-        signal.signal(signal.SIGUSR1, self._signalled)
+        self._restore = (signal.signal(signal.SIGUSR1, self._signalled), sandbox.XLA_CACHE)
         sandbox.XLA_CACHE = os.path.join(self.folder, "xla")  # this run's own, filled by the server's code once
         self.cache = sandbox.cache_dir() or ""
         sandbox.execute("import jax.numpy as jnp\nprint(jnp.ones(3).sum())", limits=SMALL, as_server=True)
@@ -310,6 +311,13 @@ class Scene:
 
     def _signalled(self, *_):
         self.signals += 1
+
+    def close(self) -> None:
+        """Give back what the scene changed in this process: the signal handler, the children's cache, the canary."""
+        handler, sandbox.XLA_CACHE = self._restore
+        signal.signal(signal.SIGUSR1, handler)
+        os.environ.pop("GRADLAB_ATTACK_CANARY", None)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def fields(self, marker: str) -> dict:
         return dict(secret_file=self.secret_file, secrets_toml=self.secrets_toml, server_pid=os.getpid(),
@@ -434,13 +442,16 @@ def run_corpus(only: str = "", wall: str = "") -> list[Result]:
     The spare child is kept warm between attacks, as for a visitor on the page."""
     scene = Scene()
     results = []
-    for name, attack in ATTACKS.items():
-        if only in name and wall in ("", attack.wall):
-            sandbox.prepare(SMALL)
-            results.append(run_one(name, attack, scene))
-    if only in "forged verdict" or not only:
-        results += forgeries(scene)
-    sandbox._discard_spares()
+    try:
+        for name, attack in ATTACKS.items():
+            if only in name and wall in ("", attack.wall):
+                sandbox.prepare(SMALL)
+                results.append(run_one(name, attack, scene))
+        if only in "forged verdict" or not only:
+            results += forgeries(scene)
+    finally:
+        sandbox._discard_spares()
+        scene.close()
     return results
 
 

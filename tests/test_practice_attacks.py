@@ -29,7 +29,9 @@ QUICK = ("jax.version.os", "operator.attrgetter through np.random.mtrand", "gene
 
 @pytest.fixture(scope="module")
 def scene():
-    return attacks.Scene()
+    s = attacks.Scene()
+    yield s
+    s.close()
 
 
 def _marks(name: str):
