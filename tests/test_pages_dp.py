@@ -25,7 +25,7 @@ def test_dp_page_clipping_controls():
     assert 40.0 <= float(metric(at, "Fraction clipped").rstrip("%")) <= 60.0
     at.number_input(key="dp_clip_c").set_value(1e6).run()
     assert_clean(at)
-    assert metric(at, "Fraction clipped") == "0.0%" and metric(at, "‖$\\bar G_C$‖ / ‖G‖") == "1.000"
+    assert metric(at, "Fraction clipped") == "0.0%" and metric(at, "‖clipped mean‖ / ‖mean‖") == "1.000"
     at.number_input(key="dp_clip_sigma").set_value(2.0).run()
     at.toggle(key="dp_clip_log").set_value(False).run()
     at.select_slider(key="dp_clip_checkpoint").set_value(25).run()

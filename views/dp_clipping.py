@@ -101,8 +101,8 @@ with ui.guard("The clipping analysis could not be computed"):
         m = st.columns(5)
         m[0].metric("Clipping norm C", f"{clip_norm:.3g}", help="Median per-example norm" if c_in is None else "Set by hand")
         m[1].metric("Fraction clipped", f"{a.fraction_clipped[i]:.1%}", help="Share of examples with ‖gᵢ‖ > C.")
-        m[2].metric("cos∠($\\bar G_C$, G)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
-        m[3].metric("‖$\\bar G_C$‖ / ‖G‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
+        m[2].metric("cos∠(clipped mean, mean)", f"{a.cosine[i]:.3f}", help="1: clipping keeps the direction of the mean gradient.")
+        m[3].metric("‖clipped mean‖ / ‖mean‖", f"{a.norm_ratio[i]:.3f}", help="How much clipping shrinks the mean gradient.")
         m[4].metric("Per-layer: cos, fraction", f"{a.cosine_layer[i]:.3f}, {a.fraction_clipped_layer[i]:.0%}",
                     help="Per-layer clipping: each of the L parameter leaves clipped to C/√L (McMahan et al. 2017).")
         st.caption(
@@ -126,7 +126,7 @@ with ui.guard("The clipping analysis could not be computed"):
             s = st.columns(4)
             s[0].metric("Noise std per coordinate σC/B", f"{snr.noise_std:.3g}")
             s[1].metric("Noise norm σC√P/B", f"{snr.noise_norm:.3g}", help=f"P = {a.num_params:,} parameters.")
-            s[2].metric("Signal ‖$\\bar G_C$‖", f"{snr.signal_norm:.3g}")
+            s[2].metric("Signal ‖clipped mean‖", f"{snr.signal_norm:.3g}")
             s[3].metric("Signal / noise", f"{snr.ratio:.2f}" if np.isfinite(snr.ratio) else "∞",
                         help="Below 1 a single step is mostly noise; only averaging over many steps recovers the signal.")
             ui.chart(plots.signal_noise_curve(a.grid, a.norm_ratio * a.mean_norm, grid_noise * math.sqrt(a.num_params),

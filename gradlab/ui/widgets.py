@@ -13,6 +13,7 @@ import sys
 import time
 
 import streamlit as st
+from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from gradlab import engine, escape, export, glossary, own
 from gradlab.memory import release_memory
@@ -190,16 +191,23 @@ def control(kind, label: str, *args, key: str, **kwargs):
     """
     if key not in pages.control_keys():
         raise KeyError(f"control {key!r} is not declared in gradlab.ui.pages: add it to its page's controls")
-    if key in st.session_state:  # set by a preset or a lecture step: its value wins, and a default beside it warns
+    if set_through_session_state(key):  # by a preset or a lecture step: that value wins, and a default beside it warns
         args, kwargs = without_default(kind, label, args, kwargs)
         return kind(*args, key=key, bind="query-params", **kwargs)
     return kind(label, *args, key=key, bind="query-params", **kwargs)
 
 
+def set_through_session_state(key: str) -> bool:
+    """Whether `key` was given a value through `st.session_state` in this run, before its widget is drawn (Streamlit's
+    own test before it warns about a default beside it). A value the widget itself holds from an earlier run is not:
+    the widget keeps it, and without its default a number input would fall back to 0."""
+    return get_session_state().is_new_state_value(key)
+
+
 def without_default(kind, label: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The arguments of widget `kind(label, *args, **kwargs)` less its default value (`value`, `index`, `default`),
-    positional or not: for a widget whose key already holds a value in Session State, where Streamlit warns about a
-    default beside it (and uses the Session State value anyway)."""
+    positional or not: for a widget whose key was just set through Session State (`set_through_session_state`), where
+    Streamlit warns about a default beside it (and uses the Session State value anyway)."""
     bound = inspect.signature(kind).bind_partial(label, *args, **kwargs)
     for name in ("value", "index", "default"):
         bound.arguments.pop(name, None)
