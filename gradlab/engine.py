@@ -46,6 +46,7 @@ from jaxtyping import Array, Float
 
 from gradlab import jaxprs, rules, sharding, xla
 from gradlab.params import as_params, leaf_names, num_params, split_params
+from gradlab.rules.base import sq_abs
 
 __all__ = [
     # the engine contract (DESIGN.md)
@@ -120,7 +121,22 @@ def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
 
     (`jax.lax.map(batch_size=None)` would be a sequential scan, one example per step.)
     """
-    return jax.vmap(f)(xs) if chunk is None else jax.lax.map(f, xs, batch_size=chunk)
+    if chunk is None:
+        return jax.vmap(f)(xs)
+    try:
+        return jax.lax.map(f, xs, batch_size=chunk)
+    except ZeroDivisionError:  # `lax.map` reshapes each output to (-1, chunk, ...): it cannot when one is empty
+        return _map_nonempty(f, xs, chunk)
+
+
+def _map_nonempty(f: Callable, xs: Any, chunk: int) -> Any:
+    """`_map` in chunks when some output of `f` has size 0 (a zero-size leaf's gradient): the other outputs
+    mapped, the empty ones zeros of their shape."""
+    leaves, tree = jax.tree.flatten(jax.eval_shape(jax.vmap(f), xs))
+    empty = [a.size == 0 for a in leaves]
+    kept = jax.lax.map(lambda x: [o for o, e in zip(jax.tree.leaves(f(x)), empty) if not e], xs, batch_size=chunk)
+    kept = iter(kept)
+    return jax.tree.unflatten(tree, [jnp.zeros(a.shape, a.dtype) if e else next(kept) for a, e in zip(leaves, empty)])
 
 
 def _reduce_chunk(n: int, chunk: int | None) -> int:
@@ -364,8 +380,9 @@ def _traced_call(*trees) -> bool:
 
 
 def _sq(g):
-    """‖g‖² accumulated in float32 (or wider): a bfloat16 sum of squares is off by ~2⁻⁸."""
-    return jnp.sum(jnp.square(g.astype(rules.acc_dtype(g.dtype))))
+    """‖g‖² accumulated in float32 (or wider): a bfloat16 sum of squares is off by ~2⁻⁸. Real for a complex g
+    (Σ |gⱼ|² = Σ gⱼ·ḡⱼ, not Σ gⱼ²)."""
+    return jnp.sum(sq_abs(g.astype(rules.acc_dtype(g.dtype))))
 
 
 def _rules_pass(t: _Traced, leaves, xs, ys, chunk, per_example: Callable):
@@ -624,8 +641,9 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
 
 
 def _vdot(a, b):
+    """⟨a, b⟩ in float32 or wider, real: Re Σ āⱼ bⱼ for complex leaves (their inner product as pairs of reals)."""
     dtype = rules.acc_dtype(jnp.result_type(a, b))
-    return jnp.vdot(a.astype(dtype), b.astype(dtype))
+    return rules.real_vdot(a.astype(dtype), b.astype(dtype))
 
 
 @xla.jit

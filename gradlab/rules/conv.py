@@ -6,7 +6,6 @@ of the dilated input; a convolution with batch groups has no rule.
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import jax

@@ -64,7 +64,7 @@ from jax import lax
 from gradlab import jaxprs
 from gradlab.jaxprs import Const, Eqn, Graph
 from gradlab.rules import registry
-from gradlab.rules.base import (INLINE, SHAPE_OPS, SMALL_DOT, SPREAD_OPS, NoRule, RuleKind, Site,  # noqa: F401
+from gradlab.rules.base import (INLINE, SHAPE_OPS, SPREAD_OPS, NoRule, Site,  # noqa: F401
                                 acc as _acc, acc_dtype, at_b as _at_b, a_bh as _a_bh, bind as _bind,
                                 gram_product, nonlinear as _nonlinear, op_name as _op_name,
                                 over_steps as _over_steps, real_dtype, size as _size, sq_abs)

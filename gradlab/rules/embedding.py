@@ -5,7 +5,6 @@ per-example gradient (a scatter) instead.
 
 from __future__ import annotations
 
-import functools
 
 import jax.numpy as jnp
 from jax import lax

@@ -1,0 +1,106 @@
+"""Rule kinds added through the registry, and leaves the rules used to get wrong, against a Python loop of jax.grad:
+complex weights (real norms, conjugate dots, clipped sums), a zero-size leaf, a test-only kind registered from
+this module, and the Kronecker projection hook (`rules.project`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradlab import engine, rules
+from testdata import normal
+
+
+def _loop(loss_fn, params, xs, ys):
+    """Per-example gradients by a Python loop of `jax.grad` (no vmap), stacked; JAX's complex convention."""
+    g = jax.grad(loss_fn)
+    rows = [g(params, xs[i], ys[i]) for i in range(xs.shape[0])]
+    return jax.tree.map(lambda *r: np.stack(r), *rows)
+
+
+def _norms(grads):
+    flat = np.concatenate([np.reshape(a, (a.shape[0], -1)) for a in jax.tree.leaves(grads)], axis=1)
+    return np.sqrt(np.sum(np.abs(flat.astype(np.complex128)) ** 2, axis=1))
+
+
+def _check_all(loss_fn, params, xs, ys, methods=("ghost", "vmap"), rtol=2e-5):
+    """per_example_grads, norms, dots and the clipped sum of every method equal the loop's."""
+    want = _loop(loss_fn, params, xs, ys)
+    norms = _norms(want)
+    v = jax.tree.map(lambda a: np.asarray(a[1]) + 0.5 * np.asarray(a[2]), want)  # a direction: two examples' gradients
+    dots = sum(np.real(np.sum(np.conj(np.reshape(g, (g.shape[0], -1))) * np.reshape(w, (1, -1)), axis=1))
+               for g, w in zip(jax.tree.leaves(want), jax.tree.leaves(v)))
+    c = float(np.median(norms))
+    scale = np.minimum(1.0, c / norms)
+    clipped = jax.tree.map(lambda g: np.tensordot(scale, g, axes=1), want)
+    for method in methods:
+        got = engine.per_example_grads(loss_fn, params, xs, ys, method=method, chunk_size=3)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * max(1.0, float(np.abs(b).max(initial=0))))
+        n = engine.per_example_norms(loss_fn, params, xs, ys, method=method, chunk_size=3)
+        assert not jnp.iscomplexobj(n)
+        np.testing.assert_allclose(n, norms, rtol=rtol)
+        d = engine.per_example_dots(loss_fn, params, xs, ys, v, method=method, chunk_size=3)
+        assert not jnp.iscomplexobj(d)
+        np.testing.assert_allclose(d, dots, rtol=rtol, atol=1e-5)
+        s = engine.clipped_grad_sum(loss_fn, params, xs, ys, c, method=method, chunk_size=3)
+        for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(clipped)):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-5)
+
+
+# ------------------------------------------------------------------ complex weights
+
+
+def fourier_loss(p, x, y):
+    """A one-layer Fourier neural operator on a (16, 2) signal: modes of its FFT times a complex64 weight shared
+    by the modes (`w`: a dense layer over 6 modes), a per-mode complex weight (`r`: a dense layer with batch
+    dims), a complex bias, back by the inverse FFT, then a real head."""
+    xf = jnp.fft.rfft(x, axis=0)[:6]  # (6, 2) complex64
+    z = xf @ p["w"] + jnp.einsum("mc,mco->mo", xf, p["r"]) + p["b"]  # (6, 3)
+    h = jnp.fft.irfft(z, n=16, axis=0)  # (16, 3) real
+    return jnp.mean((h @ p["head"] - y) ** 2)
+
+
+def _fourier():
+    k = jax.random.split(jax.random.key(3), 4)
+    cplx = lambda i, s: (0.5 * (jax.random.normal(k[i], s) + 1j * jax.random.normal(k[i + 1], s))).astype(jnp.complex64)  # noqa: E731
+    p = {"w": cplx(0, (2, 3)), "r": cplx(1, (6, 2, 3)), "b": cplx(2, (3,)), "head": normal(4, (3,))}
+    return fourier_loss, p, normal(5, (7, 16, 2)), normal(6, (7, 16))
+
+
+def test_complex_weights_are_exact_real_norms_conjugate_dots():
+    loss_fn, p, xs, ys = _fourier()
+    rows = {r["leaf"]: r for r in engine.explain(loss_fn, p, xs, ys)}
+    assert rows["['w']"]["path"] == "rule" and rows["['w']"]["kind"] == "dense", rows
+    _check_all(loss_fn, p, xs, ys)
+
+
+def test_complex_ghost_norm_over_tokens():
+    """A complex dense weight over 12 tokens (ghost norm: Σ (AAᴴ)⊙(DDᴴ), real)."""
+    def loss_fn(p, x, y):
+        return jnp.sum(jnp.abs(x.astype(jnp.complex64) @ p["w"] @ p["v"]) ** 2) * y
+
+    k = jax.random.split(jax.random.key(4), 2)
+    w = (jax.random.normal(k[0], (40, 40)) + 1j * jax.random.normal(k[1], (40, 40))).astype(jnp.complex64) / 8
+    p = {"w": w, "v": w.T[:, :30]}
+    xs, ys = normal(1, (5, 12, 40)), normal(2, (5,))
+    tr = engine._Traced(loss_fn, p, xs, ys)
+    assert [tr.rule(i).sites[0].norm for i in tr.ruled] == ["gram", "gram"]
+    _check_all(loss_fn, p, xs, ys, methods=("ghost",), rtol=1e-4)
+
+
+# ------------------------------------------------------------------ a zero-size leaf
+
+
+def test_a_zero_size_leaf_is_exact():
+    """A (0, h) leaf (an empty set of extra features) beside a dense layer: zero gradient, zero norm share."""
+    def loss_fn(p, x, y):
+        h = jnp.tanh(x @ p["w"] + x[:0] @ p["empty"])
+        return jnp.sum((h @ p["head"] - y) ** 2)
+
+    p = {"w": normal(1, (4, 5)), "empty": jnp.zeros((0, 5)), "head": normal(2, (5,))}
+    xs, ys = normal(3, (6, 4)), normal(4, (6,))
+    _check_all(loss_fn, p, xs, ys)
+    got = engine.per_example_layer_norms(loss_fn, p, xs, ys, method="ghost")
+    np.testing.assert_array_equal(got["['empty']"], np.zeros(6))
