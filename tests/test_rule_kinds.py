@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from gradlab import engine, rules
 from testdata import normal
@@ -104,3 +105,59 @@ def test_a_zero_size_leaf_is_exact():
     _check_all(loss_fn, p, xs, ys)
     got = engine.per_example_layer_norms(loss_fn, p, xs, ys, method="ghost")
     np.testing.assert_array_equal(got["['empty']"], np.zeros(6))
+
+
+# ------------------------------------------------------------------ a kind added the registry way
+
+
+@pytest.fixture
+def row_window():
+    from rule_kind_example import ROW_WINDOW
+
+    rules.register(ROW_WINDOW)  # the one registry line (a plug-in would put it beside its kind)
+    yield ROW_WINDOW
+    rules.unregister(ROW_WINDOW)
+
+
+def row_window_loss(p, i, y):
+    """A row and a 2-row window of `table` at the example's id, a dense head, and the table tied as output
+    layer (its gradient: the window's and the head's uses summed, by pairwise ghost products)."""
+    h = jnp.tanh(p["table"][i] + lax.dynamic_slice_in_dim(p["table"], i, 2).sum(0))
+    logits = h @ p["table"].T
+    return jnp.sum((h @ p["w"] - y) ** 2) + jax.nn.logsumexp(logits) - logits[i]
+
+
+def test_a_kind_added_through_the_registry_is_exact(row_window):
+    p = {"table": normal(1, (9, 4)), "w": normal(2, (4, 3))}
+    xs, ys = jnp.array([0, 3, 8, 3, 5, 7, 1]), normal(3, (7, 3))
+    rows = {r["leaf"]: r for r in engine.explain(row_window_loss, p, xs, ys)}
+    assert rows["['table']"]["path"] == "rule" and "row-window" in rows["['table']"]["kind"], rows
+    _check_all(row_window_loss, p, xs, ys, methods=("ghost",))
+    rules.unregister(row_window)  # without the kind the table falls back, the same numbers
+    assert {r["leaf"]: r for r in engine.explain(row_window_loss, p, xs, ys)}["['table']"]["path"] == "fallback"
+
+
+# ------------------------------------------------------------------ the projection hook
+
+
+def test_project_is_the_kronecker_projection_of_the_gradient():
+    """`rules.project` of one example's (a, δ) = (Pa ⊗ Pd)ᵀ vec(gᵢ) for a dense weight over tokens and for an
+    embedding's table, gᵢ from the loop of jax.grad; no gradient formed."""
+    def loss_fn(p, ids, y):
+        h = jnp.tanh(p["emb"][ids] @ p["w"])  # (T, O)
+        return jnp.sum((h.mean(0) - y) ** 2)
+
+    p = {"emb": normal(1, (11, 4)), "w": normal(2, (4, 5))}
+    xs, ys = jax.random.randint(jax.random.key(5), (3, 6), 0, 11), normal(3, (3, 5))
+    want = _loop(loss_fn, p, xs, ys)
+    tr = engine._Traced(loss_fn, p, xs, ys)
+    leaves = tr.leaves
+    for i in range(3):
+        _, _, saved, deltas = tr.one(leaves, xs[i], ys[i])
+        for j, leaf in enumerate(tr.ruled):
+            name = ["emb", "w"][leaf]
+            rows, cols = p[name].shape
+            pa, pd = normal(10 + j, (rows, 3)), normal(20 + j, (cols, 2))
+            (got,) = rules.project(tr.rule(leaf), saved[j], deltas[j], [pa], [pd])
+            g = want[name][i]
+            np.testing.assert_allclose(np.ravel(got), np.kron(pa, pd).T @ np.ravel(g), rtol=1e-4, atol=1e-5)

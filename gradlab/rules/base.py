@@ -1,5 +1,5 @@
 """What every layer kind shares: the `Site` a kind matches, the `RuleKind` base it subclasses, and the small
-helpers the kinds and `core` both use (sizes, dtypes, small contractions). No kind is named here: the kinds
+helpers the kinds and `core` both use (sizes, dtypes, small contractions). The kinds themselves
 live one per file (`dense.py`, `conv.py`, …) and are listed in `registry.KINDS`.
 """
 
