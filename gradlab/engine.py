@@ -228,7 +228,9 @@ class _Traced:
         self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
         self.plan = rules.plan(self.graph, self.diff_refs, self.graph.inputs[len(self.leaves):])
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
-        self.fallback = [i for i in range(len(self.diff_index)) if i not in self.plan.rules]
+        self.composite = sorted(self.plan.composite_leaves)  # leaves through a computed weight (`rules.Composite`)
+        self.fallback = [i for i in range(len(self.diff_index))
+                         if i not in self.plan.rules and i not in self.plan.composite_leaves]
 
     def example_bytes(self) -> int:
         """Bytes the rules keep per example in a chunk: each ruled op's input (or patches) and output
@@ -237,13 +239,14 @@ class _Traced:
         keeps every step's values, forms as much in cotangents, and the rules stack each step's (a, δ)). Chunks of 16
         to 20 sequences (weight 8) run an LSTM's and a GRU's clipped sum 1.2 to 1.6 times faster than the
         52 to 64 that weight 2 gave (benchmarks/RESULTS.md)."""
-        kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled)
+        kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled) + rules.composite_bytes(self.plan)
         formed = [i for i in self.ruled if self.rule(i).forms_grad]  # a clipped sum keeps these gᵢ
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
     def one(self, leaves, x, y):
-        """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`."""
+        """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`; the fallback
+        grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ)."""
         probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
 
@@ -258,7 +261,11 @@ class _Traced:
         (loss, (saved, aux)), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
         if self.aux_def is not None:
             loss = (loss, jax.tree.unflatten(self.aux_def, aux))
-        return loss, dict(zip(self.fallback, g_fb)), saved, deltas
+        g_fb = dict(zip(self.fallback, g_fb))
+        n = len(self.ruled)
+        if self.composite:
+            g_fb.update(rules.composite_grads(self.plan, list(leaves) + xy, saved[n:], deltas[n:]))
+        return loss, g_fb, saved[:n], deltas[:n]
 
     def fixed(self, leaves, xs, ys) -> dict:
         """{diff leaf: p}: the gradient of each ruled leaf's data-free uses (an L2 penalty), the same for every
@@ -283,7 +290,7 @@ def _traced(loss_fn, params, xs, ys, method, has_aux=False) -> _Traced | None:
         if method == "ghost":
             raise
         return None
-    if not t.plan.rules:
+    if not t.plan.rules and not t.plan.composites:
         if method == "ghost":
             raise rules.RulesUnsupported(
                 "method='ghost': no parameter leaf is used once as the weight of a dense layer, "
@@ -631,7 +638,7 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
                 for n, s in zip(names, shapes)]
     rows = []
     for i, (n, s) in enumerate(zip(names, shapes)):
-        r = t.plan.rules.get(i)
+        r = t.plan.rules.get(i) or t.plan.composite_leaves.get(i)
         if r is None:
             rows.append(dict(leaf=n, shape=s, path="fallback", kind="—",
                              why=t.plan.fallback.get(i, "") + ": differentiated per example (exact)"))

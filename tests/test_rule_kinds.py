@@ -161,3 +161,61 @@ def test_project_is_the_kronecker_projection_of_the_gradient():
             (got,) = rules.project(tr.rule(leaf), saved[j], deltas[j], [pa], [pd])
             g = want[name][i]
             np.testing.assert_allclose(np.ravel(got), np.kron(pa, pd).T @ np.ravel(g), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ weights computed from several parameters
+
+
+def weight_norm_loss(p, x, y):
+    """Weight normalization (Salimans & Kingma 2016): w = g·v/‖v‖ per output column, then a bias and a head."""
+    w = p["g"] * p["v"] / jnp.linalg.norm(p["v"], axis=0, keepdims=True)
+    h = jnp.tanh(x @ w + p["b"])
+    return jnp.sum((h @ p["head"] - y) ** 2)
+
+
+def spectral_norm_loss(p, x, y):
+    """Spectral normalization (Miyato et al. 2018): w / σ, σ = uᵀ W v from two power iterations from a fixed u."""
+    u = jnp.ones(p["w"].shape[1]) / jnp.sqrt(p["w"].shape[1])
+    for _ in range(2):
+        v = p["w"] @ u
+        v = v / jnp.linalg.norm(v)
+        u = p["w"].T @ v
+        u = u / jnp.linalg.norm(u)
+    w = p["w"] / (v @ p["w"] @ u)
+    h = jnp.tanh(x @ w)
+    return jnp.sum((h @ p["head"] - y) ** 2)
+
+
+def lora_merged_loss(p, x, y):
+    """LoRA written merged: x @ (W0 + A·B) over 3 tokens."""
+    h = jnp.tanh(x @ (p["w0"] + p["a"] @ p["b"]))
+    return jnp.sum((h.mean(0) @ p["head"] - y) ** 2)
+
+
+def hypernet_loss(p, x, y):
+    """A small hypernetwork: the layer's weight is a two-layer network's output from a learned code z."""
+    w = (jnp.tanh(p["z"] @ p["h1"]) @ p["h2"]).reshape(4, 5)
+    h = jnp.tanh(x @ w)
+    return jnp.sum((h @ p["head"] - y) ** 2)
+
+
+COMPUTED = {
+    "weight-norm": (weight_norm_loss, lambda: {"g": 1 + 0.1 * normal(1, (1, 5)), "v": normal(2, (4, 5)),
+                                              "b": normal(3, (5,)), "head": normal(4, (5, 2))}, (6, 4)),
+    "spectral-norm": (spectral_norm_loss, lambda: {"w": normal(1, (4, 5)), "head": normal(4, (5, 2))}, (6, 4)),
+    "lora-merged": (lora_merged_loss, lambda: {"w0": normal(1, (4, 5)), "a": normal(2, (4, 2)),
+                                               "b": normal(3, (2, 5)), "head": normal(4, (5, 2))}, (6, 3, 4)),
+    "hypernetwork": (hypernet_loss, lambda: {"z": normal(1, (3,)), "h1": normal(2, (3, 6)), "h2": normal(3, (6, 20)),
+                                             "head": normal(4, (5, 2))}, (6, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPUTED))
+def test_a_weight_computed_from_parameters_is_on_a_rule_and_exact(name):
+    loss_fn, make, x_shape = COMPUTED[name]
+    p = make()
+    xs, ys = normal(7, x_shape), normal(8, (x_shape[0], 2))
+    rows = engine.explain(loss_fn, p, xs, ys)
+    assert all(r["path"] == "rule" for r in rows), rows
+    assert all("computed weight: dense" in r["kind"] for r in rows if r["leaf"] not in ("['b']", "['head']")), rows
+    _check_all(loss_fn, p, xs, ys, methods=("ghost",), rtol=1e-4)

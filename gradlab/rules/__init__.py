@@ -8,12 +8,12 @@ See `core`'s docstring for the rules themselves and docs/extending.md for adding
 
 from gradlab.rules import registry
 from gradlab.rules.base import INLINE, SHAPE_OPS, SMALL_DOT, SPREAD_OPS, NoRule, RuleKind, Site, acc_dtype
-from gradlab.rules.core import (FIXED_VJP, FixedUse, Plan, Rule, RulesUnsupported, apply_rule, factor_bytes,
-                                fixed_grads, loop_bytes, plan, project, real_vdot, run, saved_bytes, small_outer,
+from gradlab.rules.core import (FIXED_VJP, Composite, FixedUse, Plan, Rule, RulesUnsupported, apply_rule, factor_bytes,
+                                composite_bytes, composite_grads, fixed_grads, loop_bytes, plan, project, real_vdot, run, saved_bytes, small_outer,
                                 trace, weight_dot, weight_grad, weight_sq_norm, zero_probes)
 from gradlab.rules.registry import KINDS, register, unregister
 
-__all__ = ["FIXED_VJP", "INLINE", "KINDS", "SHAPE_OPS", "SMALL_DOT", "SPREAD_OPS", "FixedUse", "NoRule", "Plan",
+__all__ = ["FIXED_VJP", "Composite", "composite_bytes", "composite_grads", "INLINE", "KINDS", "SHAPE_OPS", "SMALL_DOT", "SPREAD_OPS", "FixedUse", "NoRule", "Plan",
            "Rule", "RuleKind", "RulesUnsupported", "Site", "acc_dtype", "apply_rule", "factor_bytes", "fixed_grads",
            "loop_bytes", "plan", "project", "real_vdot", "registry", "register", "run", "saved_bytes", "small_outer",
            "trace", "unregister", "weight_dot", "weight_grad", "weight_sq_norm", "zero_probes"]

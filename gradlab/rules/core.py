@@ -286,6 +286,41 @@ class Plan:
     rules: dict
     fallback: dict  # leaf index -> reason
     refs: list = dataclasses.field(default_factory=list)
+    composites: list = dataclasses.field(default_factory=list)  # Composites: weights computed from several leaves
+
+    @property
+    def composite_leaves(self) -> dict:
+        """{leaf index: its Composite} for every leaf whose gradient comes through a computed weight."""
+        return {leaf: c for c in self.composites for leaf in c.leaves}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Composite:
+    """Leaves that reach the loss only through weights computed from them and no example data (weight
+    normalization w = g·v/‖v‖, spectral normalization, merged LoRA W0 + A·B, a hypernetwork's output): `leaves`
+    (leaf indices), `refs` (the computed weights, where they meet the data), `eqns` (the top-level equations
+    computing `refs` from the leaves, in order) and `rules` (one Rule per computed weight, over its sites).
+
+    Each example's gradient in a computed weight W is its rule's (from (a, δ)); the map from W's gradient to
+    the leaves' is linear (the VJP of the construction at the leaves' values), so the leaves' per-example
+    gradients are that VJP applied to each example's gradient in W (`composite_grads`); the construction runs
+    once per chunk, its VJP batched over the examples."""
+
+    leaves: tuple
+    refs: tuple
+    eqns: tuple
+    rules: tuple
+
+    @property
+    def kind(self) -> str:
+        return "computed weight: " + " + ".join(r.kind for r in self.rules)
+
+    @property
+    def why(self) -> str:
+        ops = sorted({_op_name(e) for e in self.eqns} - SHAPE_OPS)
+        return (f"a weight computed from {len(self.leaves)} parameter(s) and no example ({', '.join(ops)}): "
+                f"{'; '.join(r.why for r in self.rules)}; the gradient in the parameters is the construction's "
+                "VJP of each example's gradient in the weight")
 
 
 #: Ops whose VJP in each operand is fixed (a sum, a broadcast, a cast, a reshape): a cotangent the same for every
@@ -301,10 +336,7 @@ def _fixed_refs(graph: Graph, data_refs) -> frozenset:
     A value's cotangent is fixed when every use passes the loss's cotangent (1) on by a VJP that does not read the
     example: a use by an op whose outputs are example-free (its VJP reads only example-free values) or by a
     `FIXED_VJP` op (a product: its other operand example-free), whose outputs' cotangents are fixed in turn."""
-    dep = set(data_refs)
-    for e in graph.eqns:
-        if any(isinstance(a, int) and a in dep for a in e.ins):
-            dep.update(e.outs)
+    dep = _data_dependent(graph, data_refs)
     uses = defaultdict(list)
     for e in graph.eqns:
         for p, a in enumerate(e.ins):
@@ -364,12 +396,121 @@ def plan(graph: Graph, diff_refs: list, data_refs: list | None = None) -> Plan:
             for leaf in set(leaves) & set(rules):
                 del rules[leaf]
                 fallback[leaf] = "both operands of one product are parameters"
+    composites = _composites(graph, walker, list(diff_refs), data_refs, rules, fallback)
     # biases and scales alone gain nothing over vmap(grad) (their gradients are as small as their rules)
-    if not any(r.layer for r in rules.values()):
+    if not any(r.layer for r in rules.values()) and not any(r.layer for c in composites for r in c.rules):
         for leaf, r in rules.items():
             fallback[leaf] = f"{r.kind}, but no dense, conv or embedding layer in the loss has a rule"
         rules = {}
-    return Plan(graph, len(diff_refs), rules, fallback, list(diff_refs))
+        for c in composites:
+            for leaf in c.leaves:
+                fallback[leaf] = f"{c.kind}, but no dense, conv or embedding layer in the loss has a rule"
+        composites = []
+    return Plan(graph, len(diff_refs), rules, fallback, list(diff_refs), composites)
+
+
+def _data_dependent(graph: Graph, data_refs) -> set:
+    """The top-level refs computed from some example input (`data_refs`)."""
+    dep = set(data_refs)
+    for e in graph.eqns:
+        if any(isinstance(a, int) and a in dep for a in e.ins):
+            dep.update(e.outs)
+    return dep
+
+
+def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, fallback: dict) -> list:
+    """Group the leaves that fell back and reach the loss only through weights computed from parameters alone
+    (`Composite`); their leaves leave `fallback` (and `rules`: a leaf such as LoRA's W0 in W0 + A·B had a rule
+    for its use inside the construction). A group whose computed weights have no rule is left as it was."""
+    if not fallback:
+        return []
+    dep = _data_dependent(graph, data_refs)
+    leaf_of = {ref: leaf for leaf, ref in enumerate(diff_refs)}
+    lset, producer = {}, {}  # data-free ref -> the leaves it is computed from; ref -> its equation's index
+    for k, e in enumerate(graph.eqns):
+        if any(o in dep for o in e.outs):
+            continue
+        found = set()
+        for a in e.ins:
+            if isinstance(a, int):
+                found |= {leaf_of[a]} if a in leaf_of else lset.get(a, set())
+        for o in e.outs:
+            lset[o], producer[o] = found, k
+    uses = walker.uses(graph)
+    boundary = [r for r, ls in lset.items() if ls & set(fallback) and ls and any(
+        k is None or any(o in dep for o in graph.eqns[k].outs) for k, _ in uses[r])]
+    groups = []  # (leaves, refs), merged where they share a leaf
+    for r in boundary:
+        leaves, refs = set(lset[r]), [r]
+        for g in [g for g in groups if g[0] & leaves]:
+            groups.remove(g)
+            leaves |= g[0]
+            refs = g[1] + refs
+        groups.append((leaves, refs))
+    out = []
+    for leaves, refs in groups:
+        comp = _composite(graph, walker, diff_refs, leaves, refs, producer, uses)
+        if comp is None:
+            continue
+        for leaf in comp.leaves:
+            fallback.pop(leaf, None)
+            rules.pop(leaf, None)
+        out.append(comp)
+    return out
+
+
+def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
+    """The Composite of `leaves` through the computed weights `refs`, or None: every use of a leaf must be an
+    equation of the construction, and every computed weight must reach only layer sites (no penalty on it)."""
+    need, todo = set(), list(refs)
+    while todo:  # the equations computing `refs`, back to the leaves
+        r = todo.pop()
+        if r not in producer or producer[r] in need:
+            continue
+        need.add(producer[r])
+        todo += [a for a in graph.eqns[producer[r]].ins if isinstance(a, int)]
+    for leaf in leaves:
+        if any(k is None or k not in need for k, _ in uses[diff_refs[leaf]]):
+            return None
+    ref_rules = []
+    for r in refs:
+        try:
+            found = walker.sites(graph, r)
+        except NoRule:
+            return None
+        if not found or not all(isinstance(f, Site) for f in found):
+            return None
+        ref_rules.append(_rule(-1, found))
+    return Composite(tuple(sorted(leaves)), tuple(refs), tuple(graph.eqns[k] for k in sorted(need)),
+                     tuple(ref_rules))
+
+
+def _construct(graph: Graph, comp: Composite, values: list, leaf_vals: list, refs: list) -> list:
+    """The computed weights `comp.refs` from the leaves' values `leaf_vals` (the other inputs from `values`)."""
+    env = dict(zip(graph.inputs, values))
+    env.update(zip(refs, leaf_vals))
+    for e in comp.eqns:
+        env.update(zip(e.outs, _bind(e, [a.val if isinstance(a, Const) else env[a] for a in e.ins])))
+    return [env[r] for r in comp.refs]
+
+
+def composite_grads(pl: Plan, values: list, saved: list, delta: list) -> dict:
+    """{leaf: one example's gradient} for every leaf of `pl.composites`, in the leaf's dtype: each computed
+    weight's per-example gradient by its rule (`weight_grad`), carried back to the leaves by the construction's
+    VJP at their values. `values`: the graph's inputs; `saved`, `delta`: one group per computed weight, in the
+    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves')."""
+    out, j = {}, 0
+    for comp in pl.composites:
+        refs = [pl.refs[leaf] for leaf in comp.leaves]
+        leaf_vals = [values[pl.graph.inputs.index(r)] for r in refs]
+        ws, vjp = jax.vjp(lambda lv: _construct(pl.graph, comp, values, lv, refs), leaf_vals)
+        gs = []
+        for rule, w in zip(comp.rules, ws):
+            gs.append(weight_grad(rule, w, saved[j], delta[j]).astype(w.dtype))
+            j += 1
+        for leaf, g in zip(comp.leaves, vjp(gs)[0]):
+            out[leaf] = g
+    return out
 
 
 # ------------------------------------------------------------------ evaluation with probes
@@ -396,16 +537,21 @@ def apply_rule(rule: Rule, w, saved) -> tuple:
     return tuple(_apply_site(s, w, a) for s, a in zip(rule.sites, saved))
 
 
+def _all_rules(pl: Plan) -> list:
+    """The ruled leaves' rules (leaves sorted), then the computed weights' (composites in order)."""
+    return [pl.rules[leaf] for leaf in sorted(pl.rules)] + [r for c in pl.composites for r in c.rules]
+
+
 def _sites(pl: Plan) -> list:
-    """Every site of every ruled leaf, in probe order (leaves sorted, then their sites)."""
-    return [s for leaf in sorted(pl.rules) for s in pl.rules[leaf].sites]
+    """Every site of every rule, in probe order (`_all_rules`, then their sites)."""
+    return [s for r in _all_rules(pl) for s in r.sites]
 
 
 def _group(pl: Plan, flat: list) -> list:
-    """A flat per-site list regrouped as one tuple per ruled leaf."""
+    """A flat per-site list regrouped as one tuple per rule (`_all_rules`)."""
     out, it = [], iter(flat)
-    for leaf in sorted(pl.rules):
-        out.append(tuple(next(it) for _ in pl.rules[leaf].sites))
+    for r in _all_rules(pl):
+        out.append(tuple(next(it) for _ in r.sites))
     return out
 
 
@@ -420,7 +566,7 @@ def run(graph: Graph, pl: Plan, values: list, probes: list):
 
     **Returns** `(outputs, saved)`: the graph's outputs (the loss first, then any auxiliary ones);
     `saved[j]` holds, per site of the j-th ruled leaf (`sorted(pl.rules)`), the op's other operand (patches
-    for a convolution) with its scans' steps first; `probes[j]` (as `zero_probes`) was added to each site's
+    for a convolution) with its scans' steps first, then one group per computed weight (`pl.composites`); `probes[j]` (as `zero_probes`) was added to each site's
     output, so their gradients are the sites' δ.
     """
     sites = list(enumerate(_sites(pl)))
@@ -698,3 +844,14 @@ def saved_bytes(pl: Plan) -> int:
 def factor_bytes(pl: Plan, leaf: int) -> int:
     """Elements of (a, δ) kept for a ruled leaf: expanding after the chunked pass pays when small."""
     return sum(_size(s.stack) * (_size(s.saved.shape) + _size(s.op.out_avals[0].shape)) for s in pl.rules[leaf].sites)
+
+
+def composite_bytes(pl: Plan) -> int:
+    """Elements per example the computed weights keep: their (a, δ), and their gradient and the leaves' (formed)."""
+    total = 0
+    for c in pl.composites:
+        total += sum(_size(s.stack) * (_size(s.saved.shape) + _size(s.op.out_avals[0].shape))
+                     for r in c.rules for s in r.sites)
+        total += sum(_size(pl.graph.avals[r].shape) for r in c.refs)
+        total += sum(_size(pl.graph.avals[pl.refs[leaf]].shape) for leaf in c.leaves)
+    return total
