@@ -623,7 +623,9 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     **Returns** one dict per leaf, in tree order: `leaf` (name as in `per_example_layer_norms`),
     `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"`,
     `"added"` (a bias or position embedding), `"scale"` (an elementwise scale), several joined by "+"
-    for a leaf used in several ways (a tied embedding: `"embedding+dense"`), or `"—"`), `why` (how
+    for a leaf used in several ways (a tied embedding: `"embedding+dense"`), `"computed weight: dense"` for a
+    parameter of a weight computed from parameters (weight normalization's g and v, LoRA's A and B), or `"—"`;
+    the name of each registered `rules.RuleKind`), `why` (how
     its per-example gradient or norm is computed, where: inside a scan or a cond branch, how the
     norms of a leaf used several times combine; or why it has no rule).
     Every row says `"fallback"` with the reason if the loss cannot be traced.

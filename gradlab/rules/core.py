@@ -25,11 +25,12 @@ The same rules hold wherever the op sits, and for every use of a leaf (a *site*)
   ‖gᵢ‖² = Σₖ,ₗ ⟨gᵢₖ, gᵢₗ⟩ from the uses' pairwise ghost inner products (a matrix used by dense layers and row
   lookups, when cheaper), else from the summed gradients.
 
-Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
+The user's code is not wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
 shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
 before an elementwise add or multiply), into scan bodies (as a loop constant) and cond branches, to its
-uses. Three more kinds of use keep a rule:
+uses, where the layer kinds of `registry.KINDS` (one `base.RuleKind` per file: dense, conv, embedding, added,
+scale) match it; this module never branches on a kind's name. Four more kinds of use keep a rule:
 
 - a transposed convolution (`lhs_dilation`) is the convolution rule on the patches of the dilated input;
 - a weight through a function of itself alone (`relu(W)` as a `custom_jvp_call`, `exp(log_scale)`): the
@@ -38,9 +39,13 @@ uses. Three more kinds of use keep a rule:
 - a term computed from no example data (an L2 penalty `λ‖W‖²` added to the loss: `_fixed_refs`): its gradient
   p is the same for every example, computed once per call from one example's backward pass, so
   gᵢ = dᵢ + p, ‖gᵢ‖² = ‖dᵢ‖² + 2⟨dᵢ, p⟩ + ‖p‖² (⟨dᵢ, p⟩ is the layer applied with p as its weight, contracted
-  with δ: no dᵢ formed), and a clipped sum gains (Σᵢ cᵢ)·p.
+  with δ: no dᵢ formed), and a clipped sum gains (Σᵢ cᵢ)·p;
+- a weight computed from several parameters and no example (weight normalization g·v/‖v‖, spectral
+  normalization, LoRA merged W0 + A·B, a hypernetwork's output: `Composite`): the computed weight takes its
+  layer's rule, and the construction's VJP at the parameters carries each example's gradient back to them.
 
-A leaf all of whose uses are weights, biases, scales or data-free terms gets a rule; every other leaf (a
+Complex leaves take the same rules with |g|² = g·ḡ (`base.sq_abs`; Gram matrices AAᴴ, DDᴴ): real norms, and
+dot products Re Σ ḡⱼvⱼ (`weight_dot`). A leaf all of whose uses are weights, biases, scales or data-free terms gets a rule; every other leaf (a
 leaf entering a while_loop or multiplying the activations through a nonlinearity, batch-grouped convolutions)
 *falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is exact and
 costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held constant, a zero probe
