@@ -313,7 +313,7 @@ def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
     """Per-example bytes of the plain path: the loss's intermediates (x2 for the backward) + P floats."""
     try:
         t = _Traced(loss_fn, params, xs, ys)
-        act = rules.saved_bytes(dataclasses.replace(t.plan, rules={}))
+        act = rules.saved_bytes(dataclasses.replace(t.plan, rules={}, composites=[]))
     except Exception:
         act = 0
     p = sum(a.size for a in jax.tree.leaves(split_params(params)[0]))

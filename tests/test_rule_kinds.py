@@ -70,13 +70,15 @@ def _fourier():
     return fourier_loss, p, normal(5, (7, 16, 2)), normal(6, (7, 16))
 
 
-def test_complex_weights_are_exact_real_norms_conjugate_dots():
+@pytest.mark.parametrize("method", ["ghost", pytest.param("vmap", marks=pytest.mark.slow)])
+def test_complex_weights_are_exact_real_norms_conjugate_dots(method):
     loss_fn, p, xs, ys = _fourier()
     rows = {r["leaf"]: r for r in engine.explain(loss_fn, p, xs, ys)}
     assert rows["['w']"]["path"] == "rule" and rows["['w']"]["kind"] == "dense", rows
-    _check_all(loss_fn, p, xs, ys)
+    _check_all(loss_fn, p, xs, ys, methods=(method,))
 
 
+@pytest.mark.slow  # the dense rule's ghost form on complex factors; the quick test above has one token per mode
 def test_complex_ghost_norm_over_tokens():
     """A complex dense weight over 12 tokens (ghost norm: Σ (AAᴴ)⊙(DDᴴ), real)."""
     def loss_fn(p, x, y):
@@ -199,6 +201,7 @@ def hypernet_loss(p, x, y):
     return jnp.sum((h @ p["head"] - y) ** 2)
 
 
+SLOW = pytest.mark.slow  # the same machinery as weight-norm and lora-merged, which stay in the quick subset
 COMPUTED = {
     "weight-norm": (weight_norm_loss, lambda: {"g": 1 + 0.1 * normal(1, (1, 5)), "v": normal(2, (4, 5)),
                                               "b": normal(3, (5,)), "head": normal(4, (5, 2))}, (6, 4)),
@@ -210,7 +213,8 @@ COMPUTED = {
 }
 
 
-@pytest.mark.parametrize("name", list(COMPUTED))
+@pytest.mark.parametrize("name", [n if n in ("weight-norm", "lora-merged") else pytest.param(n, marks=SLOW)
+                                  for n in COMPUTED])
 def test_a_weight_computed_from_parameters_is_on_a_rule_and_exact(name):
     loss_fn, make, x_shape = COMPUTED[name]
     p = make()
