@@ -7,6 +7,8 @@ import re
 import tokenize
 from pathlib import Path
 
+from gradlab import rules
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Tests of a `dataset` string's source prefix: `is_own`/`is_upload`, `startswith("upload:")`, `== UPLOAD`,
@@ -52,8 +54,6 @@ def _rule_kind_dispatch(rel: str, lines) -> list[str]:
     """`rel:line: code` of every comparison on a layer kind among `lines` ((number, code) of the file `rel`): a
     kind's name compared or tested for membership (`== "conv"`, `in ("dense", …)`), or in `gradlab/rules/` any
     test of a site's kind (`.kind ==`, `kind in`, `isinstance(…kind…)`)."""
-    from gradlab import rules
-
     names = "|".join(re.escape(k.name) for k in rules.KINDS)
     name_cmp = re.compile(rf"(==|!=|\bin\b|\bis\b)\s*[(\[{{]?[^#\n]*?[\"']({names})[\"']|[\"']({names})[\"']\s*(==|!=|\bin\b)")
     kind_cmp = re.compile(r"(?<!for )\bkind\s*(==|!=|\bin\b|\bnot in\b|\bis\b)|isinstance\([^)]*kind")

@@ -9,6 +9,7 @@ import pytest
 from jax import lax
 
 from gradlab import engine, rules
+from rule_kind_example import ROW_WINDOW
 from testdata import normal
 
 
@@ -22,6 +23,27 @@ def _loop(loss_fn, params, xs, ys):
 def _norms(grads):
     flat = np.concatenate([np.reshape(a, (a.shape[0], -1)) for a in jax.tree.leaves(grads)], axis=1)
     return np.sqrt(np.sum(np.abs(flat.astype(np.complex128)) ** 2, axis=1))
+
+
+def _plan(loss_fn, params, x, y):
+    """The rules' view of one example's loss through the public `gradlab.rules` API, as the engine builds it:
+    `(graph, plan, leaves)`, the leaves being `params`' in tree order."""
+    leaves, tree = jax.tree.flatten(params)
+    flat = lambda ls, x, y: loss_fn(jax.tree.unflatten(tree, ls), x, y)  # noqa: E731
+    sds = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # noqa: E731
+    graph = rules.trace(flat, [sds(a) for a in leaves], sds(x), sds(y))
+    n = len(leaves)
+    return graph, rules.plan(graph, graph.inputs[:n], graph.inputs[n:]), leaves
+
+
+def _a_and_delta(graph, pl, leaves, x, y):
+    """One example's saved operands a and output gradients δ, per ruled leaf (`sorted(pl.rules)`)."""
+    def loss(probes):
+        outs, saved = rules.run(graph, pl, list(leaves) + [x, y], probes)
+        return outs[0], saved
+
+    deltas, saved = jax.grad(loss, has_aux=True)(rules.zero_probes(pl))
+    return saved, deltas
 
 
 def _check_all(loss_fn, params, xs, ys, methods=("ghost", "vmap"), rtol=2e-5):
@@ -88,8 +110,8 @@ def test_complex_ghost_norm_over_tokens():
     w = (jax.random.normal(k[0], (40, 40)) + 1j * jax.random.normal(k[1], (40, 40))).astype(jnp.complex64) / 8
     p = {"w": w, "v": w.T[:, :30]}
     xs, ys = normal(1, (5, 12, 40)), normal(2, (5,))
-    tr = engine._Traced(loss_fn, p, xs, ys)
-    assert [tr.rule(i).sites[0].norm for i in tr.ruled] == ["gram", "gram"]
+    _, pl, _ = _plan(loss_fn, p, xs[0], ys[0])
+    assert [pl.rules[i].sites[0].norm for i in sorted(pl.rules)] == ["gram", "gram"]
     _check_all(loss_fn, p, xs, ys, methods=("ghost",), rtol=1e-4)
 
 
@@ -114,8 +136,6 @@ def test_a_zero_size_leaf_is_exact():
 
 @pytest.fixture
 def row_window():
-    from rule_kind_example import ROW_WINDOW
-
     rules.register(ROW_WINDOW)  # the one registry line (a plug-in would put it beside its kind)
     yield ROW_WINDOW
     rules.unregister(ROW_WINDOW)
@@ -152,15 +172,15 @@ def test_project_is_the_kronecker_projection_of_the_gradient():
     p = {"emb": normal(1, (11, 4)), "w": normal(2, (4, 5))}
     xs, ys = jax.random.randint(jax.random.key(5), (3, 6), 0, 11), normal(3, (3, 5))
     want = _loop(loss_fn, p, xs, ys)
-    tr = engine._Traced(loss_fn, p, xs, ys)
-    leaves = tr.leaves
+    graph, pl, leaves = _plan(loss_fn, p, xs[0], ys[0])
+    assert sorted(pl.rules) == [0, 1]  # emb, w (tree order)
     for i in range(3):
-        _, _, saved, deltas = tr.one(leaves, xs[i], ys[i])
-        for j, leaf in enumerate(tr.ruled):
+        saved, deltas = _a_and_delta(graph, pl, leaves, xs[i], ys[i])
+        for j, leaf in enumerate(sorted(pl.rules)):
             name = ["emb", "w"][leaf]
             rows, cols = p[name].shape
             pa, pd = normal(10 + j, (rows, 3)), normal(20 + j, (cols, 2))
-            (got,) = rules.project(tr.rule(leaf), saved[j], deltas[j], [pa], [pd])
+            (got,) = rules.project(pl.rules[leaf], saved[j], deltas[j], [pa], [pd])
             g = want[name][i]
             np.testing.assert_allclose(np.ravel(got), np.kron(pa, pd).T @ np.ravel(g), rtol=1e-4, atol=1e-5)
 
