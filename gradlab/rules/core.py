@@ -425,8 +425,10 @@ def _data_dependent(graph: Graph, data_refs) -> set:
 
 def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, fallback: dict) -> list:
     """Group the leaves that fell back and reach the loss only through weights computed from parameters alone
-    (`Composite`); their leaves leave `fallback` (and `rules`: a leaf such as LoRA's W0 in W0 + A·B had a rule
-    for its use inside the construction). A group whose computed weights have no rule is left as it was."""
+    (`Composite`); they leave `fallback`. A leaf of the construction that has a rule keeps it (LoRA's W0 in
+    W0 + A·B is added to A·B; a hypernetwork's last matrix is a dense layer on its hidden units): its per-example
+    gradient costs less that way than through the construction's VJP, which is taken in the fallen-back leaves
+    only. A group whose computed weights have no rule is left as it was."""
     if not fallback:
         return []
     dep = _data_dependent(graph, data_refs)
@@ -446,7 +448,7 @@ def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, f
         k is None or any(o in dep for o in graph.eqns[k].outs) for k, _ in uses[r])]
     groups = []  # (leaves, refs), merged where they share a leaf
     for r in boundary:
-        leaves, refs = set(lset[r]), [r]
+        leaves, refs = lset[r] & set(fallback), [r]
         while overlap := [g for g in groups if g[0] & leaves]:
             for g in overlap:
                 groups.remove(g)
@@ -459,8 +461,7 @@ def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, f
         if comp is None:
             continue
         for leaf in comp.leaves:
-            fallback.pop(leaf, None)
-            rules.pop(leaf, None)
+            del fallback[leaf]
         out.append(comp)
     return out
 
