@@ -121,11 +121,9 @@ def _ratios(label, loss, p, xs, ys) -> None:
 
 def timing() -> None:
     loss, p, xs, ys = gpt_block()
-    on = dict(rules.ELEMENTWISE)
-    for label, elementwise in [("GPT block, dense/embedding only", {}), ("GPT block, + bias and scale rules", on)]:
-        rules.ELEMENTWISE = elementwise  # switches the family off for this comparison only
-        _ratios(label, loss, p, xs, ys)
-    rules.ELEMENTWISE = on
+    with rules.registry.without("added", "scale"):  # switches the family off for this comparison only
+        _ratios("GPT block, dense/embedding only", loss, p, xs, ys)
+    _ratios("GPT block, + bias and scale rules", loss, p, xs, ys)
     for cell in ("lstm", "gru"):
         _ratios(f"{cell.upper()}, 16 steps, hidden 32", *rnn(cell))
 

@@ -46,6 +46,7 @@ from jaxtyping import Array, Float
 
 from gradlab import jaxprs, rules, sharding, xla
 from gradlab.params import as_params, leaf_names, num_params, split_params
+from gradlab.rules.base import sq_abs
 
 __all__ = [
     # the engine contract (DESIGN.md)
@@ -120,7 +121,22 @@ def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
 
     (`jax.lax.map(batch_size=None)` would be a sequential scan, one example per step.)
     """
-    return jax.vmap(f)(xs) if chunk is None else jax.lax.map(f, xs, batch_size=chunk)
+    if chunk is None:
+        return jax.vmap(f)(xs)
+    try:
+        return jax.lax.map(f, xs, batch_size=chunk)
+    except ZeroDivisionError:  # `lax.map` reshapes each output to (-1, chunk, ...): it cannot when one is empty
+        return _map_nonempty(f, xs, chunk)
+
+
+def _map_nonempty(f: Callable, xs: Any, chunk: int) -> Any:
+    """`_map` in chunks when some output of `f` has size 0 (a zero-size leaf's gradient): the other outputs
+    mapped, the empty ones zeros of their shape."""
+    leaves, tree = jax.tree.flatten(jax.eval_shape(jax.vmap(f), xs))
+    empty = [a.size == 0 for a in leaves]
+    kept = jax.lax.map(lambda x: [o for o, e in zip(jax.tree.leaves(f(x)), empty) if not e], xs, batch_size=chunk)
+    kept = iter(kept)
+    return jax.tree.unflatten(tree, [jnp.zeros(a.shape, a.dtype) if e else next(kept) for a, e in zip(leaves, empty)])
 
 
 def _reduce_chunk(n: int, chunk: int | None) -> int:
@@ -212,7 +228,9 @@ class _Traced:
         self.diff_refs = [self.graph.inputs[i] for i in self.diff_index]
         self.plan = rules.plan(self.graph, self.diff_refs, self.graph.inputs[len(self.leaves):])
         self.ruled = sorted(self.plan.rules)  # diff-leaf indices with a rule, in probe order
-        self.fallback = [i for i in range(len(self.diff_index)) if i not in self.plan.rules]
+        self.composite = sorted(self.plan.composite_leaves)  # leaves through a computed weight (`rules.Composite`)
+        self.fallback = [i for i in range(len(self.diff_index))
+                         if i not in self.plan.rules and i not in self.plan.composite_leaves]
 
     def example_bytes(self) -> int:
         """Bytes the rules keep per example in a chunk: each ruled op's input (or patches) and output
@@ -221,13 +239,14 @@ class _Traced:
         keeps every step's values, forms as much in cotangents, and the rules stack each step's (a, δ)). Chunks of 16
         to 20 sequences (weight 8) run an LSTM's and a GRU's clipped sum 1.2 to 1.6 times faster than the
         52 to 64 that weight 2 gave (benchmarks/RESULTS.md)."""
-        kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled)
+        kept = sum(rules.factor_bytes(self.plan, i) for i in self.ruled) + rules.composite_bytes(self.plan)
         formed = [i for i in self.ruled if self.rule(i).forms_grad]  # a clipped sum keeps these gᵢ
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
     def one(self, leaves, x, y):
-        """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`."""
+        """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`; the fallback
+        grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ)."""
         probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
 
@@ -242,7 +261,11 @@ class _Traced:
         (loss, (saved, aux)), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
         if self.aux_def is not None:
             loss = (loss, jax.tree.unflatten(self.aux_def, aux))
-        return loss, dict(zip(self.fallback, g_fb)), saved, deltas
+        g_fb = dict(zip(self.fallback, g_fb))
+        n = len(self.ruled)
+        if self.composite:
+            g_fb.update(rules.composite_grads(self.plan, list(leaves) + xy, saved[n:], deltas[n:]))
+        return loss, g_fb, saved[:n], deltas[:n]
 
     def fixed(self, leaves, xs, ys) -> dict:
         """{diff leaf: p}: the gradient of each ruled leaf's data-free uses (an L2 penalty), the same for every
@@ -267,7 +290,7 @@ def _traced(loss_fn, params, xs, ys, method, has_aux=False) -> _Traced | None:
         if method == "ghost":
             raise
         return None
-    if not t.plan.rules:
+    if not t.plan.rules and not t.plan.composites:
         if method == "ghost":
             raise rules.RulesUnsupported(
                 "method='ghost': no parameter leaf is used once as the weight of a dense layer, "
@@ -290,7 +313,7 @@ def _vmap_example_bytes(loss_fn, params, xs, ys) -> int:
     """Per-example bytes of the plain path: the loss's intermediates (x2 for the backward) + P floats."""
     try:
         t = _Traced(loss_fn, params, xs, ys)
-        act = rules.saved_bytes(dataclasses.replace(t.plan, rules={}))
+        act = rules.saved_bytes(dataclasses.replace(t.plan, rules={}, composites=[]))
     except Exception:
         act = 0
     p = sum(a.size for a in jax.tree.leaves(split_params(params)[0]))
@@ -364,8 +387,9 @@ def _traced_call(*trees) -> bool:
 
 
 def _sq(g):
-    """‖g‖² accumulated in float32 (or wider): a bfloat16 sum of squares is off by ~2⁻⁸."""
-    return jnp.sum(jnp.square(g.astype(rules.acc_dtype(g.dtype))))
+    """‖g‖² accumulated in float32 (or wider): a bfloat16 sum of squares is off by ~2⁻⁸. Real for a complex g
+    (Σ |gⱼ|² = Σ gⱼ·ḡⱼ, not Σ gⱼ²)."""
+    return jnp.sum(sq_abs(g.astype(rules.acc_dtype(g.dtype))))
 
 
 def _rules_pass(t: _Traced, leaves, xs, ys, chunk, per_example: Callable):
@@ -599,7 +623,9 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     **Returns** one dict per leaf, in tree order: `leaf` (name as in `per_example_layer_norms`),
     `shape`, `path` (`"rule"` or `"fallback"`), `kind` (`"dense"`, `"conv"`, `"embedding"`,
     `"added"` (a bias or position embedding), `"scale"` (an elementwise scale), several joined by "+"
-    for a leaf used in several ways (a tied embedding: `"embedding+dense"`), or `"—"`), `why` (how
+    for a leaf used in several ways (a tied embedding: `"embedding+dense"`), `"computed weight: dense"` for a
+    parameter of a weight computed from parameters (weight normalization's g and v, LoRA's A and B), or `"—"`;
+    the name of each registered `rules.RuleKind`), `why` (how
     its per-example gradient or norm is computed, where: inside a scan or a cond branch, how the
     norms of a leaf used several times combine; or why it has no rule).
     Every row says `"fallback"` with the reason if the loss cannot be traced.
@@ -614,7 +640,7 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
                 for n, s in zip(names, shapes)]
     rows = []
     for i, (n, s) in enumerate(zip(names, shapes)):
-        r = t.plan.rules.get(i)
+        r = t.plan.rules.get(i) or t.plan.composite_leaves.get(i)
         if r is None:
             rows.append(dict(leaf=n, shape=s, path="fallback", kind="—",
                              why=t.plan.fallback.get(i, "") + ": differentiated per example (exact)"))
@@ -624,8 +650,9 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
 
 
 def _vdot(a, b):
+    """⟨a, b⟩ in float32 or wider, real: Re Σ āⱼ bⱼ for complex leaves (their inner product as pairs of reals)."""
     dtype = rules.acc_dtype(jnp.result_type(a, b))
-    return jnp.vdot(a.astype(dtype), b.astype(dtype))
+    return rules.real_vdot(a.astype(dtype), b.astype(dtype))
 
 
 @xla.jit

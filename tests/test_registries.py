@@ -7,6 +7,8 @@ import re
 import tokenize
 from pathlib import Path
 
+from gradlab import rules
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Tests of a `dataset` string's source prefix: `is_own`/`is_upload`, `startswith("upload:")`, `== UPLOAD`,
@@ -45,3 +47,36 @@ def test_no_source_prefix_dispatch():
     found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files for i, line in _code_lines(p)
              if SOURCE_PREFIX_DISPATCH.search(line)]
     assert not found, "dispatch on a source prefix outside gradlab/sources (ask the Source instead):\n" + "\n".join(found)
+
+
+
+def _rule_kind_dispatch(rel: str, lines) -> list[str]:
+    """`rel:line: code` of every comparison on a layer kind among `lines` ((number, code) of the file `rel`): a
+    kind's name compared or tested for membership (`== "conv"`, `in ("dense", …)`), or in `gradlab/rules/` any
+    test of a site's kind (`.kind ==`, `kind in`, `isinstance(…kind…)`)."""
+    names = "|".join(re.escape(k.name) for k in rules.KINDS)
+    name_cmp = re.compile(rf"(==|!=|\bin\b|\bis\b)\s*[(\[{{]?[^#\n]*?[\"']({names})[\"']|[\"']({names})[\"']\s*(==|!=|\bin\b)")
+    kind_cmp = re.compile(r"(?<!for )\bkind\s*(==|!=|\bin\b|\bnot in\b|\bis\b)|isinstance\([^)]*kind")
+    in_rules = rel.startswith("gradlab/rules/")
+    return [f"{rel}:{i}: {line.strip()}" for i, line in lines
+            if name_cmp.search(line) or (in_rules and kind_cmp.search(line))]
+
+
+def test_no_rule_kind_dispatch(tmp_path):
+    """0 comparisons on a layer kind outside the kinds' own files (those defining a `RuleKind`) and
+    `gradlab/rules/registry.py`: a new kind is one file and one registry line (issue 39)."""
+    bad = tmp_path / "bad.py"  # what the registry replaced (gradlab/rules.py before it): each line is caught
+    bad.write_text('if site.kind == "conv":\n    pass\naxis = 1 if kind == "conv" else 0\nx = s.kind in ("dense", "conv")\n')
+    assert len(_rule_kind_dispatch("gradlab/rules/core.py", _code_lines(bad))) == 3
+    assert len(_rule_kind_dispatch("gradlab/engine.py", _code_lines(bad))) == 3
+    fine = tmp_path / "fine.py"
+    fine.write_text('for kind in registry.for_prim(name):\n    pass\n"""a kind is named"""\n')
+    assert _rule_kind_dispatch("gradlab/rules/core.py", _code_lines(fine)) == []
+    fine.write_text('if spec.kind == "linear":\n    pass\n')  # another idea's kind, outside the rules
+    assert _rule_kind_dispatch("gradlab/models.py", _code_lines(fine)) == []
+    found = []
+    for p in sorted(ROOT.glob("gradlab/**/*.py")):
+        rel = p.relative_to(ROOT).as_posix()
+        if rel != "gradlab/rules/registry.py" and not re.search(r"^class \w+\(RuleKind\)", p.read_text(), re.M):
+            found += _rule_kind_dispatch(rel, _code_lines(p))
+    assert not found, "dispatch on a layer kind outside its own file (ask the RuleKind instead):\n" + "\n".join(found)

@@ -25,11 +25,12 @@ The same rules hold wherever the op sits, and for every use of a leaf (a *site*)
   ‖gᵢ‖² = Σₖ,ₗ ⟨gᵢₖ, gᵢₗ⟩ from the uses' pairwise ghost inner products (a matrix used by dense layers and row
   lookups, when cheaper), else from the summed gradients.
 
-Nothing is registered or wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
+The user's code is not wrapped: `trace` reads the loss's jaxpr (`gradlab.jaxprs.flatten`, nested
 `jit`/`closed_call`/`checkpoint` inlined) and `plan` follows each differentiable leaf through
 shape-only ops (transpose, reshape, dtype casts, squeeze, expand_dims; and broadcasts or slices
 before an elementwise add or multiply), into scan bodies (as a loop constant) and cond branches, to its
-uses. Three more kinds of use keep a rule:
+uses, where the layer kinds of `registry.KINDS` (one `base.RuleKind` per file: dense, conv, embedding, added,
+scale) match it; this module never branches on a kind's name. Four more kinds of use keep a rule:
 
 - a transposed convolution (`lhs_dilation`) is the convolution rule on the patches of the dilated input;
 - a weight through a function of itself alone (`relu(W)` as a `custom_jvp_call`, `exp(log_scale)`): the
@@ -38,9 +39,13 @@ uses. Three more kinds of use keep a rule:
 - a term computed from no example data (an L2 penalty `λ‖W‖²` added to the loss: `_fixed_refs`): its gradient
   p is the same for every example, computed once per call from one example's backward pass, so
   gᵢ = dᵢ + p, ‖gᵢ‖² = ‖dᵢ‖² + 2⟨dᵢ, p⟩ + ‖p‖² (⟨dᵢ, p⟩ is the layer applied with p as its weight, contracted
-  with δ: no dᵢ formed), and a clipped sum gains (Σᵢ cᵢ)·p.
+  with δ: no dᵢ formed), and a clipped sum gains (Σᵢ cᵢ)·p;
+- a weight computed from several parameters and no example (weight normalization g·v/‖v‖, spectral
+  normalization, LoRA merged W0 + A·B, a hypernetwork's output: `Composite`): the computed weight takes its
+  layer's rule, and the construction's VJP at the parameters carries each example's gradient back to them.
 
-A leaf all of whose uses are weights, biases, scales or data-free terms gets a rule; every other leaf (a
+Complex leaves take the same rules with |g|² = g·ḡ (`base.sq_abs`; Gram matrices AAᴴ, DDᴴ): real norms, and
+dot products Re Σ ḡⱼvⱼ (`weight_dot`). A leaf all of whose uses are weights, biases, scales or data-free terms gets a rule; every other leaf (a
 leaf entering a while_loop or multiplying the activations through a nonlinearity, batch-grouped convolutions)
 *falls back*: it is differentiated the ordinary way inside the per-example backward pass, which is exact and
 costs chunk × that leaf's size. `run` evaluates the jaxpr with the ruled weights held constant, a zero probe
@@ -52,45 +57,28 @@ matching layers in a jaxpr follows kfac-jax's graph matcher; the code is ours.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-import math
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gradlab import jaxprs, xla
+from gradlab import jaxprs
 from gradlab.jaxprs import Const, Eqn, Graph
+from gradlab.rules import registry
+from gradlab.rules.base import (INLINE, SHAPE_OPS, SPREAD_OPS, NoRule, Site,  # noqa: F401
+                                acc as _acc, acc_dtype, at_b as _at_b, a_bh as _a_bh, bind as _bind,
+                                gram_product, nonlinear as _nonlinear, op_name as _op_name,
+                                over_steps as _over_steps, real_dtype, size as _size, sq_abs)
+
+_NoRule = NoRule
 
 
 class RulesUnsupported(ValueError):
     """No parameter leaf of this loss has a per-layer rule (use `method="vmap"`)."""
-
-
-#: Unary ops a weight may pass through on its way to its layer op (reshapes, casts, transposes).
-SHAPE_OPS = frozenset({"transpose", "reshape", "convert_element_type", "squeeze", "expand_dims", "copy", "copy_p"})
-#: More linear unary ops a bias, scale or position embedding may pass through before it meets the activations
-#: (jnp broadcasting, `wpe[:T]`); a layer weight may not (its rule reads the weight's shape at the op).
-SPREAD_OPS = frozenset({"broadcast_in_dim", "slice"})
-#: Elementwise ops with the activations whose per-example weight gradient is δ (added) or δ·a (scaled),
-#: summed over the axes the weight was broadcast along.
-ELEMENTWISE = {"add": "added", "sub": "added", "mul": "scale"}
-#: The rules that save work (no per-example weight gradient for a norm); a loss with none of them takes vmap(grad).
-LAYER_KINDS = frozenset({"dense", "conv", "embedding"})
-#: A per-example contraction of at most this many multiply-adds (a norm's Σₜ aₜ ⊗ δₜ, a Gram matrix) is written as
-#: a broadcast product and a sum, one loop fusion, rather than a dot: under vmap a dot of two per-example operands
-#: is a batched dot, which XLA:CPU runs as one small matmul call per example (256 examples of (4×6)ᵀ(4×6): 0.16 ms
-#: as a dot, 0.04 ms fused); the dot wins from about 64k multiply-adds (benchmarks/RESULTS.md, issue 25). Only in
-#: programs compiled with `xla.options()` (`xla.fused_reductions()`): under XLA:CPU's default YNNPACK fusions this form
-#: is wrong at 128 examples and more when an operand is a broadcast (a race in YNNPACK's partial reductions).
-SMALL_DOT = 4096
-#: Call primitives whose body is inlined (they only group equations); `remat3` is a `checkpoint` traced under JAX's
-#: `jax_remat3` flag (a `call_hi_primitive`, named by `jaxprs.call_name`).
-INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "remat3", "checkpoint"})
 
 
 def trace(fn: Callable, *args) -> Graph:
@@ -99,130 +87,7 @@ def trace(fn: Callable, *args) -> Graph:
     return jaxprs.flatten(fn, *args, inline=INLINE)
 
 
-def _bind(e: Eqn, vals: list) -> list:
-    return jaxprs.bind(e.prim, e.params, vals)
-
-
-def _size(shape) -> int:
-    return int(math.prod(shape))
-
-
-# ------------------------------------------------------------------ the layer ops and their rules
-
-
-def _conv_geometry(e: Eqn, lhs_shape, rhs_shape):
-    dn = e.params["dimension_numbers"]
-    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    out_shape = e.out_avals[0].shape
-    kernel = tuple(rhs_shape[d] for d in rhs_spec[2:])
-    out_sp = tuple(out_shape[d] for d in out_spec[2:])
-    groups = e.params["feature_group_count"]
-    b, c = lhs_shape[lhs_spec[0]], lhs_shape[lhs_spec[1]]
-    o = rhs_shape[rhs_spec[0]]
-    return dict(lhs_spec=lhs_spec, rhs_spec=rhs_spec, out_spec=out_spec, kernel=kernel, out_sp=out_sp,
-                groups=groups, b=b, cg=c // groups, og=o // groups, k=_size(kernel), pos=_size(out_sp))
-
-
-def _patches(e: Eqn, x, rhs_shape):
-    """Input patches of a convolution: `(B, G, C_g·K, positions)`, in the weight's (C_g, K) order."""
-    g = _conv_geometry(e, x.shape, rhs_shape)
-    x = jnp.transpose(x, g["lhs_spec"])  # (B, C, *S)
-    # a transposed convolution (lhs_dilation d) convolves the input with d - 1 zeros between its elements
-    pads = [(0, 0, 0), (0, 0, 0)] + [(lo, hi, d - 1)
-                                     for (lo, hi), d in zip(e.params["padding"], e.params["lhs_dilation"])]
-    x = lax.pad(x, jnp.zeros((), x.dtype), pads)
-    strides, dil = e.params["window_strides"], e.params["rhs_dilation"]
-    cols = []
-    for offs in itertools.product(*(range(k) for k in g["kernel"])):
-        start = [0, 0] + [o * d for o, d in zip(offs, dil)]
-        limit = list(x.shape[:2]) + [s + (m - 1) * st + 1 for s, m, st in zip(start[2:], g["out_sp"], strides)]
-        cols.append(lax.slice(x, start, limit, (1, 1) + tuple(strides)))
-    p = jnp.stack(cols, axis=2)  # (B, C, K, *out)
-    return p.reshape(g["b"], g["groups"], g["cg"] * g["k"], g["pos"])
-
-
-def _conv_from_patches(e: Eqn, w, p, lhs_shape, dtype=None):
-    """The convolution `e` as a grouped matmul of its weight with the patches `p`: in `e`'s own dtype,
-    or wholly in `dtype` (the accumulation dtype, see `acc_dtype`) when given."""
-    g = _conv_geometry(e, lhs_shape, w.shape)
-    if dtype is not None:
-        p = p.astype(dtype)
-    wt = jnp.transpose(w, g["rhs_spec"]).reshape(g["groups"], g["og"], g["cg"] * g["k"])
-    out = jnp.einsum("bgjp,goj->bgop", p, wt.astype(p.dtype), preferred_element_type=p.dtype)
-    out = out.reshape((g["b"], g["groups"] * g["og"]) + g["out_sp"])
-    return jnp.transpose(out, np.argsort(g["out_spec"])).astype(dtype or e.out_avals[0].dtype)
-
-
-def _dense_dims(e: Eqn, pos: int, a_shape):
-    """(free, contracting, batch) dims of the non-weight operand `a`, and T, I, O."""
-    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
-    ca, ba = (lc, lb) if pos == 1 else (rc, rb)
-    free = [d for d in range(len(a_shape)) if d not in ca and d not in ba]
-    t = _size([a_shape[d] for d in free])
-    i = _size([a_shape[d] for d in ca])
-    o = _size(e.out_avals[0].shape) // max(t * _size([a_shape[d] for d in ba]), 1)
-    return free, list(ca), list(ba), t, i, o
-
-
-def _gather_simple(e: Eqn, table_shape) -> bool:
-    """A gather that picks whole rows (an embedding lookup), as `table[ids]` or `eqx.nn.Embedding` do."""
-    dn = e.params["dimension_numbers"]
-    sizes = e.params["slice_sizes"]
-    return (not dn.operand_batching_dims
-            and all(s == 1 or s == n for s, n in zip(sizes, table_shape))
-            and all(sizes[d] == 1 or sizes[d] == table_shape[d] for d in dn.start_index_map))
-
-
-def _gather_rows(e: Eqn, table_shape, ids_shape):
-    """(T lookups, D elements per looked-up slice) of a gather."""
-    t = _size(ids_shape[:-1])
-    d = _size(e.out_avals[0].shape) // max(t, 1)
-    return t, d
-
-
-def _shape(graph: Graph, atom) -> tuple:
-    if atom is None:  # nothing saved (an added weight): an empty placeholder
-        return (0,)
-    return tuple(graph.avals[atom].shape) if isinstance(atom, int) else tuple(np.shape(atom.val))
-
-
-def _aval(graph: Graph, atom) -> jax.ShapeDtypeStruct:
-    if isinstance(atom, int):
-        return jax.ShapeDtypeStruct(graph.avals[atom].shape, graph.avals[atom].dtype)
-    v = np.asarray(atom.val)
-    return jax.ShapeDtypeStruct(v.shape, v.dtype)
-
-
 # ------------------------------------------------------------------ sites and rules
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Site:
-    """One use of a leaf as a layer's weight, bias or scale: `kind` in dense | conv | embedding | added | scale.
-
-    `op`: the layer equation; `pos`: the weight's operand position; `chain`: the shape-only equations from
-    the leaf to it; `where`: the loops around it, outermost first, each `(equation index, branch, bodies,
-    steps)` (branch -1 and `steps` = T for a `scan`, the branch and None for a `cond`/`switch`); `stack`: the
-    lengths of the enclosing scans (the op runs once per step: (a, δ) carry these leading axes); `norm`: how
-    its norm is formed ("gram": the ghost norm over all tokens of all steps, "outer": the gradient itself);
-    `saved`: the aval of what one step keeps (the other operand, patches for a convolution).
-    """
-
-    op: Eqn
-    kind: str
-    pos: int
-    chain: tuple
-    where: tuple
-    norm: str
-    why: str
-    saved: jax.ShapeDtypeStruct
-    weight_shape: tuple
-    other_shape: tuple = ()
-    tokens: int = 1  # positions the op runs on, over all steps
-
-    @property
-    def stack(self) -> tuple:
-        return tuple(w[3] for w in self.where if w[3] is not None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -251,7 +116,8 @@ class Rule:
 
     @property
     def kind(self) -> str:
-        kinds = sorted({s.kind for s in self.sites}, key=[s.kind for s in self.sites].index)
+        names = [s.kind.name for s in self.sites]
+        kinds = sorted(set(names), key=names.index)
         return "+".join(kinds + (["data-free"] if self.fixed else []))
 
     @property
@@ -268,24 +134,8 @@ class Rule:
 
     @property
     def layer(self) -> bool:
-        """Whether a use is a dense layer, convolution or embedding (the rules that save work)."""
-        return any(s.kind in LAYER_KINDS for s in self.sites)
-
-
-class _NoRule(Exception):
-    """Why a leaf has no rule."""
-
-
-def _nonlinear(chain: tuple) -> list:
-    """The names of the chain's ops that are functions of the weight but not shape ops (relu, exp, ...)."""
-    return [_op_name(c) for c in chain if c.prim.name not in SHAPE_OPS | SPREAD_OPS]
-
-
-def _op_name(e: Eqn) -> str:
-    if e.prim.name == "custom_jvp_call":  # jax.nn.relu and friends: name the function by its body's ops
-        inner = sorted(jaxprs.primitive_names(e.params["call_jaxpr"]) - INLINE)
-        return f"custom_jvp_call of {'/'.join(inner) or 'identity'}"
-    return jaxprs.call_name(e)
+        """Whether a use is of a kind that saves work (`RuleKind.layer`: dense layer, convolution, embedding)."""
+        return any(s.kind.layer for s in self.sites)
 
 
 def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Site:
@@ -301,53 +151,16 @@ def _make_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Si
 
 
 def _layer_site(graph: Graph, e: Eqn, pos: int, chain: tuple, where: tuple) -> Site:
+    """The first registered kind (`registry.KINDS`) that matches operand `pos` of `e`, or raise `NoRule`."""
     name = e.prim.name
     steps = _size([w[3] for w in where if w[3] is not None])
-    if name in ELEMENTWISE:
-        kind = ELEMENTWISE[name]
-        t = _size(e.out_avals[0].shape) // max(_size(graph.avals[e.ins[pos]].shape), 1)
-        how = "δ" if kind == "added" else "δ·a"
-        why = (f"{'added to' if kind == 'added' else 'scales'} the activations: {how} summed over "
-               f"{'the broadcast axes' if t > 1 else 'nothing (same shape)'}")
-        saved = (jax.ShapeDtypeStruct((0,), jnp.float32) if kind == "added" else _aval(graph, e.ins[1 - pos]))
-        return Site(e, kind, pos, chain, where, "outer", why, saved, tuple(_shape(graph, e.ins[pos])))
-    if any(c.prim.name in SPREAD_OPS for c in chain):
-        raise _NoRule(f"broadcast or sliced before `{name}`: no per-layer rule")
-    other = e.ins[1 - pos] if name != "gather" else e.ins[1]
-    other_shape = _shape(graph, other)
-    w_shape = tuple(_shape(graph, e.ins[pos]))
-    site = functools.partial(Site, e, pos=pos, chain=chain, where=where, saved=_aval(graph, other),
-                             weight_shape=w_shape, other_shape=tuple(other_shape))
-    if name == "dot_general":
-        free, ca, ba, t, i, o = _dense_dims(e, pos, other_shape)
-        if ba:
-            return site(kind="dense", norm="outer", why="dense layer with batch dims: weight gradient per example")
-        t *= steps
-        gram = t > 1 and t * t * (i + o) < t * i * o
-        how = f"ghost norm over {t} tokens" if gram else ("‖δ‖·‖a‖" if t == 1 else f"outer product over {t} tokens")
-        return site(kind="dense", norm="gram" if gram or t == 1 else "outer", why=f"dense layer: {how}", tokens=t)
-    if name == "conv_general_dilated" and pos == 1:
-        if e.params["batch_group_count"] != 1:
-            raise _NoRule("convolution with batch groups: no rule")
-        g = _conv_geometry(e, other_shape, w_shape)
-        t, j, o = g["b"] * g["pos"] * steps, g["cg"] * g["k"], g["og"]
-        gram = t * t * (j + o) < t * j * o
-        how = f"ghost norm over {t} positions" if gram else f"patches ⊗ δ over {t} positions"
-        if any(d != 1 for d in e.params["lhs_dilation"]):
-            how = f"transposed (input dilated by {tuple(e.params['lhs_dilation'])}), {how}"
-        patches = jax.ShapeDtypeStruct((g["b"], g["groups"], j, g["pos"]), site.keywords["saved"].dtype)
-        return site(kind="conv", norm="gram" if gram else "outer", why=f"convolution (im2col): {how}", saved=patches,
-                    tokens=g["b"] * g["pos"] * steps)
-    if name == "gather" and pos == 0:
-        t, d = _gather_rows(e, w_shape, other_shape)
-        t *= steps
-        gram = _gather_simple(e, w_shape) and t * t * d < _size(w_shape)
-        how = f"rows with equal ids over {t} lookups" if gram else "row gradients scattered per example"
-        return site(kind="embedding", norm="gram" if gram else "outer", why=f"embedding lookup: {how}", tokens=t)
-    raise _NoRule(f"enters `{name}`" + (" as its input" if name == "conv_general_dilated" else "") + ": no per-layer rule")
-
-
-LAYER_OPS = frozenset({"dot_general", "conv_general_dilated", "gather", *ELEMENTWISE})
+    for kind in registry.for_prim(name):
+        if not kind.spread_ok and any(c.prim.name in SPREAD_OPS for c in chain):
+            raise NoRule(f"broadcast or sliced before `{name}`: no per-layer rule")
+        site = kind.match(graph, e, pos, chain, where, steps)
+        if site is not None:
+            return site
+    raise NoRule(f"enters `{name}`" + (" as its input" if name == "conv_general_dilated" else "") + ": no per-layer rule")
 
 
 class _Walker:
@@ -388,7 +201,7 @@ class _Walker:
                 out.append(FixedUse(e, p, chain))
             elif name in SHAPE_OPS | SPREAD_OPS:
                 out += self.sites(graph, e.outs[0], chain + (e,), where)
-            elif name in LAYER_OPS:
+            elif name in registry.ops():
                 out.append(_make_site(graph, e, p, chain, where))
             elif name == "scan" and p < jaxprs.scan_counts(e.params)[0]:
                 bodies = self.bodies(graph, k)
@@ -451,8 +264,8 @@ def _sites_rule(leaf: int, sites: list) -> Rule:
         return Rule(leaf, tuple(sites), "sites", sites[0].why + where)
     if all(_exclusive(s, r) for s, r in itertools.combinations(sites, 2)):
         return Rule(leaf, tuple(sites), "sites",
-                    f"one use per branch of a cond ({', '.join(s.kind for s in sites)}): the taken branch's rule{where}")
-    uses = f"used {len(sites)} times ({' + '.join(s.kind for s in sites)})"
+                    f"one use per branch of a cond ({', '.join(s.kind.name for s in sites)}): the taken branch's rule{where}")
+    uses = f"used {len(sites)} times ({' + '.join(s.kind.name for s in sites)})"
     if all(_orientation(s) for s in sites):
         m, n = sites[0].weight_shape if _orientation(sites[0]) != "da" else sites[0].weight_shape[::-1]
         t = sum(s.tokens for s in sites)
@@ -463,26 +276,9 @@ def _sites_rule(leaf: int, sites: list) -> Rule:
 
 def _orientation(site: Site) -> str | None:
     """For a matrix leaf used by a plain dense layer (through transposes only) or a row lookup: "ad" when the
-    site's factors (A, D) of `_factors` run along the leaf's (rows, columns), "da" when along (columns, rows),
-    else None (no pairwise ghost product: its gradient is formed instead)."""
-    if len(site.weight_shape) != 2 or any(c.prim.name != "transpose" for c in site.chain):
-        return None
-    e = site.op
-    if site.kind == "embedding":
-        dn = e.params["dimension_numbers"]
-        ok = (not site.chain and tuple(dn.start_index_map) == (0,) and tuple(dn.collapsed_slice_dims) == (0,)
-              and tuple(e.params["slice_sizes"]) == (1, site.weight_shape[1]))
-        return "ad" if ok else None
-    if site.kind != "dense":
-        return None
-    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
-    wc, wb = (rc, rb) if site.pos == 1 else (lc, lb)
-    if wb or len(wc) != 1:
-        return None
-    perm = [0, 1]
-    for c in site.chain:
-        perm = [perm[p] for p in c.params["permutation"]]
-    return "ad" if perm[wc[0]] == 0 else "da"
+    site's factors (A, D) run along the leaf's (rows, columns), "da" when along (columns, rows), else None (no
+    pairwise ghost product: its gradient is formed instead). The kind decides (`RuleKind.orientation`)."""
+    return site.kind.orientation(site)
 
 
 @dataclasses.dataclass
@@ -495,6 +291,41 @@ class Plan:
     rules: dict
     fallback: dict  # leaf index -> reason
     refs: list = dataclasses.field(default_factory=list)
+    composites: list = dataclasses.field(default_factory=list)  # Composites: weights computed from several leaves
+
+    @property
+    def composite_leaves(self) -> dict:
+        """{leaf index: its Composite} for every leaf whose gradient comes through a computed weight."""
+        return {leaf: c for c in self.composites for leaf in c.leaves}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Composite:
+    """Leaves that reach the loss only through weights computed from them and no example data (weight
+    normalization w = g·v/‖v‖, spectral normalization, merged LoRA W0 + A·B, a hypernetwork's output): `leaves`
+    (leaf indices), `refs` (the computed weights, where they meet the data), `eqns` (the top-level equations
+    computing `refs` from the leaves, in order) and `rules` (one Rule per computed weight, over its sites).
+
+    Each example's gradient in a computed weight W is its rule's (from (a, δ)); the map from W's gradient to
+    the leaves' is linear (the VJP of the construction at the leaves' values), so the leaves' per-example
+    gradients are that VJP applied to each example's gradient in W (`composite_grads`); the construction runs
+    once per chunk, its VJP batched over the examples."""
+
+    leaves: tuple
+    refs: tuple
+    eqns: tuple
+    rules: tuple
+
+    @property
+    def kind(self) -> str:
+        return "computed weight: " + " + ".join(r.kind for r in self.rules)
+
+    @property
+    def why(self) -> str:
+        ops = sorted({_op_name(e) for e in self.eqns} - SHAPE_OPS)
+        return (f"a weight computed from {len(self.leaves)} parameter(s) and no example ({', '.join(ops)}): "
+                f"{'; '.join(r.why for r in self.rules)}; the gradient in the parameters is the construction's "
+                "VJP of each example's gradient in the weight")
 
 
 #: Ops whose VJP in each operand is fixed (a sum, a broadcast, a cast, a reshape): a cotangent the same for every
@@ -510,10 +341,7 @@ def _fixed_refs(graph: Graph, data_refs) -> frozenset:
     A value's cotangent is fixed when every use passes the loss's cotangent (1) on by a VJP that does not read the
     example: a use by an op whose outputs are example-free (its VJP reads only example-free values) or by a
     `FIXED_VJP` op (a product: its other operand example-free), whose outputs' cotangents are fixed in turn."""
-    dep = set(data_refs)
-    for e in graph.eqns:
-        if any(isinstance(a, int) and a in dep for a in e.ins):
-            dep.update(e.outs)
+    dep = _data_dependent(graph, data_refs)
     uses = defaultdict(list)
     for e in graph.eqns:
         for p, a in enumerate(e.ins):
@@ -573,84 +401,149 @@ def plan(graph: Graph, diff_refs: list, data_refs: list | None = None) -> Plan:
             for leaf in set(leaves) & set(rules):
                 del rules[leaf]
                 fallback[leaf] = "both operands of one product are parameters"
+    composites = _composites(graph, walker, list(diff_refs), data_refs, rules, fallback)
     # biases and scales alone gain nothing over vmap(grad) (their gradients are as small as their rules)
-    if not any(r.layer for r in rules.values()):
+    if not any(r.layer for r in rules.values()) and not any(r.layer for c in composites for r in c.rules):
         for leaf, r in rules.items():
             fallback[leaf] = f"{r.kind}, but no dense, conv or embedding layer in the loss has a rule"
         rules = {}
-    return Plan(graph, len(diff_refs), rules, fallback, list(diff_refs))
+        for c in composites:
+            for leaf in c.leaves:
+                fallback[leaf] = f"{c.kind}, but no dense, conv or embedding layer in the loss has a rule"
+        composites = []
+    return Plan(graph, len(diff_refs), rules, fallback, list(diff_refs), composites)
+
+
+def _data_dependent(graph: Graph, data_refs) -> set:
+    """The top-level refs computed from some example input (`data_refs`)."""
+    dep = set(data_refs)
+    for e in graph.eqns:
+        if any(isinstance(a, int) and a in dep for a in e.ins):
+            dep.update(e.outs)
+    return dep
+
+
+def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, fallback: dict) -> list:
+    """Group the leaves that fell back and reach the loss only through weights computed from parameters alone
+    (`Composite`); they leave `fallback`. A leaf of the construction that has a rule keeps it (LoRA's W0 in
+    W0 + A·B is added to A·B; a hypernetwork's last matrix is a dense layer on its hidden units): its per-example
+    gradient costs less that way than through the construction's VJP, which is taken in the fallen-back leaves
+    only. A group whose computed weights have no rule is left as it was."""
+    if not fallback:
+        return []
+    dep = _data_dependent(graph, data_refs)
+    leaf_of = {ref: leaf for leaf, ref in enumerate(diff_refs)}
+    lset, producer = {}, {}  # data-free ref -> the leaves it is computed from; ref -> its equation's index
+    for k, e in enumerate(graph.eqns):
+        if any(o in dep for o in e.outs):
+            continue
+        found = set()
+        for a in e.ins:
+            if isinstance(a, int):
+                found |= {leaf_of[a]} if a in leaf_of else lset.get(a, set())
+        for o in e.outs:
+            lset[o], producer[o] = found, k
+    uses = walker.uses(graph)
+    boundary = [r for r, ls in lset.items() if ls & set(fallback) and ls and any(
+        k is None or any(o in dep for o in graph.eqns[k].outs) for k, _ in uses[r])]
+    groups = []  # (leaves, refs), merged where they share a leaf
+    for r in boundary:
+        leaves, refs = lset[r] & set(fallback), [r]
+        while overlap := [g for g in groups if g[0] & leaves]:
+            for g in overlap:
+                groups.remove(g)
+                leaves |= g[0]
+                refs = g[1] + refs
+        groups.append((leaves, refs))
+    out = []
+    for leaves, refs in groups:
+        comp = _composite(graph, walker, diff_refs, leaves, refs, producer, uses)
+        if comp is None:
+            continue
+        for leaf in comp.leaves:
+            del fallback[leaf]
+        out.append(comp)
+    return out
+
+
+def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
+    """The Composite of `leaves` through the computed weights `refs`, or None: every use of a leaf must be an
+    equation of the construction, and every computed weight must reach only layer sites (no penalty on it)."""
+    need, todo = set(), list(refs)
+    while todo:  # the equations computing `refs`, back to the leaves
+        r = todo.pop()
+        if r not in producer or producer[r] in need:
+            continue
+        need.add(producer[r])
+        todo += [a for a in graph.eqns[producer[r]].ins if isinstance(a, int)]
+    for leaf in leaves:
+        if any(k is None or k not in need for k, _ in uses[diff_refs[leaf]]):
+            return None
+    ref_rules = []
+    for r in refs:
+        try:
+            found = walker.sites(graph, r)
+        except NoRule:
+            return None
+        if not found or not all(isinstance(f, Site) for f in found):
+            return None
+        ref_rules.append(_rule(-1, found))
+    return Composite(tuple(sorted(leaves)), tuple(refs), tuple(graph.eqns[k] for k in sorted(need)),
+                     tuple(ref_rules))
+
+
+def _construct(graph: Graph, comp: Composite, values: list, leaf_vals: list, refs: list) -> list:
+    """The computed weights `comp.refs` from the leaves' values `leaf_vals` (the other inputs from `values`)."""
+    env = dict(zip(graph.inputs, values))
+    env.update(zip(refs, leaf_vals))
+    for e in comp.eqns:
+        env.update(zip(e.outs, _bind(e, [a.val if isinstance(a, Const) else env[a] for a in e.ins])))
+    return [env[r] for r in comp.refs]
+
+
+def _formed_grad(rule: Rule, w, saved, delta):
+    """`weight_grad`, but a matrix used once by one token (a ⊗ δ, `orientation` "ad" or "da") as a broadcast
+    product: under vmap a VJP of the dot is a batched dot, one small matmul per example on XLA:CPU."""
+    if len(rule.sites) == 1:
+        site = rule.sites[0]
+        how = _orientation(site)
+        if how and not site.kind.ids and site.tokens == 1 and not _nonlinear(site.chain):
+            dtype = acc_dtype(w.dtype)
+            a, d = _merged_factors(site, _acc(saved[0], dtype), delta[0].astype(dtype))
+            g = a[0][:, None] * d[0][None, :]
+            return g if how == "ad" else g.T
+    return weight_grad(rule, w, saved, delta)
+
+
+def composite_grads(pl: Plan, values: list, saved: list, delta: list) -> dict:
+    """{leaf: one example's gradient} for every leaf of `pl.composites`, in the leaf's dtype: each computed
+    weight's per-example gradient by its rule (`weight_grad`), carried back to the leaves by the construction's
+    VJP at their values. `values`: the graph's inputs; `saved`, `delta`: one group per computed weight, in the
+    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves')."""
+    out, j = {}, 0
+    for comp in pl.composites:
+        refs = [pl.refs[leaf] for leaf in comp.leaves]
+        leaf_vals = [values[pl.graph.inputs.index(r)] for r in refs]
+        ws, vjp = jax.vjp(lambda lv: _construct(pl.graph, comp, values, lv, refs), leaf_vals)
+        gs = []
+        for rule, w in zip(comp.rules, ws):
+            gs.append(_formed_grad(rule, w, saved[j], delta[j]).astype(w.dtype))
+            j += 1
+        for leaf, g in zip(comp.leaves, vjp(gs)[0]):
+            out[leaf] = g
+    return out
 
 
 # ------------------------------------------------------------------ evaluation with probes
 
 
-def _fold_transposes(site: Site):
-    """dot_general dimension numbers on the leaf itself when its chain is only transposes that
-    keep the weight's free dims in order (`x @ W.T`); else None. Saves a transpose of the N x P
-    per-example gradients."""
-    if not site.chain or any(c.prim.name != "transpose" for c in site.chain):
-        return None
-    perm = list(range(len(site.weight_shape)))
-    for c in site.chain:  # W' = transpose(leaf, perm): W' dim i is leaf dim perm[i]
-        perm = [perm[p] for p in c.params["permutation"]]
-    (lc, rc), (lb, rb) = site.op.params["dimension_numbers"]
-    wc, wb = (rc, rb) if site.pos == 1 else (lc, lb)
-    if wb:
-        return None
-    free = [d for d in range(len(perm)) if d not in wc]
-    if [perm[d] for d in free] != sorted(perm[d] for d in free):
-        return None
-    wc = tuple(perm[d] for d in wc)
-    return ((lc, wc), (lb, rb)) if site.pos == 1 else ((wc, rc), (lb, rb))
-
-
-def acc_dtype(dtype) -> np.dtype:
-    """The dtype per-example gradients, norms and sums accumulate in: float32, or wider if `dtype` is.
-
-    bfloat16 or float16 parameters (or compute) keep their own forward pass, but a norm or sum formed in
-    bfloat16 is off by ~2⁻⁸ per step: a clipped contribution would exceed C, breaking DP-SGD's bound."""
-    return np.dtype(jnp.promote_types(dtype, jnp.float32))
-
-
-def _acc(x, dtype):
-    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-
-
-def _over_steps(site: Site, f: Callable) -> Callable:
-    """`f` of one step's (a, δ, …) mapped over the site's enclosing scans (its leading axes)."""
-    for _ in site.stack:
-        f = jax.vmap(f)
-    return f
-
-
 def _apply_site(site: Site, w, saved):
     """One use as a function of the leaf `w` (in `w`'s dtype): the chain of shape ops, then the layer op on
-    every step's saved operand. Linear in `w`; its VJP given δ is this use's per-example gradient (the
-    chain's dtype casts are skipped: a cast changes a linear op's VJP only by rounding it)."""
-    dtype = w.dtype
+    every step's saved operand (`RuleKind.apply`). Linear in `w`; its VJP given δ is this use's per-example
+    gradient (the chain's dtype casts are skipped: a cast changes a linear op's VJP only by rounding it)."""
     w0 = w
     w = _chain(tuple(c for c in site.chain if c.prim.name != "convert_element_type"), w)
-    e = site.op
-    shape = e.out_avals[0].shape
-
-    def op(a):
-        if site.kind == "conv":
-            return _conv_from_patches(e, w, a, site.other_shape, dtype)
-        if site.kind == "added":
-            return jnp.broadcast_to(-w if e.prim.name == "sub" and site.pos == 1 else w, shape)
-        a = _acc(a, dtype)
-        if site.kind == "scale":
-            return jnp.broadcast_to(w * a, shape)
-        if site.kind == "embedding":
-            return _bind(e, [w, a])[0]
-        dims, wt = e.params["dimension_numbers"], w
-        folded = _fold_transposes(site)
-        if folded is not None:  # `x @ W.T`: contract the leaf itself, so its gradient has its own layout
-            wt, dims = w0, folded
-        ins = [a, wt] if site.pos == 1 else [wt, a]
-        return lax.dot_general(*ins, dims, precision=e.params.get("precision"), preferred_element_type=dtype)
-
-    return _over_steps(site, op)(saved)
+    return _over_steps(site, lambda a: site.kind.apply(site, w, w0, a, w0.dtype))(saved)
 
 
 def _chain(chain: tuple, w):
@@ -665,16 +558,21 @@ def apply_rule(rule: Rule, w, saved) -> tuple:
     return tuple(_apply_site(s, w, a) for s, a in zip(rule.sites, saved))
 
 
+def _all_rules(pl: Plan) -> list:
+    """The ruled leaves' rules (leaves sorted), then the computed weights' (composites in order)."""
+    return [pl.rules[leaf] for leaf in sorted(pl.rules)] + [r for c in pl.composites for r in c.rules]
+
+
 def _sites(pl: Plan) -> list:
-    """Every site of every ruled leaf, in probe order (leaves sorted, then their sites)."""
-    return [s for leaf in sorted(pl.rules) for s in pl.rules[leaf].sites]
+    """Every site of every rule, in probe order (`_all_rules`, then their sites)."""
+    return [s for r in _all_rules(pl) for s in r.sites]
 
 
 def _group(pl: Plan, flat: list) -> list:
-    """A flat per-site list regrouped as one tuple per ruled leaf."""
+    """A flat per-site list regrouped as one tuple per rule (`_all_rules`)."""
     out, it = [], iter(flat)
-    for leaf in sorted(pl.rules):
-        out.append(tuple(next(it) for _ in pl.rules[leaf].sites))
+    for r in _all_rules(pl):
+        out.append(tuple(next(it) for _ in r.sites))
     return out
 
 
@@ -689,7 +587,7 @@ def run(graph: Graph, pl: Plan, values: list, probes: list):
 
     **Returns** `(outputs, saved)`: the graph's outputs (the loss first, then any auxiliary ones);
     `saved[j]` holds, per site of the j-th ruled leaf (`sorted(pl.rules)`), the op's other operand (patches
-    for a convolution) with its scans' steps first; `probes[j]` (as `zero_probes`) was added to each site's
+    for a convolution) with its scans' steps first, then one group per computed weight (`pl.composites`); `probes[j]` (as `zero_probes`) was added to each site's
     output, so their gradients are the sites' δ.
     """
     sites = list(enumerate(_sites(pl)))
@@ -732,14 +630,7 @@ def _eval(graph: Graph, values: list, sites: list, depth: int, probes: dict, ove
             ins = [over.get((id(e), p), v) for p, v in enumerate(ins)]
         if id(e) in here:
             s, site = here[id(e)]
-            if site.kind == "conv":
-                a = _patches(e, ins[0], ins[1].shape)
-                out = _conv_from_patches(e, ins[1], a, ins[0].shape)
-            elif site.kind == "added":  # δ alone gives the gradient: nothing to keep
-                a, out = jnp.zeros((0,), jnp.float32), _bind(e, ins)[0]
-            else:
-                a = ins[1] if site.kind == "embedding" else ins[1 - site.pos]
-                out = _bind(e, ins)[0]
+            a, out = site.kind.save(site, ins)
             saved[s] = jnp.asarray(a, site.saved.dtype)
             outs = [out + probes[s].astype(out.dtype)]
         elif k in nested:
@@ -808,14 +699,32 @@ def weight_grad(rule: Rule, leaf_val, saved, delta, fixed=None):
 
 def weight_dot(rule: Rule, v, saved, delta, leaf_val=None, fixed=None):
     """⟨per-example weight gradient, v⟩ = Σ over uses ⟨δ, op(v, a)⟩ (each op is linear in the weight; through a
-    function of the weight, its JVP at `leaf_val` in v) + ⟨p, v⟩ for `fixed` = p, in float32 or wider."""
+    function of the weight, its JVP at `leaf_val` in v) + ⟨p, v⟩ for `fixed` = p, in float32 or wider, real.
+
+    For a complex leaf the real inner product of the leaf as pairs of reals, Re Σⱼ ḡⱼ vⱼ (= Re `jnp.vdot(g, v)`,
+    so that ⟨g, g⟩ = ‖g‖²): Re Σ δ ⊙ op(v̄, a), the bilinear pairing of δ with the op applied to v̄."""
     dtype = acc_dtype(v.dtype)
+    v = v.astype(dtype)
+    u = jnp.conj(v) if jnp.iscomplexobj(v) else v
     if rule.linear:
-        outs = apply_rule(rule, v.astype(dtype), saved)
+        outs = apply_rule(rule, u, saved)
     else:
-        _, outs = jax.jvp(lambda w: apply_rule(rule, w, saved), (leaf_val.astype(dtype),), (v.astype(dtype),))
-    total = sum((jnp.vdot(d.astype(dtype), o) for d, o in zip(delta, outs)), jnp.zeros((), dtype))
-    return total if fixed is None else total + jnp.vdot(fixed.astype(dtype), v.astype(dtype))
+        _, outs = jax.jvp(lambda w: apply_rule(rule, w, saved), (leaf_val.astype(dtype),), (u,))
+    total = sum((_pairing(d.astype(dtype), o) for d, o in zip(delta, outs)), jnp.zeros((), real_dtype(dtype)))
+    return total if fixed is None else total + real_vdot(fixed.astype(dtype), v)
+
+
+def _pairing(d, o):
+    """Σ d ⊙ o, real part (`jnp.vdot` for real arrays)."""
+    if jnp.iscomplexobj(d) or jnp.iscomplexobj(o):
+        return jnp.sum(d * o).real
+    return jnp.vdot(d, o)
+
+
+def real_vdot(a, b):
+    """Re Σ āⱼ bⱼ: the inner product of `a` and `b` as vectors of reals (`jnp.vdot` for real arrays)."""
+    out = jnp.vdot(a, b)
+    return out.real if jnp.iscomplexobj(out) else out
 
 
 def weight_sq_norm(rule: Rule, leaf_val, saved, delta, fixed=None):
@@ -825,21 +734,21 @@ def weight_sq_norm(rule: Rule, leaf_val, saved, delta, fixed=None):
     ⟨d, p⟩ by `weight_dot` (no per-example gradient formed; float32 rounding of order ‖p‖²·2⁻²⁴, which matters
     only where ‖d + p‖ ≪ ‖p‖)."""
     if rule.norm == "outer" or not rule.sites:
-        return jnp.sum(jnp.square(weight_grad(rule, leaf_val, saved, delta, fixed)))
+        return jnp.sum(sq_abs(weight_grad(rule, leaf_val, saved, delta, fixed)))
     if fixed is not None:
         p = fixed.astype(acc_dtype(leaf_val.dtype))
         return (weight_sq_norm(rule, leaf_val, saved, delta) + 2 * weight_dot(rule, p, saved, delta, leaf_val)
-                + jnp.sum(jnp.square(p)))
+                + jnp.sum(sq_abs(p)))
     dtype = acc_dtype(leaf_val.dtype)
     if rule.norm == "pairs":
         return _pairs_sq_norm(rule, [_acc(a, dtype) for a in saved], [d.astype(dtype) for d in delta])
-    total = jnp.zeros((), dtype)
+    total = jnp.zeros((), real_dtype(dtype))
     for site, a, d in zip(rule.sites, saved, delta):
         if small_outer(site):
             total = total + _outer_sq_norm(site, _acc(a, dtype), d.astype(dtype))
         elif site.norm == "outer":
             one = Rule(rule.leaf, (site,), "sites", "")
-            total = total + jnp.sum(jnp.square(weight_grad(one, leaf_val, (a,), (d,))))
+            total = total + jnp.sum(sq_abs(weight_grad(one, leaf_val, (a,), (d,))))
         else:
             total = total + _site_gram(site, _acc(a, dtype), d.astype(dtype))
     return total
@@ -847,11 +756,11 @@ def weight_sq_norm(rule: Rule, leaf_val, saved, delta, fixed=None):
 
 def _pairs_sq_norm(rule: Rule, saved, delta):
     """‖Σₖ gₖ‖² = Σₖ,ₗ ⟨gₖ, gₗ⟩ for a matrix used several times, each use gₖ = Σₜ xₜ yₜᵀ along the leaf's
-    (rows, columns): ⟨gₖ, gₗ⟩ = Σ (XₖXₗᵀ)⊙(YₖYₗᵀ), a lookup's X being one-hot rows (its ids)."""
+    (rows, columns): ⟨gₖ, gₗ⟩ = Re Σ (XₖXₗᴴ)⊙(YₖYₗᴴ), a lookup's X being one-hot rows (its ids: `RuleKind.ids`)."""
     xy = []
     for site, a, d in zip(rule.sites, saved, delta):
         x, y = _merged_factors(site, a, d)
-        if site.kind == "embedding":
+        if site.kind.ids:
             x = x[:, 0]  # the looked-up row: X is one-hot
         xy.append((x, y) if _orientation(site) == "ad" else (y, x))
     total = 0.0
@@ -859,114 +768,73 @@ def _pairs_sq_norm(rule: Rule, saved, delta):
         for m, (site_m, (xm, ym)) in enumerate(zip(rule.sites, xy)):
             if m < k:
                 continue
-            ids_k, ids_m = site_k.kind == "embedding", site_m.kind == "embedding"
+            ids_k, ids_m = site_k.kind.ids, site_m.kind.ids
             if ids_k and ids_m:
                 kx = (xk[:, None] == xm[None, :]).astype(yk.dtype)
             elif ids_k:
-                kx = xm.T[xk]
+                kx = jnp.conj(xm.T[xk])
             elif ids_m:
                 kx = xk[:, xm]
             else:
-                kx = _a_bt(xk, xm)
-            total = total + (1 if m == k else 2) * jnp.sum(kx * _a_bt(yk, ym))
+                kx = _a_bh(xk, xm)
+            total = total + (1 if m == k else 2) * gram_product(kx, _a_bh(yk, ym))
     return total
 
 
 def _merged_factors(site: Site, saved, delta):
-    """`_factors` of every step, the steps stacked into the one token axis."""
-    axis = 1 if site.kind == "conv" else 0  # the token axis of `_factors` (conv: after the groups)
+    """`RuleKind.factors` of every step, the steps stacked into the one token axis (`RuleKind.token_axis`)."""
+    axis = site.kind.token_axis
     k = len(site.stack)
     merged = []
-    for x in _over_steps(site, lambda a, d: _factors(site, a, d))(saved, delta):
+    for x in _over_steps(site, lambda a, d: site.kind.factors(site, a, d))(saved, delta):
         x = jnp.moveaxis(x, tuple(range(k)), tuple(range(axis, axis + k)))
-        merged.append(x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + k + 1:]))
+        tokens = _size(x.shape[axis:axis + k + 1])  # explicit: a reshape to -1 divides by zero on a zero-size x
+        merged.append(x.reshape(x.shape[:axis] + (tokens,) + x.shape[axis + k + 1:]))
     return merged
 
 
 def _site_gram(site: Site, saved, delta):
-    """A site's ghost norm over every token of every step: the steps' factors stacked into one token axis."""
-    a, d = _merged_factors(site, saved, delta)
-    if site.kind == "dense":
-        return _gram(a, d)
-    if site.kind == "conv":
-        return jax.vmap(_gram)(a, d).sum()
-    same = jnp.all(a[:, None, :] == a[None, :, :], axis=-1)  # embedding: Σ over lookups of one row of δₜ·δₛ
-    return jnp.sum(same * _a_bt(d, d))
-
-
-def _factors(site: Site, saved, delta):
-    """One step's (A, D), tokens on axis 0 (conv: axis 1, after the groups), with ‖gradient‖² = Σ (AAᵀ)⊙(DDᵀ):
-    dense (T, I), (T, O); conv patches (G, T, J), (G, T, O); embedding (ids (T, M), δ rows (T, D))."""
-    e = site.op
-    if site.kind == "dense":
-        free, ca, _, t, i, o = _dense_dims(e, site.pos, saved.shape)
-        a = jnp.transpose(saved, free + ca).reshape(t, i)
-        d = delta.reshape(t, o) if site.pos == 1 else delta.reshape(o, t).T
-        return a, d
-    if site.kind == "conv":
-        g = _conv_geometry(e, site.other_shape, site.weight_shape)
-        a = jnp.moveaxis(saved, 1, 0)  # (G, B, J, P)
-        a = jnp.swapaxes(a, 2, 3).reshape(g["groups"], -1, g["cg"] * g["k"])
-        d = jnp.transpose(delta, g["out_spec"]).reshape(g["b"], g["groups"], g["og"], g["pos"])
-        d = jnp.swapaxes(jnp.moveaxis(d, 1, 0), 2, 3).reshape(g["groups"], -1, g["og"])
-        return a, d
-    dn = e.params["dimension_numbers"]
-    sizes = e.params["slice_sizes"]
-    ids = saved.reshape(-1, saved.shape[-1])
-    hi = jnp.asarray([site.weight_shape[d] - sizes[d] for d in dn.start_index_map])
-    valid = jnp.all((ids >= 0) & (ids <= hi), axis=1)
-    ids = jnp.clip(ids, 0, hi)
-    batch = [d for d in range(delta.ndim) if d not in dn.offset_dims]
-    d = jnp.transpose(delta, batch + list(dn.offset_dims)).reshape(ids.shape[0], -1)
-    if e.params["mode"] == lax.GatherScatterMode.FILL_OR_DROP:
-        d = d * valid[:, None]
-    return ids, d
-
-
-def _gram(a, d):
-    """‖dᵀa‖²_F without forming dᵀa: Σₜ,ₛ (aₜ·aₛ)(dₜ·dₛ); for one token ‖a‖²·‖d‖²."""
-    if a.shape[0] == 1:
-        return jnp.sum(jnp.square(a)) * jnp.sum(jnp.square(d))
-    return jnp.sum(_a_bt(a, a) * _a_bt(d, d))
-
-
-def _small(macs: int) -> bool:
-    """Whether a per-example contraction of `macs` multiply-adds is written as a broadcast product and a sum."""
-    return macs <= SMALL_DOT and xla.fused_reductions()
-
-
-def _at_b(a, b):
-    """aᵀb, `(T, I)ᵀ(T, O) -> (I, O)`: Σₜ aₜ ⊗ bₜ, as a broadcast product and a sum when small (`_small`)."""
-    if _small(a.shape[0] * a.shape[1] * b.shape[1]):
-        a, b = lax.optimization_barrier((a, b))  # XLA would recompute their producers per product element
-        return jnp.sum(a[:, :, None] * b[:, None, :], axis=0)
-    return a.T @ b
-
-
-def _a_bt(a, b):
-    """abᵀ, `(T, I)(S, I)ᵀ -> (T, S)`, as a broadcast product and a sum when small (`_small`) and not a
-    matrix-vector product (T or S = 1: the dot measured faster)."""
-    if min(a.shape[0], b.shape[0]) > 1 and _small(a.shape[0] * b.shape[0] * a.shape[1]):
-        a, b = lax.optimization_barrier((a, b))  # XLA would recompute their producers per product element
-        return jnp.sum(a[:, None, :] * b[None, :, :], axis=-1)
-    return a @ b.T
+    """A site's ghost norm over every token of every step (`RuleKind.gram` of the merged factors)."""
+    return site.kind.gram(site, *_merged_factors(site, saved, delta))
 
 
 def small_outer(site: Site) -> bool:
-    """Whether a site's per-example gradient is a small sum of outer products (a dense layer without batch
-    dimensions reached through shape ops only, `_small` in multiply-adds per example): its squared norm is then
-    ‖Σₜ aₜ ⊗ δₜ‖² from `_factors` by `_at_b`, one loop fusion, not the batched dot a per-example VJP compiles to."""
-    if site.norm != "outer" or site.kind != "dense" or _nonlinear(site.chain):
-        return False
-    if _dense_dims(site.op, site.pos, site.other_shape)[2]:
-        return False
-    return _small(site.tokens * _size(site.weight_shape))
+    """Whether a site's per-example gradient is a small sum of outer products formed by one fused contraction
+    (an "outer" norm reached through shape ops only, and the kind says so: `RuleKind.small_outer`): its squared
+    norm is then ‖Σₜ aₜ ⊗ δₜ‖² from the factors by `_at_b`, not the batched dot a per-example VJP compiles to."""
+    return site.norm == "outer" and not _nonlinear(site.chain) and site.kind.small_outer(site)
 
 
 def _outer_sq_norm(site: Site, saved, delta):
     """‖Σₜ aₜ ⊗ δₜ‖² of a `small_outer` site over every token of every step."""
     a, d = _merged_factors(site, saved, delta)
-    return jnp.sum(jnp.square(_at_b(a, d)))
+    return jnp.sum(sq_abs(_at_b(a, d)))
+
+
+def project(rule: Rule, saved, delta, pa: list, pd: list) -> list:
+    """One example's gradient projected per site without forming it: for site k with factors (A, D) (its
+    `RuleKind.factors`, every step's tokens merged), the `(k_a, k_d)` matrix Paₖᵀ Gₖ Pdₖ = (A Paₖ)ᵀ(D Pdₖ), where
+    Gₖ = Σₜ aₜ ⊗ δₜ is the site's gradient in its factor layout (`(I, O)`; a grouped convolution's `(G, J, O)`
+    projected group by group with the same matrices, the groups' projections summed). Row-major, its flattening is
+    (Paₖ ⊗ Pdₖ)ᵀ vec(Gₖ): a Kronecker-structured random projection (issue 40's influence features).
+
+    **Arguments** `saved`, `delta`: one per site, as from `run` for one example; `pa[k]` `(I, k_a)`, `pd[k]`
+    `(O, k_d)` the site's projection matrices (I, O: the factors' feature sizes; an embedding's I is its rows).
+    **Returns** one `(k_a, k_d)` array per site. **Raises** `NotImplementedError` for a kind without factors
+    (a bias or scale) and a site through a nonlinear function of the weight (W' = relu(W))."""
+    out = []
+    for site, a, d, ra, rd in zip(rule.sites, saved, delta, pa, pd):
+        if _nonlinear(site.chain):
+            raise NotImplementedError("a weight through a nonlinear function: project its formed gradient")
+        out.append(_project_site(site, a, d, ra, rd))
+    return out
+
+
+def _project_site(site: Site, a, d, pa, pd):
+    """Σ over steps of `RuleKind.project`."""
+    f = _over_steps(site, lambda x, y: site.kind.project(site, x, y, pa, pd))
+    p = f(a, d)
+    return p.reshape((-1,) + p.shape[len(site.stack):]).sum(0) if site.stack else p
 
 
 def _out_bytes(graph: Graph) -> int:
@@ -990,11 +858,21 @@ def saved_bytes(pl: Plan) -> int:
     """Bytes per example of everything the loss computes, loops' steps included (a guide for chunk sizes)."""
     total = _out_bytes(pl.graph) + loop_bytes(pl.graph)
     for s in _sites(pl):
-        if s.kind == "conv":
-            total += 4 * _size(s.stack) * _size(s.saved.shape) * 2
+        total += s.kind.extra_bytes(s)
     return int(total)
 
 
 def factor_bytes(pl: Plan, leaf: int) -> int:
     """Elements of (a, δ) kept for a ruled leaf: expanding after the chunked pass pays when small."""
     return sum(_size(s.stack) * (_size(s.saved.shape) + _size(s.op.out_avals[0].shape)) for s in pl.rules[leaf].sites)
+
+
+def composite_bytes(pl: Plan) -> int:
+    """Elements per example the computed weights keep: their (a, δ), and their gradient and the leaves' (formed)."""
+    total = 0
+    for c in pl.composites:
+        total += sum(_size(s.stack) * (_size(s.saved.shape) + _size(s.op.out_avals[0].shape))
+                     for r in c.rules for s in r.sites)
+        total += sum(_size(pl.graph.avals[r].shape) for r in c.refs)
+        total += sum(_size(pl.graph.avals[pl.refs[leaf]].shape) for leaf in c.leaves)
+    return total
