@@ -7,6 +7,8 @@ import re
 import tokenize
 from pathlib import Path
 
+from gradlab.influence import METHODS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Tests of a `dataset` string's source prefix: `is_own`/`is_upload`, `startswith("upload:")`, `== UPLOAD`,
@@ -45,3 +47,29 @@ def test_no_source_prefix_dispatch():
     found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files for i, line in _code_lines(p)
              if SOURCE_PREFIX_DISPATCH.search(line)]
     assert not found, "dispatch on a source prefix outside gradlab/sources (ask the Source instead):\n" + "\n".join(found)
+
+
+def _method_name_comparisons(names) -> list[re.Pattern]:
+    names = "|".join(map(re.escape, names))
+    q = r"""["']"""
+    return [re.compile(p) for p in (
+        rf"(==|!=)\s*{q}({names}){q}",                  # x == "trak"
+        rf"{q}({names}){q}\s*(==|!=|\bin\b)",          # "trak" == x, "trak" in x
+        rf"\bin\s*[\(\[\{{][^\)\]\}}]*{q}({names}){q}",  # x in ("grad_dot", ...)
+        rf"case\s+{q}({names}){q}",                     # match/case
+    )]
+
+
+def test_no_method_name_dispatch():
+    """No string comparison on an attribution method's name (`== "trak"`, `!= 'tracin'`, `in ("grad_dot", …)`,
+    `case "influence"`) in `gradlab/` or `views/` outside the registry `gradlab/influence/methods/`."""
+    patterns = _method_name_comparisons(METHODS)
+    # what the page did before the registry is caught (the test is not vacuous)
+    for before in ('if method == "trak":', "if method != 'influence' and method in scores:",
+                   'if method in ("grad_dot", "tracin"):', '(trak_scores[0] if m_ == "trak" else scores[m_])'):
+        assert any(p.search(before) for p in patterns), before
+    files = [p for p in [*ROOT.glob("gradlab/**/*.py"), *ROOT.glob("views/*.py"), ROOT / "app.py"]
+             if p.relative_to(ROOT).parts[:3] != ("gradlab", "influence", "methods")]
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files for i, line in _code_lines(p)
+             if any(pat.search(line) for pat in patterns)]
+    assert not found, "method names compared outside gradlab/influence/methods/:\n" + "\n".join(found)
