@@ -64,7 +64,8 @@ def main(argv=None) -> None:
     base = ifit.optimum(f, exp.l2, max_iter=500)
     measured = cpu_seconds(lambda: ifit.retraining_check(f, base, 0, damping=0.01, k=8, max_iter=300))
     rows.append(("retraining check k=8", measured, costs.retraining_seconds(P, N, k=8)))
-    measured = cpu_seconds(lambda: ifit.lds_table(f, base, m=50, n_test=32, damping=0.01))
+    measured = cpu_seconds(lambda: ifit.lds_table(ifit.context(f, {"l2": exp.l2, "damping": 0.01}, base=base), m=50,
+                                                  n_test=32, names=[n for n, m in ifit.METHODS.items() if not m.on_demand]))
     rows.append(("LDS M=50, 32 test points", measured,
                  costs.lds_seconds(P, models=50, steps=exp.steps, batch_size=exp.batch_size, n_test=32, n=N)))
     table(rows + norms_rows())

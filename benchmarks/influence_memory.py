@@ -6,7 +6,7 @@ stage runs and the rise of VmHWM over the RSS before it is printed.
 
 - `theta`: θ̂ by `influence.solvers.minimize` (SciPy's L-BFGS-B around one jitted value-and-gradient program);
 - `theta-optax`: θ̂ by optax's L-BFGS (zoom line search) inside one `lax.while_loop`, as gradlab did before;
-- `scores`: `influence.fitted.score_test_point` at θ̂ (grad dot, cosine, TracIn, influence function by CG).
+- `scores`: `influence.fitted.score_test_points` at θ̂ (every registered method that needs no ensemble).
 
 `--compare` instead converges θ̂ both ways on four experiments (warm: the second call of each) and prints the
 iterations, ‖∇F(θ̂)‖, F(θ̂), the wall time and ‖θ̂ − θ̂_optax‖ / ‖θ̂_optax‖.
@@ -91,12 +91,12 @@ def _stage(name: str) -> dict:
     """One stage in this (fresh) process: the VmHWM rise, seconds, and θ̂'s iterations and ‖∇F‖."""
     from gradlab.experiment import Experiment, fit
     from gradlab.influence import fitted as ifit
-    from gradlab.influence import scores
 
     f = fit(Experiment())
     xs, ys = ifit.arrays(f)
     base = ifit.optimum(f, 1e-2, max_iter=500) if name == "scores" else None
-    tracin = scores.tracin_checkpoints(ifit.tracin_run(f)[0]) if name == "scores" else None
+    ctx = ifit.context(f, {"l2": 1e-2, "damping": 1e-2}, base=base) if name == "scores" else None
+    states = ({n: m.prepare(ctx) for n, m in ifit.METHODS.items() if not m.on_demand} if name == "scores" else None)
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     open("/proc/self/clear_refs", "w").write("5")
@@ -110,7 +110,7 @@ def _stage(name: str) -> dict:
         _, k, g = optax_minimum(f.loss_fn, f.model, xs, ys, 1e-2)
         out = dict(iterations=k, grad_norm=g)
     else:
-        ifit.score_test_point(f, base, 0, damping=1e-2, tracin=tracin)
+        ifit.score_test_points(ctx, (0,), states=states)
     return dict(out, rise=_status()["VmHWM"] - before, before=before, seconds=time.perf_counter() - started)
 
 

@@ -49,7 +49,7 @@ def main() -> None:
         "logreg": ("breast-cancer L2 logistic regression", Experiment(dataset="breast_cancer", model="linear"), 1e-2, 0.0),
     }
     print(f"# LDS, M = {args.m} half-subset models, {args.t} test points (2-core machine)")
-    print("| experiment | " + " | ".join(inf.METHODS[m] for m in inf.METHODS)
+    print("| experiment | " + " | ".join(m.label for m in inf.METHODS.values())
           + " | TRAK (k = 1024) | TRAK (Algorithm 1, k = 512) | TRAK − IF | seconds |")
     print("|---|" + "---|" * (len(inf.METHODS) + 4))
     for key, (label, exp, l2, damping) in cases.items():
@@ -58,9 +58,9 @@ def main() -> None:
         t0 = time.time()
         f = fit(exp)
         base = ifit.optimum(f, l2, max_iter=500)
-        tracin = inf.tracin_checkpoints(ifit.tracin_run(f)[0])
         trak = ifit.trak_models(f, ifit.TRAK_MODELS, base=base)
-        table = ifit.lds_table(f, base, m=args.m, n_test=args.t, damping=damping, tracin=tracin, trak=trak,
+        ctx = ifit.context(f, {"l2": l2, "damping": damping}, base=base)
+        table = ifit.lds_table(ctx, m=args.m, n_test=args.t, states={"trak": trak},
                                progress=lambda frac, what: print(f"  [{time.time() - t0:6.1f}s] {what}", file=sys.stderr))
         xs, ys = ifit.arrays(f)
         txs, tys = f.data.x_test[table.test_indices], f.data.y_test[table.test_indices]
@@ -71,7 +71,7 @@ def main() -> None:
         }
         results = dict(table.results, **{k: inf.lds(np.asarray(v), table.subsets, table.outputs) for k, v in extra.items()})
         cells = [cell(results[m].per_test) if m in results else "—" for m in [*inf.METHODS, "k1024", "alg1"]]
-        if "influence" in results:
+        if "influence" in results and "trak" in results:  # a benchmark's own column, not a page's dispatch
             cells.append(cell(results["trak"].per_test - results["influence"].per_test, signed=True))
         else:
             cells.append("—")

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradlab import ensemble
 from gradlab.metrics import Roc, roc
 from gradlab.train import train_dp_sgd
 
@@ -85,6 +86,8 @@ class MembershipResult:
       loss and φ on every pool example.
     - `scores`: `{"loss": (N,), "lira": (N,)}`; `rocs`: `{name: Roc}`.
     - `train_accuracy`, `test_accuracy`: the target on its members and on the non-members.
+    - `shadow_in (S, N)` bool and `shadow_conf (S, N)`: which examples each shadow trained on and its φ on every
+      example (the ensemble's masks and per-model outputs, `gradlab.ensemble`).
     """
 
     is_member: np.ndarray
@@ -94,6 +97,8 @@ class MembershipResult:
     rocs: dict[str, Roc]
     train_accuracy: float
     test_accuracy: float
+    shadow_in: np.ndarray | None = None
+    shadow_conf: np.ndarray | None = None
 
 
 def membership_inference(train_fn: Callable, loss_fn: Callable, logits_fn: Callable, xs, ys, *, n_shadows: int = 8,
@@ -118,32 +123,36 @@ def membership_inference(train_fn: Callable, loss_fn: Callable, logits_fn: Calla
     if n < 4 or n_shadows < 2:
         raise ValueError(f"membership inference needs ≥ 4 examples and ≥ 2 shadow models, got {len(ys)} and {n_shadows}")
     xs, ys = xs[:n], ys[:n]
-    rng = np.random.default_rng(seed)
-    total = n_shadows + 1
-
-    def half():
-        mask = np.zeros(n, bool)
-        mask[rng.permutation(n)[: n // 2]] = True
-        return mask
-
-    def fit(mask, i):
-        model = train_fn(xs[mask], ys[mask], int(seed) * 1000 + i)
-        if progress is not None:
-            progress(i + 1, total)
-        return model
-
-    member = half()
-    target = fit(member, 0)
-    # shadows in complementary pairs: every example is left out by at least ⌊S/2⌋ of them
-    shadow_in = np.stack([m for _ in range((n_shadows + 1) // 2) for m in (lambda h: (h, ~h))(half())][:n_shadows])
-    shadow_conf = np.stack([logit_confidence(logits_fn(fit(m, i + 1), xs), ys) for i, m in enumerate(shadow_in)])
+    # one ensemble (`gradlab.ensemble`): model 0 the target on a random half, then the shadows in complementary pairs
+    masks = halves(n, n_shadows, seed)
+    models = ensemble.subset_ensemble(ensemble.one_by_one(train_fn, xs, ys, [int(seed) * 1000 + i for i in range(len(masks))],
+                                                          progress=progress), n, len(masks), masks=masks)
+    member, shadow_in, target = masks[0], masks[1:], models.model(0)
+    shadow_conf = np.stack([logit_confidence(logits_fn(models.model(i), xs), ys) for i in range(1, len(masks))])
     conf = logit_confidence(logits_fn(target, xs), ys)
     losses = np.asarray(jax.vmap(loss_fn, in_axes=(None, 0, 0))(target, jnp.asarray(xs), jnp.asarray(ys)), np.float64)
     scores = {"loss": loss_attack_scores(losses), "lira": lira_offline_scores(conf, shadow_conf, shadow_in)}
     correct = np.asarray(jnp.argmax(logits_fn(target, xs), -1)) == ys
     return MembershipResult(is_member=member, losses=losses, conf=conf, scores=scores,
                             rocs={k: roc(v, member) for k, v in scores.items()},
-                            train_accuracy=float(correct[member].mean()), test_accuracy=float(correct[~member].mean()))
+                            train_accuracy=float(correct[member].mean()), test_accuracy=float(correct[~member].mean()),
+                            shadow_in=shadow_in, shadow_conf=shadow_conf)
+
+
+def halves(n: int, n_shadows: int, seed: int = 0) -> np.ndarray:
+    """The attack's `(1 + n_shadows, n)` bool masks: row 0 the target's random half, then the shadows' halves in
+    complementary pairs (a random half and the other half), so every example has OUT shadows (Carlini et al. 2022
+    balance their shadows' halves likewise). Each half is `rng.permutation(n)[: n // 2]` of one generator."""
+    rng = np.random.default_rng(seed)
+
+    def half():
+        mask = np.zeros(n, bool)
+        mask[rng.permutation(n)[: n // 2]] = True
+        return mask
+
+    member = half()
+    pairs = [m for _ in range((n_shadows + 1) // 2) for m in (lambda h: (h, ~h))(half())][:n_shadows]
+    return np.stack([member, *pairs])
 
 
 ATTACKS = {"loss": "loss threshold (Yeom et al. 2018)", "lira": "offline LiRA (Carlini et al. 2022)"}

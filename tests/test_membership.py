@@ -88,3 +88,30 @@ def test_memorizing_model_leaks_and_dp_sgd_leaks_less():
                          checkpoint_every=100).final
     direct = jax.vmap(loss_fn, in_axes=(None, 0, 0))(again, jnp.asarray(x), jnp.asarray(y))
     np.testing.assert_allclose(pub.losses, np.asarray(direct), rtol=1e-4, atol=1e-5)
+
+
+def test_the_attack_is_one_subset_ensemble_target_first_then_complementary_shadows():
+    """`membership_inference` trains model 0 (the target) and the shadows on `halves`' masks with seeds
+    seed·1000 + i, one by one (`gradlab.ensemble`); recomputed here by hand, model by model."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(21, 3)).astype(np.float32)   # odd: the last example is dropped
+    y = (x[:, 0] + 0.3 * rng.normal(size=21) > 0).astype(int)
+
+    def train_fn(xs, ys, s):  # a deterministic "training": ridge regression onto one-hot labels, jittered by the seed
+        w = np.linalg.solve(xs.T @ xs + np.eye(3), xs.T @ np.eye(2)[ys])
+        return jnp.asarray(w + 1e-3 * s)
+
+    loss = lambda w, x, y: jax.nn.logsumexp(x @ w) - (x @ w)[y]  # noqa: E731
+    logits = lambda w, xs: jnp.asarray(xs) @ w  # noqa: E731
+    seen = []
+    res = membership.membership_inference(train_fn, loss, logits, x, y, n_shadows=5, seed=2,
+                                          progress=lambda i, t: seen.append((i, t)))
+    masks = membership.halves(20, 5, seed=2)
+    assert masks.shape == (6, 20) and (masks.sum(1) == 10).all()
+    np.testing.assert_array_equal(masks[1] ^ masks[2], True)       # complementary pairs
+    np.testing.assert_array_equal(res.is_member, masks[0])
+    np.testing.assert_array_equal(res.shadow_in, masks[1:])
+    want = [membership.logit_confidence(logits(train_fn(x[:20][m], y[:20][m], 2000 + i + 1), x[:20]), y[:20])
+            for i, m in enumerate(masks[1:])]
+    np.testing.assert_allclose(res.shadow_conf, want, rtol=1e-6)
+    assert seen == [(i, 6) for i in range(1, 7)]

@@ -119,3 +119,35 @@ def test_influence_page_default_network_first_load():
     assert not at.error, [e.value for e in at.error]
     assert float(_metric(at, "‖∇F(θ̂)‖ at the point used")[0].value) < 1e-2
     assert np.isfinite(float(_metric(at, "Test loss")[0].value))
+
+
+@pytest.mark.slow  # the LDS on the page
+def test_influence_page_method_added_the_registry_way_end_to_end():
+    """The last-layer method (one file plus one registry line): picked on the page it ranks proponents, joins the
+    agreement and self-influence tables, and gets its LDS beside every other method; a one-layer model does not offer
+    it and says why."""
+    at = open_page("influence", **dict(FAST, dataset="moons", width=16, label_noise=0.1, infl_trak_models=2))
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    at.selectbox(key="infl_method").set_value("last_layer")
+    at.run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any(h.value == "Proponents and opponents: Last-layer gradient dot product (representer kernel)"
+               for h in at.subheader)
+    assert len(_metric(at, "ρ(last layer,")) == 4                 # against every other single-model method
+    assert 0.5 < float(_metric(at, "AUC · last layer")[0].value) <= 1.0
+    at.select_slider(key="infl_lds_m").set_value(20)
+    at.select_slider(key="infl_lds_t").set_value(16)
+    at.button(key="run_infl_lds").click()
+    at.run()
+    assert_clean(at)
+    lds = {m.label: float(m.value) for m in _metric(at, "LDS ·")}
+    assert set(lds) == {"LDS · grad dot", "LDS · grad cosine", "LDS · TracIn", "LDS · influence function", "LDS · TRAK",
+                        "LDS · last layer"}
+    assert lds["LDS · last layer"] > 0.2                          # far better than chance on a small MLP
+    # a linear model: the method is not offered, and the page says why
+    linear = open_page("influence", **dict(FAST, dataset="moons", model="linear"))
+    assert_clean(linear)
+    assert "last_layer" not in linear.selectbox(key="infl_method").options
+    assert any("Last-layer gradient dot product" in c.value and "one layer" in c.value for c in linear.caption)

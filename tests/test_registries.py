@@ -8,8 +8,11 @@ import tokenize
 from pathlib import Path
 
 from gradlab import rules
+from gradlab.influence import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Python 3.12 tokenizes an f-string into parts; its literal text is this token (older Pythons: one STRING token).
+FSTRING_TEXT = getattr(tokenize, "FSTRING_MIDDLE", -1)
 
 #: Tests of a `dataset` string's source prefix: `is_own`/`is_upload`, `startswith("upload:")`, `== UPLOAD`,
 #: `dataset == own.OWN`, `"own" in …`. `gradlab/sources/` (the registry) is the one place that reads prefixes.
@@ -26,7 +29,7 @@ def _code_lines(path: Path):
     lines: dict[int, list[str]] = {}
     with tokenize.open(path) as f:
         for tok in tokenize.generate_tokens(f.readline):
-            if tok.type == tokenize.COMMENT:
+            if tok.type in (tokenize.COMMENT, FSTRING_TEXT):  # an f-string's text is prose, as a string's is
                 continue
             text = tok.string
             if tok.type == tokenize.STRING and not re.fullmatch(r"[rbu]?([\"'])\w+:?\1", text):
@@ -47,7 +50,6 @@ def test_no_source_prefix_dispatch():
     found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files for i, line in _code_lines(p)
              if SOURCE_PREFIX_DISPATCH.search(line)]
     assert not found, "dispatch on a source prefix outside gradlab/sources (ask the Source instead):\n" + "\n".join(found)
-
 
 
 def _rule_kind_dispatch(rel: str, lines) -> list[str]:
@@ -80,3 +82,29 @@ def test_no_rule_kind_dispatch(tmp_path):
         if rel != "gradlab/rules/registry.py" and not re.search(r"^class \w+\(RuleKind\)", p.read_text(), re.M):
             found += _rule_kind_dispatch(rel, _code_lines(p))
     assert not found, "dispatch on a layer kind outside its own file (ask the RuleKind instead):\n" + "\n".join(found)
+
+
+def _method_name_comparisons(names) -> list[re.Pattern]:
+    names = "|".join(map(re.escape, names))
+    q = r"""["']"""
+    return [re.compile(p) for p in (
+        rf"(==|!=)\s*{q}({names}){q}",                  # x == "trak"
+        rf"{q}({names}){q}\s*(==|!=|\bin\b)",          # "trak" == x, "trak" in x
+        rf"\bin\s*[\(\[\{{][^\)\]\}}]*{q}({names}){q}",  # x in ("grad_dot", ...)
+        rf"case\s+{q}({names}){q}",                     # match/case
+    )]
+
+
+def test_no_method_name_dispatch():
+    """No string comparison on an attribution method's name (`== "trak"`, `!= 'tracin'`, `in ("grad_dot", …)`,
+    `case "influence"`) in `gradlab/` or `views/` outside the registry `gradlab/influence/methods/`."""
+    patterns = _method_name_comparisons(METHODS)
+    # what the page did before the registry is caught (the test is not vacuous)
+    for before in ('if method == "trak":', "if method != 'influence' and method in scores:",
+                   'if method in ("grad_dot", "tracin"):', '(trak_scores[0] if m_ == "trak" else scores[m_])'):
+        assert any(p.search(before) for p in patterns), before
+    files = [p for p in [*ROOT.glob("gradlab/**/*.py"), *ROOT.glob("views/*.py"), ROOT / "app.py"]
+             if p.relative_to(ROOT).parts[:3] != ("gradlab", "influence", "methods")]
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files for i, line in _code_lines(p)
+             if any(pat.search(line) for pat in patterns)]
+    assert not found, "method names compared outside gradlab/influence/methods/:\n" + "\n".join(found)

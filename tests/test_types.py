@@ -89,6 +89,10 @@ def test_every_annotated_function_is_checked_here(problem):
         "scores.gauss_newton_kernel": lambda f: f(mlp, params, xs, 2, jnp.ones((p, 3))),
         "scores.trak": lambda f: f(mlp, [params], xs, ys, xs[:2], ys[:2], proj_dim=4, l2=0.1, n_classes=2),
         "scores.self_influence": lambda f: f(mlp, params, xs, ys),
+        "scores.streamed_dots": lambda f: f(mlp, params, xs, ys, jnp.ones((2, p))),
+        "scores.grad_norm_self_influence": lambda f: f(mlp, params, xs, ys),
+        "scores.tracin_self_influence": lambda f: f(mlp, [params, params], [0.1, 0.1], xs, ys),
+        "scores.influence_self_influence": lambda f: f(mlp, params, xs, ys, l2=0.1),
     }
     assert annotated_with_jaxtyping() == set(calls), "a jaxtyping-annotated function without a call here (or gone)"
     modules = {"engine": engine, "privacy": privacy, "metrics": metrics, "solvers": solvers, "scores": scores}

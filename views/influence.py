@@ -1,6 +1,7 @@
 """Influence: which training examples helped or hurt one test prediction (proponents and opponents),
-five attribution methods side by side, self-influence as a mislabel detector, a live check against
-actual leave-one-out retraining (Koh & Liang 2017, Fig. 2) and the linear datamodeling score (LDS)."""
+every registered attribution method side by side (`gradlab.influence.METHODS`), self-influence as a mislabel
+detector, a live check against actual leave-one-out retraining (Koh & Liang 2017, Fig. 2) and the linear
+datamodeling score (LDS). The page loops over the registry: it names no method."""
 
 import numpy as np
 import pandas as pd
@@ -9,25 +10,29 @@ import streamlit as st
 from gradlab import influence as inf
 from gradlab import costs, engine, export, losses, memory, ui
 from gradlab.influence import fitted as ifit
+from gradlab.influence import methods as registry
 from gradlab.metrics import detection_roc, fraction_in_top
 from gradlab.ui.figures import plots
 
+METHODS = inf.METHODS
 st.title("Influence")
 st.markdown(
     "Pick a test point. Every training example gets a **score**: how much it helped (**proponent**, positive) or "
     "hurt (**opponent**, negative) that prediction, by the gradient dot product, **TracIn**, the **influence "
-    "function** or **TRAK**. Scores alone can mean nothing: the bottom of the page **retrains** without the top "
-    "examples and scores every method by the **linear datamodeling score**."
+    "function**, **TRAK** or the last layer's gradients. Scores alone can mean nothing: the bottom of the page "
+    "**retrains** without the top examples and scores every method by the **linear datamodeling score**."
 )
 
 ui.terms("influence function", "proponents and opponents", "L-BFGS", "H⁻¹v", "TracIn", "TRAK", "LDS", "self-influence")
 exp = ui.experiment()
+OPTIMUM_ITERS = costs.OPTIMUM_ITERS
 
 
-def check_work(P: int, n: int, trak_models: int = 0) -> None:
-    """Refuse influence scores over the work budget, naming the largest model that fits (ValueError)."""
-    work = lambda p_: costs.influence_page_seconds(p_, n, steps=exp.steps, batch_size=exp.batch_size,  # noqa: E731
-                                                   trak_models=trak_models)
+def check_work(P: int, n: int, extra=lambda p_: 0.0) -> None:
+    """Refuse influence scores over the work budget, naming the largest model that fits (ValueError); `extra(P)`:
+    the picked method's own CPU-seconds beyond the page's shared work (`Method.cost_seconds`)."""
+    work = lambda p_: (costs.influence_page_seconds(p_, n, steps=exp.steps, batch_size=exp.batch_size)  # noqa: E731
+                       + extra(p_))
     p_fits = costs.largest([2**i * 1000 for i in range(12)], work)
     costs.check_work(work(P), f"Influence scores for P = {P:,} parameters", f"Use a model with at most "
                      f"{p_fits:,} parameters (a smaller width or fewer layers)." if p_fits else "Use a smaller model.")
@@ -43,74 +48,73 @@ n_test = len(data.y_test)
 pixels = (lambda rows: data.raw(rows))  # digits are drawn in raw pixels, never standardized ones
 
 
+# Every shared computation is keyed on the fitted model (its first argument) and the settings it reads.
 @ui.shared(label="Scoring the test set")
-def test_summary(exp, _fitted):
+def test_summary(fitted):
     """Test losses and predictions at the trained model."""
-    d = _fitted.data
-    loss = np.asarray(losses.per_example_losses(_fitted.loss_fn, _fitted.model, d.x_test, d.y_test))
-    return loss, np.asarray(_fitted.predict(_fitted.model, d.x_test))
+    d = fitted.data
+    loss = np.asarray(losses.per_example_losses(fitted.loss_fn, fitted.model, d.x_test, d.y_test))
+    return loss, np.asarray(fitted.predict(fitted.model, d.x_test))
 
 
 @ui.shared(label="Converging to θ̂ (L-BFGS)")
-def optimum(data_key, l2, _fitted):
-    """θ̂ for (experiment, λ): converged once, shared by the ranking, self-influence and the check."""
-    return ifit.optimum(_fitted, l2, max_iter=OPTIMUM_ITERS)
+def optimum(fitted, l2):
+    """θ̂ for (experiment, λ): converged once, shared by every method, self-influence and the check."""
+    return ifit.optimum(fitted, l2, max_iter=OPTIMUM_ITERS)
 
 
-@ui.shared(label="Training the SGD run TracIn follows")
-def tracin_run(data_key, _fitted):
-    """((checkpoints, lrs), note), or (None, why) when there is no SGD run to follow (no steps, diverged)."""
-    try:
-        run, note = ifit.tracin_run(_fitted)
-        return inf.tracin_checkpoints(run), note
-    except ValueError as err:
-        return None, f"TracIn is unavailable: {ui.inert(err)}"
+def context(fitted, settings):
+    """The methods' `Context`: `settings` ((name, value) pairs) and the cached θ̂ at their λ."""
+    opts = dict(settings)
+    return ifit.context(fitted, opts, base=lambda: optimum(fitted, float(opts.get("l2", registry.defaults()["l2"]))))
 
 
-@ui.shared(label="Training TRAK's ensemble")
-def trak_models(data_key, n_models, l2, _fitted):
-    """TRAK's ensemble (each model's own θ̂ at λ), or None when one of its extra models cannot be trained (the
-    message is shown)."""
-    try:
-        return ifit.trak_models(_fitted, n_models, base=optimum(data_key, l2, _fitted), max_iter=OPTIMUM_ITERS), None
-    except ValueError as err:
-        return None, f"TRAK is unavailable: training its ensemble failed: {err}"
-
-
-@ui.shared(label="Scoring with TRAK")
-def trak_rows(data_key, n_models, l2, proj_dim, rows, _fitted):
-    """TRAK's scores for the test points `rows` (a tuple), `(len(rows), N)`: `(scores, None)` or `(None, why)`.
-    A projected kernel is built once per model, so the page asks for every test point at once; the exact
-    kernel (k ≥ P) is solved per test point."""
-    models, why = trak_models(data_key, n_models, l2, _fitted)
-    if models is None:
-        return None, why
-    idx = np.asarray(rows)
-    try:
-        return np.asarray(ifit.trak_scores(_fitted, models, l2, _fitted.data.x_test[idx], _fitted.data.y_test[idx],
-                                           proj_dim=proj_dim)), None
-    except inf.InfluenceError as err:
-        return None, str(err)
+@ui.shared(label="Preparing the method")
+def prepared(fitted, name, settings):
+    """`(state, None)` of method `name` prepared at `settings` (its `prepare_reads`), or `(None, why)`."""
+    return ifit.prepare(context(fitted, settings), METHODS[name])
 
 
 @ui.shared(label="Scoring every training example")
-def point_scores(exp, test_index, l2, damping, solver, lissa_scale, _fitted):
-    base = optimum(exp, l2, _fitted)
-    extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
-    return ifit.score_test_point(_fitted, base, test_index, damping=damping, solver=solver, **extra,
-                                 tracin=tracin_run(exp, _fitted)[0])
+def method_scores(fitted, name, settings, rows):
+    """Method `name`'s `Scored` for the test points `rows` (a tuple), `(len(rows), N)`: `(scored, None)` or
+    `(None, why)`."""
+    m = METHODS[name]
+    state, why = prepared(fitted, name, m.key(dict(settings), m.prepare_reads))
+    if why is not None:
+        return None, why
+    got = ifit.score_test_points(context(fitted, settings), rows, names=[name], states={name: state})
+    return got.scored.get(name), got.errors.get(name)
 
 
 @ui.shared(label="Computing self-influence")
-def self_scores(exp, l2, damping, _fitted):
-    base = optimum(exp, l2, _fitted)
-    return ifit.self_influence_scores(_fitted, base, damping=damping, tracin=tracin_run(exp, _fitted)[0])
+def self_scores(fitted, name, settings):
+    """Method `name`'s self-influence `(N,)`: `(values, None)` or `(None, why)` (None, None when it is not prepared)."""
+    m = METHODS[name]
+    state, why = prepared(fitted, name, m.key(dict(settings), m.prepare_reads))
+    if why is not None:
+        return None, None  # the page already says why the method is unavailable
+    got, errors = ifit.self_influence_scores(context(fitted, settings), states={name: state}, names=[name])
+    return got.get(name), errors.get(name)
 
 
-OPTIMUM_ITERS = costs.OPTIMUM_ITERS
-PROJ_DIMS = [64, 128, 256, 512, 1024, 2048, 4096]
-EXACT = "P (exact)"
-test_loss, test_pred = test_summary(exp, fitted)
+def draw(control, settings):
+    """A method's `Control` as its widget, bound to the URL; its default while its `when` does not hold."""
+    if control.when is not None and settings.get(control.when[0]) != control.when[1]:
+        return control.default
+    shown = {"help": control.help or None, **({"format_func": control.fmt} if control.fmt else {})}
+    if control.widget == "number":
+        return ui.control(st.number_input, control.label, min_value=control.min_value, max_value=control.max_value,
+                          value=control.default, key=control.key, help=control.help or None,
+                          **({"step": control.step} if control.step is not None else {}))
+    if control.widget == "slider":
+        return ui.control(st.select_slider, control.label, options=list(control.options), value=control.default,
+                          key=control.key, **shown)
+    return ui.control(st.selectbox, control.label, list(control.options), key=control.key,
+                      index=list(control.options).index(control.default), **shown)
+
+
+test_loss, test_pred = test_summary(fitted)
 correct = (test_pred == data.y_test) if classify else (np.abs(test_pred - data.y_test) < 0.5)
 
 # A click on the test-point chart (previous run) sets the index before its widget is drawn.
@@ -145,107 +149,98 @@ with right:
     ui.chart(plots.point_picker(xy, correct, test_index, axis_names=axes, ids=test_ids), width="stretch",
              on_select="rerun", selection_mode="points", key=PICK)
 
+
 # ------------------------------------------------------------------ controls
-SHORT = {"grad_dot": "grad dot", "grad_cosine": "grad cosine", "tracin": "TracIn", "influence": "influence function",
-         "trak": "TRAK"}
-SHORT = {m_: SHORT.get(m_, m_) for m_ in inf.METHODS}  # the library's list; short names go into the URL
-c1, c2, c3, c4, c5 = st.columns([2, 1, 1, 1, 1])
+use, not_here = ifit.available(fitted)  # the registry's methods that apply to this model, in its order
+settings = {}
+c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
 with c1:
-    method = ui.choice(st.selectbox, "Scoring method", inf.METHODS, "infl_method", index=list(inf.METHODS).index("influence"))
-with c2:
-    l2 = ui.control(st.select_slider,
-        "Regularization λ", options=[1e-4, 1e-3, 1e-2, 1e-1], value=1e-2, format_func=lambda v: f"{v:g}",
-        key="infl_l2",
-        help="Part of the objective F(θ) = mean loss + λ/2‖θ‖² that θ̂ minimizes: it moves θ̂ and what retraining "
-             "converges to. The influence function, its self-influence and the retraining check all use this θ̂.")
-with c3:
-    damping = ui.control(st.select_slider,
-        "Damping δ", options=[0.0, 1e-3, 1e-2, 1e-1, 1.0], value=1e-2, format_func=lambda v: f"{v:g}",
-        key="infl_damping",
-        help="Added to the Hessian only: (H + δI)⁻¹. A network's Hessian has negative eigenvalues where θ̂ is not an "
-             "exact minimum; δ > 0 makes H + δI positive definite. It does not change θ̂.")
+    method = ui.choice(st.selectbox, "Scoring method", {n_: m_.label for n_, m_ in use.items()}, "infl_method",
+                       index=list(use).index(registry.DEFAULT) if registry.DEFAULT in use else 0)
+for col, control in zip((c2, c3), registry.SETTINGS):
+    with col:
+        settings[control.name] = draw(control, settings)
 with c4:
-    solver = ui.control(st.selectbox, "H⁻¹v solver", list(inf.SOLVERS), key="infl_solver",
-                        help="\n".join(f"- **{k_}**: {v_}" for k_, v_ in inf.SOLVERS.items()))
-with c5:
     k = ui.control(st.number_input, "Top-k", min_value=1, max_value=24, value=8, key="infl_k")
-lissa_scale = 0.0
-if solver == "lissa":
-    lissa_scale = ui.control(st.number_input, "LiSSA scale (0 = 2 × the largest Hessian eigenvalue, by power iteration)",
-                             min_value=0.0, value=0.0, step=1.0, key="infl_lissa_scale")
-with st.expander("TRAK settings"):
-    t1, t2 = st.columns(2)
-    n_models = int(ui.control(t1.number_input, "Models in the ensemble", min_value=1, max_value=10, value=ifit.TRAK_MODELS,
-                              key="infl_trak_models",
-                              help="θ̂ (as the influence function) plus models trained with seeds seed+1, … on the same data, each "
-                                        "converged to its own θ̂ of the same objective at λ."))
-    k_pick = ui.control(t2.select_slider, "Projection dimension k", options=[*map(str, PROJ_DIMS), EXACT], value=EXACT,
-                        key="infl_trak_k",
-                        help="Per-example gradients are projected to k dimensions by a Gaussian matrix. "
-                                   "P (exact): no projection; the Gauss–Newton kernel is solved by conjugate gradient.")
-    P = engine.num_params(fitted.model)
-    proj_dim = P if k_pick == EXACT else int(k_pick)
+for m_ in use.values():  # each method's own controls, in its expander
+    if m_.controls:
+        with st.expander(f"{m_.short[:1].upper()}{m_.short[1:]} settings"):
+            for control in m_.controls:
+                settings[control.name] = draw(control, settings)
+settings = {**registry.defaults(), **settings}  # a method that does not apply here keeps its defaults
+if not_here:
+    st.caption("Not offered for this model: " + "; ".join(f"**{METHODS[n_].label}**: {ui.inert(w_)}"
+                                                          for n_, w_ in not_here.items()) + ".")
+l2, damping = float(settings["l2"]), float(settings["damping"])
+P = engine.num_params(fitted.model)
+chosen = METHODS[method] if method in use else next(iter(use.values()))
+run_now = {n_: m_ for n_, m_ in use.items() if not m_.on_demand or m_ is chosen}  # ensembles train when picked
 
 # ------------------------------------------------------------------ what it will hold, before it runs
 with ui.guard("The influence scores do not fit this server", stop=True):
     n_ckpt = len(fitted.run.checkpoints)
-    memory.check(f"Influence scores for a model of P = {P:,} parameters with TRAK's k = {proj_dim}",
-                 memory.influence_bytes(P, proj_dim, n_models, n_ckpt),
-                 memory.influence_fix(P, PROJ_DIMS, n_models, n_ckpt))
-    if not optimum.stored(exp, float(l2), fitted):
-        check_work(P, len(data.y_train), trak_models=(n_models - 1) * (method == "trak"))
+    held = {n_: m_.held_bytes(P, settings, n_ckpt) for n_, m_ in use.items()}  # every method: the LDS runs them all
+    largest = max(held, key=held.get)
+    memory.check(f"Influence scores for a model of P = {P:,} parameters",
+                 memory.influence_bytes(P, 0, 0, 0) + sum(held.values()),
+                 use[largest].fix(P, settings, n_ckpt))
+    if not optimum.stored(fitted, l2):
+        check_work(P, len(data.y_train), lambda p_: sum(
+            m_.cost_seconds(p_, len(data.y_train), settings, steps=exp.steps, batch_size=exp.batch_size)
+            for m_ in run_now.values()))
 
 # ------------------------------------------------------------------ the one optimum
 with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} iterations)…"):
     base = None
     with ui.guard("Could not converge the objective"):
-        base = optimum(exp, float(l2), fitted)
+        base = optimum(fitted, l2)
 if base is None:
     st.stop()
 verdict = st.container()  # filled below, once the retraining check is known: the evidence comes first
-with st.spinner("Training the SGD run TracIn follows…"):
-    tr_ckpts, tr_note = tracin_run(exp, fitted)
-if tr_ckpts is None:
-    st.warning(tr_note, icon="⚠️")
 
+# ------------------------------------------------------------------ every method: prepared once, then scored
+states, errors, scored = {}, {}, {}
+for n_, m_ in run_now.items():
+    with st.spinner(f"Preparing {m_.label} (once)…"):
+        states[n_], why = prepared(fitted, n_, m_.key(settings, m_.prepare_reads))
+    if why is not None:
+        st.warning(f"{m_.short[:1].upper()}{m_.short[1:]} is unavailable: {ui.inert(why)}", icon="⚠️")
+        del states[n_]
+ctx = context(fitted, tuple(sorted(settings.items())))
 with st.spinner("Scoring every training example with every method…"):
-    res = None
-    with ui.guard("Could not score the training examples"):
-        res = point_scores(exp, test_index, float(l2), float(damping), solver, float(lissa_scale), fitted)
-if res is None:
-    st.stop()
-scores, errors = dict(res.scores), dict(res.errors)
-if method == "trak":  # TRAK trains its ensemble only when asked for; a projected kernel serves every test point
-    exact = proj_dim >= P
-    rows = (test_index,) if exact else tuple(range(n_test))
-    with st.spinner(f"TRAK: training {n_models - 1} more models (once), converging each to its θ̂ and solving its "
-                    "Gauss–Newton kernel" + (" for this test point…" if exact else f" at k = {proj_dim} for every test point…")):
-        trak_scores, trak_error = trak_rows(exp, n_models, float(l2), proj_dim, rows, fitted)
-    if trak_scores is None:
-        errors["trak"] = trak_error
-    else:
-        scores = {m_: (trak_scores[rows.index(test_index)] if m_ == "trak" else scores[m_]) for m_ in inf.METHODS
-                  if m_ in scores or m_ == "trak"}
+    for n_ in states:
+        m_ = METHODS[n_]
+        rows = tuple(range(n_test)) if m_.every_test_point(ctx) else (test_index,)
+        got, why = None, None
+        with ui.guard(f"Could not score the training examples with {m_.label}"):
+            got, why = method_scores(fitted, n_, m_.key(settings), rows)
+            if got is not None:
+                scored[n_] = (got, rows.index(test_index))
+        if why is not None:
+            errors[n_] = why
+scores = {n_: got.values[row] for n_, (got, row) in scored.items()}
 for m_, err in errors.items():
-    st.error(f"**{inf.METHODS[m_]} unavailable.** {ui.inert(err)}", icon="⚠️")
-if res.ihvp is not None:
-    if res.ihvp.note:
-        st.info(res.ihvp.note, icon="ℹ️")
-    st.caption(f"Influence function at θ̂: (H + δI)⁻¹∇L_test solved by **{res.ihvp.method}**"
-               + (f" in {res.ihvp.iterations} iterations" if res.ihvp.iterations else "")
-               + f"; relative residual {res.ihvp.residual:.1e}; λ = {l2:g}, δ = {damping:g}.")
-if method == "tracin" and tr_ckpts is not None and tr_note:
-    st.info(tr_note, icon="ℹ️")
+    st.error(f"**{METHODS[m_].label} unavailable.** {ui.inert(err)}", icon="⚠️")
+for got, _ in scored.values():
+    if got.note:
+        st.info(got.note, icon="ℹ️")
+    if got.caption:
+        st.caption(got.caption)
+if chosen.name in states and chosen.note(states[chosen.name]):
+    st.info(chosen.note(states[chosen.name]), icon="ℹ️")
+if not scores:
+    st.error("No attribution method could score this model.", icon="⚠️")
+    st.stop()
 if method not in scores:
-    st.warning(f"{inf.METHODS[method]} is not available here; showing the gradient dot product.")
-    method = "grad_dot"
+    method = next(iter(scores))  # the registry's first that worked
+    st.warning(f"{chosen.label} is not available here; showing the {METHODS[method].label.lower()}.")
 s = scores[method]
 order = np.argsort(-s, kind="stable")
 kk = int(min(k, len(s) // 2))
 props, opps = order[:kk], order[::-1][:kk]
 
 # ------------------------------------------------------------------ proponents and opponents
-st.subheader(f"Proponents and opponents: {inf.METHODS[method]}")
+st.subheader(f"Proponents and opponents: {METHODS[method].label}")
 flipped = data.flipped
 
 
@@ -267,7 +262,7 @@ if data.image_shape is not None:
 elif data.n_features == 2:
     ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score", ids=train_ids,
                                         axis_names=data.feature_names,
-                                        title=f"Training set coloured by {inf.METHODS[method].lower()} "
+                                        title=f"Training set coloured by {METHODS[method].label.lower()} "
                                               "(blue helps, red hurts)"), width="stretch")
 elif data.n_features == 1:
     ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score", highlight=np.concatenate([props, opps]), ids=train_ids,
@@ -275,7 +270,7 @@ elif data.n_features == 1:
                               title="Training set coloured by score (top proponents and opponents circled)"),
              width="stretch")
 table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
-                      **{SHORT[m_]: v for m_, v in scores.items()}})
+                      **{METHODS[m_].short: v for m_, v in scores.items()}})
 ui.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
@@ -301,27 +296,36 @@ st.subheader("Do the methods agree?")
 rho = inf.method_agreement(scores)
 a, b = st.columns([3, 2])
 with a:
-    ui.chart(plots.agreement_heatmap(rho, [SHORT[m_] for m_ in scores],
+    ui.chart(plots.agreement_heatmap(rho, [METHODS[m_].short for m_ in scores],
                                      title="Spearman rank correlation over all training examples"), width="stretch")
 with b:
     st.markdown("Rank correlations (`scipy.stats.spearmanr`) between the methods' scores for this test point. "
                 "Cosine discounts large-gradient examples; TracIn adds earlier checkpoints of an SGD run; the influence "
                 "function reweights directions by the inverse Hessian at θ̂; TRAK by the inverse Gauss–Newton matrix, "
-                "averaged over models (it joins this table when it is the scoring method: it trains its own ensemble). "
+                "averaged over models; the last layer keeps only the output layer's gradients. A method that trains its "
+                "own ensemble joins this table when it is the scoring method. "
                 "Agreement is not correctness: the LDS below measures that.")
     me = list(scores).index(method)
     for j, m_ in enumerate(scores):
         if j != me:
-            st.metric(f"ρ({SHORT[method]}, {SHORT[m_]})", f"{rho[me, j]:.2f}")
+            st.metric(f"ρ({METHODS[method].short}, {METHODS[m_].short})", f"{rho[me, j]:.2f}")
 
 # ------------------------------------------------------------------ self-influence
 st.subheader("Self-influence: which training examples look suspicious")
+selfs, self_notes = {}, []
 with st.spinner("Computing self-influence…"):
-    selfs = None
-    with ui.guard("Could not compute self-influence"):
-        selfs, self_note = self_scores(exp, float(l2), float(damping), fitted)
-if selfs is not None:
-    SELF_SHORT = {"grad_norm": "gradient norm", "tracin": "TracIn", "influence": "influence function"}
+    for n_ in states:
+        if METHODS[n_].self_label is None or METHODS[n_].on_demand:
+            continue
+        with ui.guard(f"Could not compute {METHODS[n_].label}'s self-influence"):
+            v_, why = self_scores(fitted, n_, METHODS[n_].key(settings))
+            if v_ is not None:
+                selfs[n_] = v_
+            elif why:
+                self_notes.append(why)
+self_note = " ".join(self_notes) or None
+if selfs:
+    SELF_SHORT = {m_: METHODS[m_].self_short for m_ in selfs}
     st.markdown(
         "An example that supports mostly itself (large gradient, or large effect of removing it on its own loss) is "
         "often mislabeled or atypical. The trained model's gradient norm forgets examples it has **memorized**; "
@@ -330,7 +334,7 @@ if selfs is not None:
     c1, c2 = st.columns([2, 1])
     with c1:
         picked_self = ui.control(st.selectbox, "Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self",
-                                 help="\n".join(f"- **{SELF_SHORT[m_]}**: {inf.SELF_INFLUENCE[m_]}" for m_ in selfs))
+                                 help="\n".join(f"- **{SELF_SHORT[m_]}**: {METHODS[m_].self_label}" for m_ in selfs))
         self_method = {v: k_ for k_, v in SELF_SHORT.items()}[picked_self]
     with c2:
         top_pct = ui.control(st.slider, "Top x% to inspect", 1, 50, 10, key="infl_top_pct")
@@ -343,11 +347,11 @@ if selfs is not None:
         row1, row2 = st.columns(len(selfs)), st.columns(len(selfs))
         for j, m_ in enumerate(selfs):
             row1[j].metric(f"AUC · {SELF_SHORT[m_]}", f"{dets[m_].auc:.3f}",
-                           help=f"ROC AUC of {inf.SELF_INFLUENCE[m_]} as a detector of the flipped labels.")
+                           help=f"ROC AUC of {METHODS[m_].self_label} as a detector of the flipped labels.")
             row2[j].metric(f"Flipped in top {top_pct}% · {SELF_SHORT[m_]}",
                            f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
                            help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}%.")
-        ui.chart(plots.roc_figure({inf.SELF_INFLUENCE[m_]: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
+        ui.chart(plots.roc_figure({METHODS[m_].self_label: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
                                   "Self-influence as a detector of flipped labels"), width="stretch")
     else:
         st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
@@ -361,11 +365,11 @@ if selfs is not None:
                                   title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
                  width="stretch")
     ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
-                               "flipped label": flipped[top], **{inf.SELF_INFLUENCE[m_]: selfs[m_][top] for m_ in selfs}}),
+                               "flipped label": flipped[top], **{METHODS[m_].self_label: selfs[m_][top] for m_ in selfs}}),
                  hide_index=True, width="stretch", height=240)
     ui.download(f"gradlab_self_influence_{exp.dataset}",
                 {**export.example_columns(data, np.arange(len(flipped))), "flipped label": flipped,
-                 **{inf.SELF_INFLUENCE[m_]: v_ for m_, v_ in selfs.items()}},
+                 **{METHODS[m_].self_label: v_ for m_, v_ in selfs.items()}},
                 label="Self-influence of every training example")
 
 # ------------------------------------------------------------------ check against retraining
@@ -379,26 +383,27 @@ st.markdown(
 )
 
 
-def retraining_cost(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted):
-    return costs.retraining_seconds(engine.num_params(_fitted.model), len(_fitted.data.y_train), k=k)
+def retraining_cost(fitted, test_index, l2, damping, solver, lissa_scale, k):
+    return costs.retraining_seconds(engine.num_params(fitted.model), len(fitted.data.y_train), k=k)
 
 
 @ui.shared(label="Retraining", cost=retraining_cost)
-def retraining(data_key, test_index, l2, damping, solver, lissa_scale, k, _fitted, progress):
-    base_ = optimum(data_key, l2, _fitted)
+def retraining(fitted, test_index, l2, damping, solver, lissa_scale, k, progress):
+    base_ = optimum(fitted, l2)
     extra = {"lissa_scale": lissa_scale} if lissa_scale > 0 else {}
     return ifit.retraining_check(
-        _fitted, base_, test_index, damping=damping, k=k, solver=solver, max_iter=RETRAIN_ITERS, **extra,
+        fitted, base_, test_index, damping=damping, k=k, solver=solver, max_iter=RETRAIN_ITERS, **extra,
         progress=lambda i, n: progress(i / n, f"retrained {i} of {n} models without one example"))
 
 
 c1, c2 = st.columns([1, 3])
 with c1:
     rk = ui.control(st.number_input, "k (retrains 2k models)", min_value=2, max_value=25, value=8, key="infl_retrain_k")
-check_args = (exp, test_index, float(l2), float(damping), solver, float(lissa_scale), int(rk), fitted)
+solver, lissa_scale = settings["solver"], float(settings["lissa_scale"]) if settings["solver"] == "lissa" else 0.0
+check_args = (fitted, test_index, l2, damping, solver, lissa_scale, int(rk))
 chk = None
 with c1, ui.guard("The retraining check failed"):
-    fits = costs.largest(range(2, int(rk) + 1), lambda k_: retraining_cost(*check_args[:6], k_, fitted))
+    fits = costs.largest(range(2, int(rk) + 1), lambda k_: retraining_cost(*check_args[:6], k_))
     chk = ui.on_request(retraining, *check_args, name="infl_retrain", button="Check against retraining",
                         fix=f"Use k ≤ {fits}." if fits else "Use a smaller model.")
 if chk is None:
@@ -419,9 +424,9 @@ else:
     m[2].metric("Models retrained", f"{len(chk.indices)}",
                 help=f"L-BFGS iterations: median {int(np.median([r.iterations for r in chk.retrained]))}; "
                      f"final gradient norm ≤ {max(r.grad_norm for r in chk.retrained):.1e}.")
-    if method != "influence" and method in scores:
+    if method in scores and not METHODS[method].predicts_retraining:
         _, rho_m = inf.correlations(scores[method][chk.indices], chk.actual)
-        m[3].metric(f"Spearman ρ({SHORT[method]}, actual)", f"{rho_m:.3f}",
+        m[3].metric(f"Spearman ρ({METHODS[method].short}, actual)", f"{rho_m:.3f}",
                     help="How well the chosen method's scores rank the actual changes of these examples.")
     else:
         m[3].metric("‖∇F(θ̂)‖", f"{chk.base.grad_norm:.1e}", help="The gradient norm at the θ̂ both used.")
@@ -441,28 +446,34 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
     )
 
 
-    def lds_cost(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted):
-        r = _fitted.recipe
-        return costs.lds_seconds(engine.num_params(_fitted.model), models=m, steps=r["steps"], batch_size=r["batch_size"],
-                                 n_test=n_test_, n=len(_fitted.data.y_train))
+    def lds_cost(fitted, m, n_test_, settings_):
+        r = fitted.recipe
+        return costs.lds_seconds(engine.num_params(fitted.model), models=m, steps=r["steps"], batch_size=r["batch_size"],
+                                 n_test=n_test_, n=len(fitted.data.y_train))
 
 
     @ui.shared(label="Computing the LDS", cost=lds_cost)
-    def lds_results(data_key, m, n_test_, l2, damping, solver, n_models_, proj_dim_, _fitted, progress):
-        base_ = optimum(data_key, l2, _fitted)
-        table_ = ifit.lds_table(_fitted, base_, m=m, n_test=n_test_, damping=damping, solver=solver,
-                                tracin=tracin_run(data_key, _fitted)[0], trak=trak_models(data_key, n_models_, l2, _fitted)[0],
-                                proj_dim=proj_dim_, progress=progress)
-        return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, table_.errors
+    def lds_results(fitted, m, n_test_, settings_, progress):
+        """Every applicable method's LDS on one ensemble of half-data models (each method prepared once, shared
+        with the scores above)."""
+        opts, states_, errors_ = dict(settings_), {}, {}
+        for n_, m_ in ifit.available(fitted)[0].items():
+            states_[n_], why = prepared(fitted, n_, m_.key(opts, m_.prepare_reads))
+            if why is not None:
+                errors_[n_] = why
+                del states_[n_]
+        table_ = ifit.lds_table(context(fitted, settings_), m=m, n_test=n_test_, names=list(states_), states=states_,
+                                progress=progress)
+        return {k_: (v_.mean, v_.per_test) for k_, v_ in table_.results.items()}, {**errors_, **table_.errors}
 
 
     c1, c2, c3 = st.columns([1, 1, 2])
     lds_m = int(ui.control(c1.select_slider, "Models M", options=[20, 50, 100], value=50, key="infl_lds_m"))
     lds_t = int(ui.control(c2.select_slider, "Test points", options=[16, 32, 64], value=32, key="infl_lds_t"))
-    lds_args = (exp, lds_m, lds_t, float(l2), float(damping), solver, n_models, proj_dim, fitted)
+    lds_args = (fitted, lds_m, lds_t, tuple(sorted(settings.items())))
     lds_out = None
     with c3, ui.guard("The LDS could not be computed"):
-        fits = costs.largest([20, 50, 100], lambda m_: lds_cost(exp, m_, *lds_args[2:]))
+        fits = costs.largest([20, 50, 100], lambda m_: lds_cost(fitted, m_, *lds_args[2:]))
         lds_out = ui.on_request(lds_results, *lds_args, name="infl_lds", button="Compute the LDS of every method",
                                 fix=f"Use M ≤ {fits} models." if fits else "Use fewer test points or a smaller model.")
     if lds_out is None:
@@ -471,16 +482,16 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
     else:
         res_lds, errs = lds_out
         for m_, err in errs.items():
-            st.error(f"**{inf.METHODS[m_]}: no LDS.** {ui.inert(err)}", icon="⚠️")
+            st.error(f"**{METHODS[m_].label}: no LDS.** {ui.inert(err)}", icon="⚠️")
         names = list(res_lds)
-        ui.chart(plots.lds_bars([SHORT[m_] for m_ in names], [res_lds[m_][0] for m_ in names],
+        ui.chart(plots.lds_bars([METHODS[m_].short for m_ in names], [res_lds[m_][0] for m_ in names],
                                 [res_lds[m_][1] for m_ in names], m=lds_m), width="stretch")
         cols = st.columns(len(names))
         best = max(names, key=lambda m_: res_lds[m_][0])
         for j, m_ in enumerate(names):
-            cols[j].metric(f"LDS · {SHORT[m_]}", f"{res_lds[m_][0]:.3f}", delta="best" if m_ == best else None,
+            cols[j].metric(f"LDS · {METHODS[m_].short}", f"{res_lds[m_][0]:.3f}", delta="best" if m_ == best else None,
                            delta_color="off")
-        lds_table_ = pd.DataFrame({"method": [inf.METHODS[m_] for m_ in names],
+        lds_table_ = pd.DataFrame({"method": [METHODS[m_].label for m_ in names],
                                    "LDS": [res_lds[m_][0] for m_ in names],
                                    "std over test points": [float(np.nanstd(res_lds[m_][1])) for m_ in names]})
         ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")

@@ -22,10 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from gradlab import engine
+from gradlab import engine, ensemble
 from gradlab.influence.scores import influence_scores
 from gradlab.influence.solvers import InverseHVP, LossFn, Method, Minimum, PyTree, minimize
-from gradlab.train import make_optimizer, objective
 
 # ------------------------------------------------------------------ summaries
 
@@ -127,15 +126,12 @@ def check_against_retraining(
 
 
 def random_subsets(n: int, m: int, *, fraction: float = 0.5, seed: int = 0) -> np.ndarray:
-    """M random subsets of ⌊fraction·N⌋ training examples each, without repeats: `(M, H)` int, sorted rows.
+    """M random subsets of ⌊fraction·N⌋ training examples each, without repeats: `(M, H)` int, sorted rows
+    (`gradlab.ensemble.random_masks`, the same draws).
 
     **Raises** `ValueError` unless 0 < fraction < 1, M ≥ 1 and every subset has at least one example.
     """
-    h = int(fraction * n)
-    if not (0 < fraction < 1) or m < 1 or h < 1:
-        raise ValueError(f"need M ≥ 1 subsets of a fraction in (0, 1) of N = {n}, got M = {m}, fraction = {fraction:g}")
-    rng = np.random.default_rng(seed)
-    return np.sort(np.stack([rng.choice(n, h, replace=False) for _ in range(m)]), axis=1)
+    return ensemble.subsets_of(ensemble.random_masks(n, m, fraction=fraction, seed=seed))
 
 
 def subset_masks(subsets: np.ndarray, n: int) -> np.ndarray:
@@ -145,50 +141,30 @@ def subset_masks(subsets: np.ndarray, n: int) -> np.ndarray:
     return mask
 
 
-@eqx.filter_jit
-def _train_subsets(loss_fn, diff, static, update, state0, xs, ys, subsets, keys, batch_size, l2):
-    h = subsets.shape[1]
-
-    def run(subset, key_seq):
-        def step(carry, key):
-            d, s = carry
-            idx = subset[jax.random.choice(key, h, (batch_size,), replace=False)]
-            g = jax.grad(lambda d: objective(loss_fn, eqx.combine(d, static), xs[idx], ys[idx], l2))(d)
-            updates, s = update(g, s, d)
-            return (jax.tree.map(lambda a, u: a + u, d, updates), s), None
-
-        (d, _), _ = jax.lax.scan(step, (diff, state0), key_seq)
-        return d
-
-    return jax.vmap(run)(subsets, keys)
-
-
 def train_on_subsets(model, loss_fn: LossFn, xs, ys, subsets: np.ndarray, *, optimizer: str = "adam", lr: float = 1e-2,
                      steps: int = 300, batch_size: int = 128, l2: float = 0.0, seed: int = 0) -> PyTree:
-    """Train one model per subset with the recipe of `gradlab.train.train` (same initialization `model`,
-    optimizer, steps, minibatches of `batch_size` drawn without replacement from the subset, L2 λ), all M
-    at once: `vmap` over subsets of a jitted `lax.scan` over steps. Subset m's model is the one
+    """Train one model per subset with the recipe of `gradlab.train.train`, all M at once
+    (`gradlab.ensemble.train_stacked`, the scan `ensemble.by_recipe` runs). Subset m's model is the one
     `train(model, loss_fn, xs[S_m], ys[S_m], seed=seed + m, …)` returns.
 
     **Arguments** `subsets (M, H)` int (`random_subsets`). **Returns** the differentiable leaves of the
     M trained models stacked on a leading axis (combine with `eqx.partition(model, …)[1]`).
     """
-    diff, static = eqx.partition(engine.as_params(model), eqx.is_inexact_array)
-    opt = make_optimizer(optimizer, lr, max(steps, 1))
-    subsets = jnp.asarray(subsets)
-    # subset m draws its minibatches as `train(…, seed=seed + m)` would on the subset's examples
-    keys = jnp.stack([jax.random.split(jax.random.key(seed + m), max(steps, 1))[:steps] for m in range(len(subsets))])
-    bs = int(min(batch_size, subsets.shape[1]))
-    return _train_subsets(loss_fn, diff, static, opt.update, opt.init(diff), jnp.asarray(xs), jnp.asarray(ys), subsets,
-                          keys, bs, jnp.float32(l2))
+    return ensemble.train_stacked(model, loss_fn, xs, ys, subsets, optimizer=optimizer, lr=lr, steps=steps,
+                                  batch_size=batch_size, l2=l2, seed=seed)
 
 
 def subset_outputs(loss_fn: LossFn, model, stacked: PyTree, test_xs, test_ys) -> np.ndarray:
-    """The output −ℓ(θ_m, z_t) of each subset model on each test point: `(M, T)`."""
+    """The output −ℓ(θ_m, z_t) of each subset model on each test point: `(M, T)` (`stacked`: `train_on_subsets`'s
+    leaves; `model` gives the static part)."""
     _, static = eqx.partition(engine.as_params(model), eqx.is_inexact_array)
-    one = lambda d: -jax.vmap(loss_fn, in_axes=(None, 0, 0))(eqx.combine(d, static), jnp.asarray(test_xs),
-                                                               jnp.asarray(test_ys))
-    return np.asarray(jax.vmap(one)(stacked))
+    return ensemble_outputs(loss_fn, ensemble.Ensemble(np.zeros((0, 0), bool), stacked, static), test_xs, test_ys)
+
+
+def ensemble_outputs(loss_fn: LossFn, models: ensemble.Ensemble, test_xs, test_ys) -> np.ndarray:
+    """The LDS's output −ℓ(θ_m, z_t) of each model of an ensemble on each test point: `(M, T)`."""
+    txs, tys = jnp.asarray(test_xs), jnp.asarray(test_ys)
+    return models.outputs(lambda m: -jax.vmap(loss_fn, in_axes=(None, 0, 0))(m, txs, tys))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

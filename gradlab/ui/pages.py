@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from gradlab.influence.methods import controls as influence_controls
 from gradlab.practice import enabled as practice_enabled
 
 
@@ -37,8 +38,9 @@ PAGES: tuple[Page, ...] = (
           "dp_sgd_c", "dp_sgd_opt", "dp_sgd_mode", "dp_sgd_eps", "dp_sgd_sigma", "dp_sgd_lr", "dp_sgd_delta",
           "dp_sgd_accountant", "dp_sgd_seed")),
     Page("views/influence.py", "Influence", ":material/explore:", "influence",
-         ("infl_method", "infl_l2", "infl_damping", "infl_solver", "infl_k", "infl_lissa_scale", "infl_trak_models",
-          "infl_trak_k", "infl_test", "infl_self", "infl_top_pct", "infl_retrain_k", "infl_lds_m", "infl_lds_t")),
+         # the attribution methods declare their own controls (gradlab.influence.methods: λ, δ, solver, TRAK's, …)
+         ("infl_method", *(c.key for c in influence_controls()), "infl_k", "infl_test", "infl_self", "infl_top_pct",
+          "infl_retrain_k", "infl_lds_m", "infl_lds_t")),
     Page("views/privacy_audit.py", "Privacy audit", ":material/policy:", "privacy_audit",
          ("mia_pool", "mia_shadows", "mia_q", "mia_steps", "mia_c", "mia_eps", "mia_opt", "mia_lr", "audit_sigma",
           "audit_steps", "audit_q", "audit_c", "audit_trials", "audit_canary", "audit_bug")),
