@@ -72,3 +72,36 @@ def test_the_warm_up_button_runs_the_fill_command_and_reports_progress(monkeypat
     at.run()
     assert_clean(at)
     assert any("Every step is ready" in s.value for s in at.success) or any("Warming up" in str(p.text) for p in at.get("progress"))
+
+
+def test_opening_a_room_or_the_speaker_view_starts_the_warm_up_by_itself_once(monkeypatch):
+    """No button to know about: the room's Open button (and a speaker view opened first) start the warm-up, once per
+    server, and the lecturer sees its progress."""
+    import subprocess
+    import sys
+
+    from gradlab.ui import room
+
+    started = []
+    real = subprocess.Popen
+
+    def fake(cmd, **kwargs):
+        started.append(cmd)
+        return real([sys.executable, "-c", "import time; print('step 1', flush=True); time.sleep(30)"], **kwargs)
+
+    monkeypatch.setattr(room.subprocess, "Popen", fake)
+    monkeypatch.setattr(room, "_WARMUP", {})
+    monkeypatch.setenv(room.AUTO_WARMUP_ENV, "1")
+    at = lecture()
+    assert not started  # the lecture alone starts nothing
+    at.button(key="room_open").click().run()
+    assert_clean(at)
+    assert len(started) == 1 and started[0][-3:] == ["gradlab.ui.warm", "--fill", "--lecture"]
+    assert any("Warming up" in str(p.text) for p in at.get("progress"))
+    code, key = at.session_state["_room_opened"]
+    speaker = lecture(room=code, _key=key, speaker="true")
+    assert_clean(speaker)
+    assert len(started) == 1  # one per server: the speaker view shows the same run's progress
+    assert any("Warming up" in str(p.text) for p in speaker.get("progress"))
+    room._WARMUP["proc"].kill()
+    room._WARMUP["proc"].wait()

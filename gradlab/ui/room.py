@@ -21,6 +21,7 @@ import streamlit as st
 
 from gradlab import rooms
 from gradlab.ui import lecture as ui_lecture
+from gradlab.ui.presets import LECTURE
 from gradlab.ui.widgets import inert  # `?room=` is whatever a link says: shown as text
 
 ROOM, KEY, SPEAKER = "room", "_key", "speaker"
@@ -75,8 +76,9 @@ def _watch(c: str, step: int) -> None:
 def open_room_panel(step: int) -> None:
     """A button that opens a room on `step`, then the three links (students, projector, speaker)."""
     if st.button("Open a room for a live lecture", key="room_open",
-                 help="Students open one link and their page follows your steps."):
+                 help="Students open one link and their page follows your steps; every step is warmed up for you."):
         st.session_state["_room_opened"] = ROOMS.open(step)
+        start_warmup()  # every step computed before the lecturer reaches it
     opened = st.session_state.get("_room_opened")
     if not opened:
         return
@@ -99,6 +101,7 @@ def speaker_view(lecture, step: int) -> bool:
         return True
     n, s = len(lecture), lecture[step - 1]
     st.caption(f"Speaker view · room **{inert(c)}** · students open `?room={c}` on the lecture page")
+    start_warmup()  # a lecturer who opens the speaker view first gets every step warmed up too
     _watch(c, step)  # a projector's Next moves the room: follow it here too
     _timer(c)
     back, nxt = st.columns(2)
@@ -132,14 +135,31 @@ def warmup_panel(n_steps: int) -> None:
     proc = _WARMUP.get("proc")
     running = proc is not None and proc.poll() is None
     if st.button("Warm up every step", key="lecture_warmup", disabled=running,
-                 help="Computes what each step shows into the shared store, so every Next answers at once."):
-        _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill", "--lecture"],
-                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1"}),
-                       done=0, total=n_steps, started=time.time(), ended=None)
-        running = True
+                 help="Computes what each step shows into the shared store, so every Next answers at once. "
+                      "Opening a room or the speaker view starts it by itself."):
+        start_warmup(n_steps, again=True)
     if _WARMUP:
         _warmup_progress()
+
+
+#: `GRADLAB_AUTO_WARMUP=0`: opening a room or the speaker view does not start the warm-up (the tests set it; the button
+#: still does).
+AUTO_WARMUP_ENV = "GRADLAB_AUTO_WARMUP"
+
+
+def start_warmup(n_steps: int | None = None, *, again: bool = False) -> bool:
+    """Start `python -m gradlab.ui.warm --fill --lecture` (one per server) unless one runs or, without `again`, one
+    already ran or `GRADLAB_AUTO_WARMUP=0`. **Returns** whether it started one. Its progress: `warmup_panel`."""
+    proc = _WARMUP.get("proc")
+    if proc is not None and (proc.poll() is None or not again):
+        return False
+    if not again and os.environ.get(AUTO_WARMUP_ENV, "1") == "0":
+        return False
+    _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill", "--lecture"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}),
+                   done=0, total=n_steps or len(LECTURE), started=time.time(), ended=None)
+    return True
 
 
 @st.fragment(run_every=1.0)
