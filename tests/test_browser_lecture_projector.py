@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from benchmarks.browser import page_errors, streamlit_server, wait_until_idle
 
+from gradlab.ui import points
 from gradlab.ui.lecture import SLOW_STEPS_ENV
 from gradlab.ui.presets import LECTURE
 
@@ -54,8 +55,9 @@ def declared_figure(page, step: int) -> dict | None:
 
 
 def _train_if_asked(page) -> None:
-    """Step 11's DP-SGD run is a heavy section: a link never starts it; the room's warm-up presses it (here: we do)."""
-    button = page.get_by_role("button", name=re.compile("Train private and non-private models"))
+    """Step 11's point is a heavy section (DP-SGD training): a link never starts it, the room's warm-up presses it (here:
+    we do). Only a button in the step's point: step 9's page has one too, far below."""
+    button = page.locator(f".st-key-{points.KEY}").get_by_role("button", name=re.compile("Train private and non-private"))
     if button.count():
         button.first.click()
         wait_until_idle(page, timeout=900)
