@@ -628,19 +628,27 @@ def equivalence_bars(names: list[str], rel32, rel64, *, reduction: str = "sum") 
 
 
 @figure
-def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
-    """Log-log run time vs batch size N, one line per approach. `rows`: dicts with approach, n, run_s."""
+def timing_vs_n(rows: list[dict], labels: dict[str, str], reference: list[dict] | None = None) -> go.Figure:
+    """Log-log run time vs batch size N, one line per approach. `rows`: dicts with approach, n, run_s.
+    `reference`: stored timings of the same view (dicts with approach, n, min_s), drawn dashed in the same colours."""
     fig = go.Figure()
     for a, label in labels.items():
         pts = sorted((r["n"], r["run_s"]) for r in rows if r["approach"] == a)
         if pts:
             n, t = zip(*pts)
-            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines+markers", name=label,
+            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines+markers", name=label, legendgroup=a,
                             line_color=APPROACH_COLORS.get(a))
+        ref = sorted((r["n"], r["min_s"]) for r in reference or () if r["approach"] == a)
+        if ref:
+            n, t = zip(*ref)
+            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines", name=f"{label}, reference", legendgroup=a,
+                            showlegend=False, line=dict(color=APPROACH_COLORS.get(a), dash="dash", width=1.5))
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return style_figure(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)", height=460)
+    title = "Run time vs batch size: live (solid), reference (dashed)" if reference else \
+        "Run time vs batch size (compile excluded)"
+    return style_figure(fig, title, "batch size N (log)", "time per call, ms (log)", height=460)
 
 
 @figure

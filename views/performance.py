@@ -122,10 +122,26 @@ at_loop = {r["approach"]: r for r in rows if r["n"] == n_loop}
 REFERENCE = bench.reference_timings()
 
 
-def reference_row(at_loop: dict, n_loop: int | None, n_top: int) -> None:
-    """Beside the live ratios, the same ratios from timings measured on a quiet machine (`bench.reference_timings`),
-    for the view they were measured on: the default experiment's workload. On a busy server, which is which."""
+def reference_rows() -> list[dict] | None:
+    """The stored reference timings when this is the view they were measured on (the default experiment's workload)."""
     if REFERENCE is None or workload != "experiment" or exp != ui.DEFAULT:
+        return None
+    return REFERENCE["rows"]
+
+
+def busy_note() -> None:
+    """On a busy server, which timings are live and which are the reference."""
+    busy = bench.load_per_core()
+    if busy > 1 and reference_rows():
+        st.warning(f"**This server is busy** (load {busy:.1f} per core): the **live** timings (solid lines, the first row "
+                   "of numbers) wait for a core and can cross. The **reference** (dashed lines, the row marked "
+                   "Reference) is the fastest of several whole sweeps: read the ratios there.", icon=":material/speed:")
+
+
+def reference_row(at_loop: dict, n_loop: int | None, n_top: int) -> None:
+    """Beside the live ratios, the same ratios from the stored reference timings (`bench.reference_timings`),
+    for the view they were measured on: the default experiment's workload. On a busy server, which is which."""
+    if not reference_rows():
         return
     ratios = [("vmap speed-up over loop", "loop", "vmap", n_loop, "×", "{:.0f}"),
               ("vmap / batch gradient", "vmap", "batch", n_top, "×", "{:.1f}"),
@@ -135,11 +151,6 @@ def reference_row(at_loop: dict, n_loop: int | None, n_top: int) -> None:
     shown = [row for row in shown if row[2] is not None]
     if not shown:
         return
-    busy = bench.load_per_core()
-    if busy > 1:
-        st.warning(f"**This server is busy** (load {busy:.1f} per core): the live timings above wait for a core and can "
-                   "cross. The row below is the **reference**, the fastest of several whole sweeps: read the ratios there.",
-                   icon=":material/speed:")
     r = st.columns(4)
     for col, (label, n, (best, low, high), unit, fmt) in zip(r, shown):
         col.metric(f"Reference: {label}", fmt.format(best) + unit,
@@ -152,9 +163,10 @@ def reference_row(at_loop: dict, n_loop: int | None, n_top: int) -> None:
 
 
 with figure:
+    busy_note()
     left, right = st.columns(2)
     with left, ui.half_column():
-        ui.chart(plots.timing_vs_n(rows, labels), width="stretch")
+        ui.chart(plots.timing_vs_n(rows, labels, reference=reference_rows()), width="stretch")
     with right, ui.half_column():
         if any(r["approach"] == "loop" for r in rows):
             ui.chart(plots.speedup_vs_loop(rows, labels), width="stretch")
