@@ -11,12 +11,15 @@ The speaker key rides in `_key`, which the copy-link box never shows.
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import select
 import subprocess
 import sys
 import time
 
+import segno
 import streamlit as st
 
 from gradlab import rooms
@@ -41,10 +44,21 @@ def may_drive() -> bool:
 
 
 def go(step: int) -> None:
-    """`on_click` of Back / Next in a room: apply `step` here, and move the room when this session drives it."""
+    """`on_click` of Back / Next in a room: apply `step` here, and move the room when this session drives it. A student
+    who follows the lecturer stays where the lecturer is, and is told why (and how to explore)."""
+    if following():
+        st.toast("Following the lecturer: turn off **Follow the lecturer** to explore on your own.",
+                 icon=":material/groups:")
+        return
     if code() and st.query_params.get(KEY):
         ROOMS.move(code(), st.query_params.get(KEY), step)
     ui_lecture.go(step)
+
+
+def following() -> bool:
+    """Whether this session is a student's page that follows an open room (no speaker key, the toggle on)."""
+    c = code()
+    return bool(c and not st.query_params.get(KEY) and st.session_state.get(FOLLOW, True) and ROOMS.get(c) is not None)
 
 
 def follow(step: int) -> None:
@@ -74,7 +88,8 @@ def _watch(c: str, step: int) -> None:
 
 
 def open_room_panel(step: int) -> None:
-    """A button that opens a room on `step`, then the three links (students, projector, speaker)."""
+    """A button that opens a room on `step`, then its links: the students' (a link, a copy box, a short form and a QR
+    code for a room of 30), the projector's (or this tab becomes the projector) and the speaker view's."""
     if st.button("Open a room for a live lecture", key="room_open",
                  help="Students open one link and their page follows your steps; every step is warmed up for you."):
         st.session_state["_room_opened"] = ROOMS.open(step)
@@ -84,9 +99,34 @@ def open_room_panel(step: int) -> None:
         return
     c, key = opened
     base = (st.context.url or "").split("?")[0]
-    st.markdown(f"**Room {c}**. Students: `{base}?room={c}`")
-    st.markdown(f"Projector (follows you, its Next moves the room): `{base}?room={c}&_key={key}&presenter=true`")
-    st.markdown(f"Speaker view (notes, next step, timer; keep it to yourself): `{base}?room={c}&_key={key}&speaker=true`")
+    students = f"{base}?room={c}"
+    short = re.sub(r"^https?://", "", students)
+    text, qr = st.columns([3, 1])
+    with text:
+        st.markdown(f"**Room {c}**. Students open [{short}]({students}) (copy it below, or scan the code):")
+        st.code(students, language=None, wrap_lines=True)  # Streamlit's copy button sits in its corner
+        st.button("Make this tab the projector", key="room_projector", on_click=_become_projector, args=(c, key),
+                  help="This tab follows the room in presenter mode; its Back / Next (and arrow keys) move the room.")
+        st.markdown("Projector in another tab or machine (follows you, its Next moves the room):")
+        st.code(f"{base}?room={c}&_key={key}&presenter=true", language=None, wrap_lines=True)
+        st.markdown("Speaker view (notes, next step, timer; keep it to yourself):")
+        st.code(f"{base}?room={c}&_key={key}&speaker=true", language=None, wrap_lines=True)
+    with qr:
+        st.image(qr_png(students), caption=f"Room {c}", width="stretch")
+
+
+def qr_png(url: str) -> bytes:
+    """A QR code of `url` as PNG bytes (segno: pure Python, nothing fetched at run time)."""
+    buffer = io.BytesIO()
+    segno.make(url, error="m").save(buffer, kind="png", scale=8, border=2)
+    return buffer.getvalue()
+
+
+def _become_projector(c: str, key: str) -> None:
+    """`on_click`: this tab becomes the room's projector (its key in the URL, presenter mode on)."""
+    st.query_params[ROOM] = c
+    st.query_params[KEY] = key
+    st.session_state[ui_lecture.PRESENTER] = True
 
 
 def speaker_view(lecture, step: int) -> bool:
