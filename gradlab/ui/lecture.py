@@ -186,3 +186,23 @@ if (!doc.gradlabKeys) {
 def arrow_keys() -> None:
     """→ / PageDown press Next and ← / PageUp press Back on this page (not while typing in a field)."""
     st.iframe(_KEYS_JS, height=1)  # our own constant script, never user text (st.iframe runs what it is given)
+
+
+_TOP_JS = """
+<script>
+const doc = window.parent.document;
+for (const el of [doc.querySelector('[data-testid="stMain"]'), doc.scrollingElement]) { if (el) el.scrollTo(0, 0); }
+</script>
+"""
+_SCROLL_TOP = "_lecture_scroll_top"
+
+
+def scroll_to_top_next_run() -> None:
+    """Ask the next run to scroll the window to the top (a tab that just became the projector)."""
+    st.session_state[_SCROLL_TOP] = True
+
+
+def scroll_to_top_if_asked() -> None:
+    """Scroll the window to the top once, if `scroll_to_top_next_run` asked for it."""
+    if st.session_state.pop(_SCROLL_TOP, False):
+        st.iframe(_TOP_JS, height=1)  # our own constant script, never user text

@@ -127,6 +127,7 @@ def _become_projector(c: str, key: str) -> None:
     st.query_params[ROOM] = c
     st.query_params[KEY] = key
     st.session_state[ui_lecture.PRESENTER] = True
+    ui_lecture.scroll_to_top_next_run()
 
 
 def speaker_view(lecture, step: int) -> bool:
