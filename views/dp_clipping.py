@@ -61,7 +61,7 @@ if len(norms) < n_train:
                "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
 with c2:
     c_in = ui.control(st.number_input,
-        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
+        "Clipping norm C", value=None, min_value=1e-12, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
         help=f"Empty: the median per-example gradient norm at this checkpoint, {median:.4g} (Abadi et al. 2016's advice).")
 with c3:
     sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",

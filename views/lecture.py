@@ -26,6 +26,7 @@ nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), di
 where.progress(step / n, text=f"Step {step} of {n} · ← / → keys")
 ui_lecture.arrow_keys()
 ui_lecture.scroll_to_top_if_asked()
+ui_lecture.step_note()
 st.markdown(f"#### {s.narration}")
 entering = ui_lecture.entering(step)  # a step other than the one last drawn in full here: nothing of it stays
 status = st.empty()

@@ -16,6 +16,7 @@ import streamlit as st
 from gradlab.ui import figures
 from gradlab.ui.presets import LECTURE
 from gradlab.ui.state import reset_controls
+from gradlab.ui.widgets import inert  # `?step=` is whatever a link says: shown as text
 
 PRESENTER = "presenter"
 STEP = "step"
@@ -101,9 +102,16 @@ def parse_step(raw: str, n_steps: int) -> int:
     return min(max(step, 1), n_steps)
 
 
+_STEP_NOTE = "_lecture_step_note"
+
+
 def follow_lecture() -> None:
-    """Set every control of the step in the URL, once per step change (before any widget is drawn)."""
+    """Set every control of the step in the URL, once per step change (before any widget is drawn). A link whose step
+    is not one of the lecture's (`?step=99`, `?step=abc`) is noted for `step_note`."""
     step = requested_step(len(LECTURE))
+    raw = st.query_params.get(STEP)
+    if raw is not None and raw != str(step):
+        st.session_state[_STEP_NOTE] = (raw, step)
     if st.session_state.get(_APPLIED) != step:
         apply_step(step)
 
@@ -206,3 +214,12 @@ def scroll_to_top_if_asked() -> None:
     """Scroll the window to the top once, if `scroll_to_top_next_run` asked for it."""
     if st.session_state.pop(_SCROLL_TOP, False):
         st.iframe(_TOP_JS, height=1)  # our own constant script, never user text
+
+
+def step_note() -> None:
+    """Say once that the link asked for a step the lecture does not have, and which one it opened."""
+    note = st.session_state.pop(_STEP_NOTE, None)
+    if note:
+        raw, step = note
+        st.warning(f"This link asks for step **{inert(raw)}**; the lecture has steps 1 to {len(LECTURE)}, so it opens "
+                   f"step {step}.", icon=":material/link_off:")
