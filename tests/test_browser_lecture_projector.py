@@ -98,7 +98,8 @@ def test_next_into_a_slow_step_shows_computing_and_never_another_steps_figure(tm
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(f"{base}/lecture?step={slow - 1}")
         wait_until_idle(page, timeout=600)
-        assert declared_figure(page, slow - 1) is not None
+        page.wait_for_function(f"() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some("
+                               f"(t) => t.textContent.replace(/\\s+/g, '').includes({before!r}))", timeout=60_000)
         page.get_by_role("button", name="Next", exact=True).click()
         samples, deadline = [], time.time() + 60
         while time.time() < deadline:
