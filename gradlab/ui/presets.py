@@ -202,8 +202,9 @@ LECTURE: tuple[Step, ...] = (
           preset="Per-example gradients cost about one gradient", practice="loop_vs_vmap",
           figure="Run time vs batch size"),
     _step("Outliers have the longest arrows",
-          "A line fit y = w·x + b from a bad start, on data with a few outliers (red). Far from the fit every "
-          "arrow is long; the outliers' arrows are the longest and drag the mean towards them.",
+          "A line fit y = w·x + b from a bad start, on data with a few outliers (red). Here, far from the fit, "
+          "every arrow is long; step along the path and the clean arrows shrink while the red ones stay long and "
+          "drag the mean towards them.",
           "Step through the SGD path (Step button): near the optimum the clean arrows shrink, the red ones do not. "
           "That is why the norm finds outliers.",
           "views/geometry.py", {}, {"geo_paths": True, "geo_t": 0}, figure="Per-example gradients gᵢ at θ"),
