@@ -52,10 +52,11 @@ def inert(text) -> str:
 
 
 def sentence(message) -> str:
-    """`message` (an exception's text, written to follow a colon) as a sentence after the page's own: its first letter
-    upper-case ("… could not be computed. The clipping norm C must be > 0 …")."""
+    """`message` (an exception's text, often written to follow a colon) as a sentence after the page's own: a first
+    word in lower case upper-cased ("… could not be computed. The clipping norm C must be > 0 …"); a message that
+    opens on a symbol keeps it as written ("δ must be in (0, 1)", "q must be …": a variable's case is its name)."""
     text = str(message)
-    return text[:1].upper() + text[1:]
+    return text[:1].upper() + text[1:] if re.match(r"[a-z]{2,}\b", text) else text
 
 
 @contextlib.contextmanager
