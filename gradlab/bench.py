@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import statistics
@@ -165,6 +166,39 @@ def machine() -> str:
     except OSError:
         pass
     return f"{cpu} · {os.cpu_count()} cores · {sharding.describe_devices()}"
+
+
+#: Reference timings of the Performance page's default view, measured on a quiet machine by
+#: `python -m benchmarks.reference_timings` (the lecture's step 4 shows them beside the live ones).
+REFERENCE_PATH = os.path.join(os.path.dirname(__file__), "data", "reference_timings.json")
+
+
+def reference_timings(path: str = REFERENCE_PATH) -> dict | None:
+    """The stored reference timings (`machine`, `measured`, `load`, `sweeps`, `workload`, `rows`: one per approach and
+    N with `min_s`, `median_s`, `max_s` over the sweeps), or None when there are none."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def reference_ratio(ref: dict, num: str, den: str, n: int) -> tuple[float, float, float] | None:
+    """`num`'s time over `den`'s at N = `n` in the reference: (from the fastest runs, lowest, highest over the sweeps;
+    the extremes pair one approach's slowest sweep with the other's fastest). None when a cell is missing."""
+    cell = {(r["approach"], r["n"]): r for r in ref.get("rows", [])}
+    a, b = cell.get((num, n)), cell.get((den, n))
+    if a is None or b is None:
+        return None
+    return a["min_s"] / b["min_s"], a["min_s"] / b["max_s"], a["max_s"] / b["min_s"]
+
+
+def load_per_core() -> float:
+    """The 1-minute load average per core (over 1: processes wait for a core, and live timings are noise)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
 
 
 def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int | None = None,

@@ -628,19 +628,27 @@ def equivalence_bars(names: list[str], rel32, rel64, *, reduction: str = "sum") 
 
 
 @figure
-def timing_vs_n(rows: list[dict], labels: dict[str, str]) -> go.Figure:
-    """Log-log run time vs batch size N, one line per approach. `rows`: dicts with approach, n, run_s."""
+def timing_vs_n(rows: list[dict], labels: dict[str, str], reference: list[dict] | None = None) -> go.Figure:
+    """Log-log run time vs batch size N, one line per approach. `rows`: dicts with approach, n, run_s.
+    `reference`: stored timings of the same view (dicts with approach, n, min_s), drawn dashed in the same colours."""
     fig = go.Figure()
     for a, label in labels.items():
         pts = sorted((r["n"], r["run_s"]) for r in rows if r["approach"] == a)
         if pts:
             n, t = zip(*pts)
-            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines+markers", name=label,
+            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines+markers", name=label, legendgroup=a,
                             line_color=APPROACH_COLORS.get(a))
+        ref = sorted((r["n"], r["min_s"]) for r in reference or () if r["approach"] == a)
+        if ref:
+            n, t = zip(*ref)
+            fig.add_scatter(x=n, y=np.asarray(t) * 1e3, mode="lines", name=f"{label}, reference", legendgroup=a,
+                            showlegend=False, line=dict(color=APPROACH_COLORS.get(a), dash="dash", width=1.5))
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return style_figure(fig, "Run time vs batch size (compile excluded)", "batch size N (log)", "time per call, ms (log)", height=460)
+    title = "Run time vs batch size: live (solid), reference (dashed)" if reference else \
+        "Run time vs batch size (compile excluded)"
+    return style_figure(fig, title, "batch size N (log)", "time per call, ms (log)", height=460)
 
 
 @figure
@@ -768,27 +776,35 @@ _METHOD_NAMES = {"sgd": "SGD", "clipped": "clipped SGD", "dp": "DP-SGD"}
 
 @figure
 def removal_zoom(removal, param_names=("w", "b")) -> go.Figure:
-    """A close-up of where removing one example moves the optimum: θ* (star), the retrained θ*₋ᵢ (cross) and
-    the influence-function prediction (diamond), on axes fitted to the three points (the move is often a
-    hundredth of the loss surface's window)."""
+    """Two close-ups of where removing one example moves the optimum. Left: θ* (star), the retrained θ*₋ᵢ (cross) and
+    the influence-function prediction (diamond), on axes fitted to the three points (the move is often a hundredth of
+    the loss surface's window). Right: zoomed on the moved optimum, fitted to the cross and the diamond alone, so the
+    prediction's error shows apart from the move (a good prediction lands on the cross at the left's scale)."""
     points = [(removal.optimum, "optimum θ*", "star", "gold"),
               (removal.retrained, f"θ* without #{removal.index} (retrained)", "x", "#d62728"),
               (removal.predicted, "influence-function prediction", "diamond-open", "#111111")]
-    fig = go.Figure()
-    for point, name, symbol, color in points:
-        fig.add_scatter(x=[float(point[0])], y=[float(point[1])], mode="markers", name=name,
-                        marker=dict(size=18, symbol=symbol, color=color, line=dict(color="#111111", width=1.5)))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.14,
+                        subplot_titles=("the move", "zoomed on the moved optimum"))
+    for col in (1, 2):
+        for point, name, symbol, color in points[col - 1:]:  # the star has no place at the right's scale
+            fig.add_scatter(x=[float(point[0])], y=[float(point[1])], mode="markers", name=name, showlegend=col == 1,
+                            legendgroup=name, marker=dict(size=18 if col == 1 else 22, symbol=symbol, color=color,
+                                                          line=dict(color="#111111", width=1.5)), row=1, col=col)
     fig.add_scatter(x=[float(removal.optimum[0]), float(removal.retrained[0])],
                     y=[float(removal.optimum[1]), float(removal.retrained[1])], mode="lines", showlegend=False,
-                    line=dict(color="#d62728", dash="dot"), hoverinfo="skip")
-    pts = np.array([p[0] for p in points], np.float64)
-    half = max(float(np.ptp(pts, 0).max()), 1e-9) * 0.8
-    mid = (pts.max(0) + pts.min(0)) / 2
-    fig.update_xaxes(range=[mid[0] - half, mid[0] + half])
-    fig.update_yaxes(range=[mid[1] - half, mid[1] + half], scaleanchor="x", scaleratio=1)
+                    line=dict(color="#d62728", dash="dot"), hoverinfo="skip", row=1, col=1)
+    for col, pts in ((1, [p[0] for p in points]), (2, [p[0] for p in points[1:]])):
+        pts = np.array(pts, np.float64)
+        half = max(float(np.ptp(pts, 0).max()), 1e-9) * (0.8 if col == 1 else 1.0)
+        mid = (pts.max(0) + pts.min(0)) / 2
+        fig.update_xaxes(range=[mid[0] - half, mid[0] + half], row=1, col=col, nticks=4)
+        fig.update_yaxes(range=[mid[1] - half, mid[1] + half], row=1, col=col, nticks=5,
+                         scaleanchor="x" if col == 1 else "x2", scaleratio=1)
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return style_figure(fig, "Close-up: the optimum moves, the influence function predicts where",
-                        f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=420)
+    fig = style_figure(fig, "Close-up: the optimum moves, the influence function predicts where",
+                       f"{param_names[0]} (parameter 1)", f"{param_names[1]} (parameter 2)", height=420)
+    fig.update_xaxes(title_text=f"{param_names[0]} (parameter 1)", row=1, col=2)
+    return fig
 
 
 @figure

@@ -47,6 +47,10 @@ if JAX_FLAGS:
     for _flag in JAX_FLAGS:
         jax.config.update(_flag, True)  # AttributeError: Unrecognized config option
 
+# Opening a lecture room or its speaker view starts the lecture's warm-up (`python -m gradlab.ui.warm --fill --lecture`,
+# minutes of CPU): not in tests, which open rooms by the dozen; tests/test_rooms.py turns it on to test it.
+os.environ.setdefault("GRADLAB_AUTO_WARMUP", "0")
+
 # A fresh results store per test process: a test must compute, never read a result a previous run stored.
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
 # Practice's sandbox children at nice 10, not in the idle class (the server's default): two workers keep both cores

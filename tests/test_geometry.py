@@ -117,3 +117,9 @@ def test_removal_close_up_frames_the_three_points():
     pts = np.array([r.optimum, r.retrained, r.predicted])
     assert (x0 < pts[:, 0]).all() and (pts[:, 0] < x1).all() and (y0 < pts[:, 1]).all() and (pts[:, 1] < y1).all()
     assert x1 - x0 < 4 * np.ptp(pts, 0).max() + 1e-6  # a close-up, not the whole window
+    # the right panel zooms on the moved optimum: the cross and the diamond a third of its window apart or more (on the
+    # left they overlapped, 6% of the move apart)
+    (u0, u1), (v0, v1) = fig.layout.xaxis2.range, fig.layout.yaxis2.range
+    apart = np.abs(r.retrained - r.predicted) / np.array([u1 - u0, v1 - v0])
+    assert apart.max() >= 1 / 3, apart
+    assert (u0 < pts[1:, 0]).all() and (pts[1:, 0] < u1).all() and (v0 < pts[1:, 1]).all() and (pts[1:, 1] < v1).all()

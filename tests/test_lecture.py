@@ -30,6 +30,17 @@ def test_the_story_has_at_least_ten_distinct_steps():
             "views/influence.py", "views/geometry.py"} <= shown
 
 
+def test_every_step_declares_its_figure_and_its_page_marks_the_blocks_it_names():
+    """A step's point (issue 41): the title of the figure its narration is about, and the page's blocks that hold it
+    (`ui.point(name)`), which the lecture draws first; the browser test at 1024×768 reads that figure."""
+    for s in LECTURE:
+        assert s.figure.strip(), s.title
+        source = (ROOT / s.preset.page).read_text()
+        for name in s.point:
+            assert f'ui.point("{name}")' in source, (s.title, name)
+    assert {s.point[0] for s in LECTURE if s.point} >= {"dp_per_class", "dp_sgd", "influence_proponents", "geo_removal"}
+
+
 def _lecture(step=None, presenter=False):
     from streamlit.testing.v1 import AppTest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FAST, assert_clean, open_page
+from conftest import FAST, ROOT, assert_clean, open_page
 from hostile import rendered_text
 
 
@@ -38,8 +38,6 @@ def test_dp_page_clipping_controls():
 @pytest.mark.parametrize(
     "key, value, message",
     [
-        ("dp_clip_c", 0.0, "clipping norm C must be > 0"),
-        ("dp_clip_c", -1.0, "clipping norm C must be > 0"),
         ("dp_clip_sigma", -1.0, "noise multiplier σ"),
         ("dp_sgd_q", 0.0, "sampling rate q"),
         ("dp_sgd_q", 1.5, "sampling rate q"),
@@ -54,6 +52,22 @@ def test_dp_page_bad_inputs_show_errors(key, value, message):
     assert message in errors(at)
     # the rest of the page still renders
     assert any(h.value.startswith("DP-SGD") for h in at.header)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_link_with_a_clipping_norm_at_or_below_zero_is_flagged_and_the_page_uses_the_median(value):
+    """C must be > 0: the control takes no such value (its minimum), so a link with one is named by the link check
+    (issue 41, item 5) and the page clips at the median norm instead of stopping on an error."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params.update({"dp_clip_c": value, "model": "linear", "steps": "50", "checkpoint_every": "25"})
+    at.switch_page("views/dp_clipping.py")
+    at.run()
+    assert_clean(at)
+    assert any(f"dp\\_clip\\_c=\\{value}" in w.value or f"dp\\_clip\\_c={value}" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
+    assert at.number_input(key="dp_clip_c").value is None
 
 
 @pytest.mark.slow  # two DP-SGD trainings

@@ -61,7 +61,7 @@ if len(norms) < n_train:
                "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
 with c2:
     c_in = ui.control(st.number_input,
-        "Clipping norm C", value=None, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
+        "Clipping norm C", value=None, min_value=1e-12, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
         help=f"Empty: the median per-example gradient norm at this checkpoint, {median:.4g} (Abadi et al. 2016's advice).")
 with c3:
     sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
@@ -112,12 +112,13 @@ with ui.guard("The clipping analysis could not be computed"):
         )
 
         if classify:
-            st.subheader("Per class: clipping hits rare and hard classes hardest")
-            ui.chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
-                                                     a.class_norm_ratio, clip_norm), width="stretch")
-            worst = int(np.nanargmin(a.class_norm_ratio))
-            st.markdown(f"Class **{ui.inert(data.class_names[worst])}** loses most: its clipped mean gradient keeps "
-                        f"{a.class_norm_ratio[worst]:.0%} of its norm ({a.class_fraction_clipped[worst]:.0%} of its examples clipped).")
+            with ui.point("dp_per_class"):  # a lecture step opens on this block (gradlab.ui.points)
+                st.subheader("Per class: clipping hits rare and hard classes hardest")
+                ui.chart(plots.per_class_clipping(data.class_names, a.class_fraction_clipped, a.class_cosine,
+                                                         a.class_norm_ratio, clip_norm), width="stretch")
+                worst = int(np.nanargmin(a.class_norm_ratio))
+                st.markdown(f"Class **{ui.inert(data.class_names[worst])}** loses most: its clipped mean gradient keeps "
+                            f"{a.class_norm_ratio[worst]:.0%} of its norm ({a.class_fraction_clipped[worst]:.0%} of its examples clipped).")
 
         st.subheader("Noise against signal")
         with ui.guard("The signal-to-noise comparison could not be computed"):
@@ -251,41 +252,42 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
         settings = (q, int(steps), c_dp, float(sigma), optimizer, float(lr), delta, accountant, int(seed), every)
         st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
                    f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
-        res = None
-        with ui.guard("DP-SGD training failed"):
-            fits = costs.largest(sorted({10, 25, *range(50, int(steps) + 1, 50)} & set(range(1, int(steps) + 1))),
-                                 lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
-            res = ui.on_request(dp_sgd_comparison, fitted, *settings, name="dp_sgd", button="Train private and non-private models",
-                                go=st.session_state.pop("_dp_sgd_go", False),
-                                fix=f"Use at most {fits} steps or a smaller sampling rate q." if fits else "Use a smaller q or model.")
-        if res is not None:
-            private, evals = res["private"], res["evals"]
-            acc_p = np.array([e[0] for e in evals["private"]])
-            acc_n = np.array([e[0] for e in evals["public"]])
-            m = st.columns(5)
-            m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts",
-                        help="Under the value: DP-SGD's test accuracy minus the non-private run's, in percentage points.")
-            m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
-            m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.2f}", help=privacy.ACCOUNTANTS[accountant])
-            m[3].metric("Noise multiplier σ", f"{sigma:.3f}")
-            m[4].metric("Mean batch size", f"{private.batch_sizes.mean():.0f}",
-                        help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "
-                             "of per-example gradients were clipped on average.")
-            left, right = st.columns(2)
-            with left, ui.half_column():
-                ui.chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
-                                                          "non-private": (res["public"].steps, acc_n)}), width="stretch")
-            with right, ui.half_column():
-                ui.chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
-                                                    accountant=accountant.upper(), target=eps_target), width="stretch")
-            ui.chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
-                            width="stretch")
-            table = pd.DataFrame({"step": private.steps, "ε": private.epsilons, "test accuracy (DP-SGD)": acc_p,
-                                  "test accuracy (non-private)": acc_n})
-            with st.expander("Numbers per checkpoint"):
-                st.dataframe(table, hide_index=True, width="stretch")
-        else:
-            st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
+        with ui.point("dp_sgd"):  # a lecture step opens on this block (gradlab.ui.points; issue 41)
+            res = None
+            with ui.guard("DP-SGD training failed"):
+                fits = costs.largest(sorted({10, 25, *range(50, int(steps) + 1, 50)} & set(range(1, int(steps) + 1))),
+                                     lambda t: dp_sgd_cost(fitted, q, t, *settings[2:]))
+                res = ui.on_request(dp_sgd_comparison, fitted, *settings, name="dp_sgd", button="Train private and non-private models",
+                                    go=st.session_state.pop("_dp_sgd_go", False),
+                                    fix=f"Use at most {fits} steps or a smaller sampling rate q." if fits else "Use a smaller q or model.")
+            if res is not None:
+                private, evals = res["private"], res["evals"]
+                acc_p = np.array([e[0] for e in evals["private"]])
+                acc_n = np.array([e[0] for e in evals["public"]])
+                m = st.columns(5)
+                m[0].metric("Test accuracy, DP-SGD", f"{acc_p[-1]:.1%}", delta=f"{(acc_p[-1] - acc_n[-1]) * 100:+.1f} pts",
+                            help="Under the value: DP-SGD's test accuracy minus the non-private run's, in percentage points.")
+                m[1].metric("Test accuracy, non-private", f"{acc_n[-1]:.1%}")
+                m[2].metric(f"ε spent (δ = {delta:g})", f"{private.epsilons[-1]:.2f}", help=privacy.ACCOUNTANTS[accountant])
+                m[3].metric("Noise multiplier σ", f"{sigma:.3f}")
+                m[4].metric("Mean batch size", f"{private.batch_sizes.mean():.0f}",
+                            help=f"Poisson sampling: expected qN = {q * n_train:.0f}; {private.clipped_fraction.mean():.0%} "
+                                 "of per-example gradients were clipped on average.")
+                left, right = st.columns(2)
+                with left, ui.half_column():
+                    ui.chart(plots.dp_accuracy_curves({f"DP-SGD (ε = {private.epsilons[-1]:.2g})": (private.steps, acc_p),
+                                                              "non-private": (res["public"].steps, acc_n)}), width="stretch")
+                with right, ui.half_column():
+                    ui.chart(plots.epsilon_curve(np.array(private.steps), private.epsilons, delta=delta,
+                                                        accountant=accountant.upper(), target=eps_target), width="stretch")
+                ui.chart(plots.per_class_accuracy(data.class_names, evals["private"][-1][1], evals["public"][-1][1]),
+                                width="stretch")
+                table = pd.DataFrame({"step": private.steps, "ε": private.epsilons, "test accuracy (DP-SGD)": acc_p,
+                                      "test accuracy (non-private)": acc_n})
+                with st.expander("Numbers per checkpoint"):
+                    st.dataframe(table, hide_index=True, width="stretch")
+            else:
+                st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
 else:
     ui.needs_training_loop("DP-SGD")
 

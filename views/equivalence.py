@@ -60,22 +60,23 @@ with ui.guard("The two ways could not be compared"):
     result = cmp = by_reduction[reduction]
 
 if result is not None:
-    if example == "scalar":  # the seeds' numbers as a figure: [2, 8] per example, 10 both ways
-        ui.chart(plots.scalar_gradients(*ui.shared(gated=False)(equivalence.scalar_gradients)()))
-    m = st.columns(4)
-    m[0].metric("N examples", f"{cmp.n:,}", help=f"P = {cmp.num_params:,} parameters")
-    m[1].metric("float32: max rel. |a − b|", f"{cmp.max_rel32:.1e}",
-                help="Largest over leaves of max|a − b| / max|b|: float32 rounding, about N·ε₃₂ at worst.")
-    m[2].metric("float64: max rel. |a − b|", f"{cmp.max_rel64:.1e}", help="The same in float64: ~1e-16.")
-    m[3].metric("float32 ε", f"{np.finfo(np.float32).eps:.1e}", help="Spacing of float32 numbers near 1.")
-    if example == "scalar":
-        a, b = cmp.way_a["params"], cmp.way_b["params"]
-        st.markdown(f"Way (a) = **{float(a):g}**, way (b) = **{float(b):g}** "
-                    f"(the seeds: per-example gradients `[2., 8.]`, summed 10).")
+    with ui.point("equivalence"):  # a lecture step opens on this block (gradlab.ui.points)
+        if example == "scalar":  # the seeds' numbers as a figure: [2, 8] per example, 10 both ways
+            ui.chart(plots.scalar_gradients(*ui.shared(gated=False)(equivalence.scalar_gradients)()))
+        m = st.columns(4)
+        m[0].metric("N examples", f"{cmp.n:,}", help=f"P = {cmp.num_params:,} parameters")
+        m[1].metric("float32: max rel. |a − b|", f"{cmp.max_rel32:.1e}",
+                    help="Largest over leaves of max|a − b| / max|b|: float32 rounding, about N·ε₃₂ at worst.")
+        m[2].metric("float64: max rel. |a − b|", f"{cmp.max_rel64:.1e}", help="The same in float64: ~1e-16.")
+        m[3].metric("float32 ε", f"{np.finfo(np.float32).eps:.1e}", help="Spacing of float32 numbers near 1.")
+        if example == "scalar":
+            a, b = cmp.way_a["params"], cmp.way_b["params"]
+            st.markdown(f"Way (a) = **{float(a):g}**, way (b) = **{float(b):g}** "
+                        f"(the seeds: per-example gradients `[2., 8.]`, summed 10).")
 
-    names = [l.name for l in cmp.leaves]
-    ui.chart(plots.equivalence_bars(names, [l.rel32 for l in cmp.leaves], [l.rel64 for l in cmp.leaves], reduction=reduction),
-                    width="stretch")
+        names = [l.name for l in cmp.leaves]
+        ui.chart(plots.equivalence_bars(names, [l.rel32 for l in cmp.leaves], [l.rel64 for l in cmp.leaves], reduction=reduction),
+                        width="stretch")
     table = pd.DataFrame({
         "leaf": names,
         "shape": [str(l.shape) for l in cmp.leaves],

@@ -165,14 +165,15 @@ with right:
     ui.control(st.number_input, "Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
                placeholder="none", disabled=name == "scalar",
                help="Or click a point in the chart. Retrain without it (Newton's method) and compare with the influence function.")
-    if removed is not None:
-        moved = np.linalg.norm(removed.retrained - removed.optimum)
-        r = st.columns(2)
-        r[0].metric("Optimum moved by", f"{moved:.3g}")
-        r[1].metric("Influence error", f"{removed.error:.1%}",
-                    help="‖predicted − retrained‖ / ‖retrained − θ*‖: the influence function "
-                         "θ* + (1/N)·H⁻¹∇ℓᵢ(θ*) (Koh & Liang 2017) against actual retraining.")
-        ui.chart(plots.removal_zoom(removed, p.param_names))
+    with ui.point("geo_removal"):  # a lecture step opens on this block (gradlab.ui.points; issue 41)
+        if removed is not None:
+            moved = np.linalg.norm(removed.retrained - removed.optimum)
+            r = st.columns(2)
+            r[0].metric("Optimum moved by", f"{moved:.3g}")
+            r[1].metric("Influence error", f"{removed.error:.1%}",
+                        help="‖predicted − retrained‖ / ‖retrained − θ*‖: the influence function "
+                             "θ* + (1/N)·H⁻¹∇ℓᵢ(θ*) (Koh & Liang 2017) against actual retraining.")
+            ui.chart(plots.removal_zoom(removed, p.param_names))
 
 ui.code_panel(
     """

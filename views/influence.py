@@ -240,35 +240,36 @@ kk = int(min(k, len(s) // 2))
 props, opps = order[:kk], order[::-1][:kk]
 
 # ------------------------------------------------------------------ proponents and opponents
-st.subheader(f"Proponents and opponents: {METHODS[method].label}")
-flipped = data.flipped
+with ui.point("influence_proponents"):  # a lecture step opens on this block (gradlab.ui.points; issue 41)
+    st.subheader(f"Proponents and opponents: {METHODS[method].label}")
+    flipped = data.flipped
 
 
-def tag(i):
-    return f"#{data.row(i)} y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
+    def tag(i):
+        return f"#{data.row(i)} y={name(data.y_train[i])}" + (" (flipped)" if flipped[i] else "")
 
 
-# each training example by its row in the source and its input (hovers; the tables below)
-train_ids = {**export.example_columns(data, np.arange(len(data.y_train))), "label": [name(v) for v in data.y_train]}
+    # each training example by its row in the source and its input (hovers; the tables below)
+    train_ids = {**export.example_columns(data, np.arange(len(data.y_train))), "label": [name(v) for v in data.y_train]}
 
 
-if data.image_shape is not None:
-    st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
-    ui.chart(plots.image_grid(pixels(data.x_train[props]), [(tag(i), f"{s[i]:.2g}") for i in props],
-                              image_shape=data.image_shape), width="stretch")
-    st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
-    ui.chart(plots.image_grid(pixels(data.x_train[opps]), [(tag(i), f"{s[i]:.2g}") for i in opps],
-                              image_shape=data.image_shape), width="stretch")
-elif data.n_features == 2:
-    ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score", ids=train_ids,
-                                        axis_names=data.feature_names,
-                                        title=f"Training set coloured by {METHODS[method].label.lower()} "
-                                              "(blue helps, red hurts)"), width="stretch")
-elif data.n_features == 1:
-    ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score", highlight=np.concatenate([props, opps]), ids=train_ids,
-                              axis_names=(data.feature_names[0], "target (standardized)"),
-                              title="Training set coloured by score (top proponents and opponents circled)"),
-             width="stretch")
+    if data.image_shape is not None:
+        st.markdown(f"**Top {kk} proponents** (removing or down-weighting them would hurt this prediction)")
+        ui.chart(plots.image_grid(pixels(data.x_train[props]), [(tag(i), f"{s[i]:.2g}") for i in props],
+                                  image_shape=data.image_shape), width="stretch")
+        st.markdown(f"**Top {kk} opponents** (they pull this prediction the wrong way)")
+        ui.chart(plots.image_grid(pixels(data.x_train[opps]), [(tag(i), f"{s[i]:.2g}") for i in opps],
+                                  image_shape=data.image_shape), width="stretch")
+    elif data.n_features == 2:
+        ui.chart(plots.influence_scatter_2d(data.x_train, s, props, opps, data.x_test[test_index], score_label="score", ids=train_ids,
+                                            axis_names=data.feature_names,
+                                            title=f"Training set coloured by {METHODS[method].label.lower()} "
+                                                  "(blue helps, red hurts)"), width="stretch")
+    elif data.n_features == 1:
+        ui.chart(plots.scatter_1d(data.x_train, data.y_train, s, color_label="score", highlight=np.concatenate([props, opps]), ids=train_ids,
+                                  axis_names=(data.feature_names[0], "target (standardized)"),
+                                  title="Training set coloured by score (top proponents and opponents circled)"),
+                 width="stretch")
 table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{METHODS[m_].short: v for m_, v in scores.items()}})
 ui.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
@@ -311,66 +312,67 @@ with b:
             st.metric(f"ρ({METHODS[method].short}, {METHODS[m_].short})", f"{rho[me, j]:.2f}")
 
 # ------------------------------------------------------------------ self-influence
-st.subheader("Self-influence: which training examples look suspicious")
-selfs, self_notes = {}, []
-with st.spinner("Computing self-influence…"):
-    for n_ in states:
-        if METHODS[n_].self_label is None or METHODS[n_].on_demand:
-            continue
-        with ui.guard(f"Could not compute {METHODS[n_].label}'s self-influence"):
-            v_, why = self_scores(fitted, n_, METHODS[n_].key(settings))
-            if v_ is not None:
-                selfs[n_] = v_
-            elif why:
-                self_notes.append(why)
-self_note = " ".join(self_notes) or None
-if selfs:
-    SELF_SHORT = {m_: METHODS[m_].self_short for m_ in selfs}
-    st.markdown(
-        "An example that supports mostly itself (large gradient, or large effect of removing it on its own loss) is "
-        "often mislabeled or atypical. The trained model's gradient norm forgets examples it has **memorized**; "
-        "TracIn sums over the checkpoints and remembers how hard they were to fit."
-    )
-    c1, c2 = st.columns([2, 1])
-    with c1:
-        picked_self = ui.control(st.selectbox, "Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self",
-                                 help="\n".join(f"- **{SELF_SHORT[m_]}**: {METHODS[m_].self_label}" for m_ in selfs))
-        self_method = {v: k_ for k_, v in SELF_SHORT.items()}[picked_self]
-    with c2:
-        top_pct = ui.control(st.slider, "Top x% to inspect", 1, 50, 10, key="infl_top_pct")
-    if self_note:
-        st.caption(ui.inert(self_note))  # an exception's message: text
-    v = selfs[self_method]
-    top = np.argsort(-v, kind="stable")[: max(1, int(round(top_pct / 100 * len(v))))]
-    if flipped.any():
-        dets = {m_: detection_roc(selfs[m_], flipped) for m_ in selfs}
-        row1, row2 = st.columns(len(selfs)), st.columns(len(selfs))
-        for j, m_ in enumerate(selfs):
-            row1[j].metric(f"AUC · {SELF_SHORT[m_]}", f"{dets[m_].auc:.3f}",
-                           help=f"ROC AUC of {METHODS[m_].self_label} as a detector of the flipped labels.")
-            row2[j].metric(f"Flipped in top {top_pct}% · {SELF_SHORT[m_]}",
-                           f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
-                           help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}%.")
-        ui.chart(plots.roc_figure({METHODS[m_].self_label: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
-                                  "Self-influence as a detector of flipped labels"), width="stretch")
-    else:
-        st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
-    shown = top[:24]
-    if data.image_shape is not None:
-        ui.chart(plots.image_grid(pixels(data.x_train[shown]), [(tag(i), f"{v[i]:.2g}") for i in shown],
-                                  image_shape=data.image_shape), width="stretch")
-    elif data.n_features == 2:
-        ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top, ids=train_ids,
-                                  axis_names=data.feature_names,
-                                  title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
-                 width="stretch")
-    ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
-                               "flipped label": flipped[top], **{METHODS[m_].self_label: selfs[m_][top] for m_ in selfs}}),
-                 hide_index=True, width="stretch", height=240)
-    ui.download(f"gradlab_self_influence_{exp.dataset}",
-                {**export.example_columns(data, np.arange(len(flipped))), "flipped label": flipped,
-                 **{METHODS[m_].self_label: v_ for m_, v_ in selfs.items()}},
-                label="Self-influence of every training example")
+with ui.point("influence_self"):  # a lecture step opens on this block (gradlab.ui.points; issue 41)
+    st.subheader("Self-influence: which training examples look suspicious")
+    selfs, self_notes = {}, []
+    with st.spinner("Computing self-influence…"):
+        for n_ in states:
+            if METHODS[n_].self_label is None or METHODS[n_].on_demand:
+                continue
+            with ui.guard(f"Could not compute {METHODS[n_].label}'s self-influence"):
+                v_, why = self_scores(fitted, n_, METHODS[n_].key(settings))
+                if v_ is not None:
+                    selfs[n_] = v_
+                elif why:
+                    self_notes.append(why)
+    self_note = " ".join(self_notes) or None
+    if selfs:
+        SELF_SHORT = {m_: METHODS[m_].self_short for m_ in selfs}
+        st.markdown(
+            "An example that supports mostly itself (large gradient, or large effect of removing it on its own loss) is "
+            "often mislabeled or atypical. The trained model's gradient norm forgets examples it has **memorized**; "
+            "TracIn sums over the checkpoints and remembers how hard they were to fit."
+        )
+        c1, c2 = st.columns([2, 1])
+        with c1:
+            picked_self = ui.control(st.selectbox, "Rank by", [SELF_SHORT[m_] for m_ in selfs], key="infl_self",
+                                     help="\n".join(f"- **{SELF_SHORT[m_]}**: {METHODS[m_].self_label}" for m_ in selfs))
+            self_method = {v: k_ for k_, v in SELF_SHORT.items()}[picked_self]
+        with c2:
+            top_pct = ui.control(st.slider, "Top x% to inspect", 1, 50, 10, key="infl_top_pct")
+        if self_note:
+            st.caption(ui.inert(self_note))  # an exception's message: text
+        v = selfs[self_method]
+        top = np.argsort(-v, kind="stable")[: max(1, int(round(top_pct / 100 * len(v))))]
+        if flipped.any():
+            dets = {m_: detection_roc(selfs[m_], flipped) for m_ in selfs}
+            row1, row2 = st.columns(len(selfs)), st.columns(len(selfs))
+            for j, m_ in enumerate(selfs):
+                row1[j].metric(f"AUC · {SELF_SHORT[m_]}", f"{dets[m_].auc:.3f}",
+                               help=f"ROC AUC of {METHODS[m_].self_label} as a detector of the flipped labels.")
+                row2[j].metric(f"Flipped in top {top_pct}% · {SELF_SHORT[m_]}",
+                               f"{fraction_in_top(selfs[m_], flipped, top_pct / 100):.0%}",
+                               help=f"Of the {int(flipped.sum())} flipped labels, the share among the top {top_pct}%.")
+            ui.chart(plots.roc_figure({METHODS[m_].self_label: (d.fpr, d.tpr, d.auc) for m_, d in dets.items()},
+                                      "Self-influence as a detector of flipped labels"), width="stretch")
+        else:
+            st.caption("Turn on label noise in the sidebar to see how many flipped labels each self-influence finds.")
+        shown = top[:24]
+        if data.image_shape is not None:
+            ui.chart(plots.image_grid(pixels(data.x_train[shown]), [(tag(i), f"{v[i]:.2g}") for i in shown],
+                                      image_shape=data.image_shape), width="stretch")
+        elif data.n_features == 2:
+            ui.chart(plots.scatter_2d(data.x_train, v, color_label="self-influence", highlight=top, ids=train_ids,
+                                      axis_names=data.feature_names,
+                                      title=f"Training set coloured by self-influence (top {top_pct}% circled)"),
+                     width="stretch")
+        ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [name(data.y_train[i]) for i in top],
+                                   "flipped label": flipped[top], **{METHODS[m_].self_label: selfs[m_][top] for m_ in selfs}}),
+                     hide_index=True, width="stretch", height=240)
+        ui.download(f"gradlab_self_influence_{exp.dataset}",
+                    {**export.example_columns(data, np.arange(len(flipped))), "flipped label": flipped,
+                     **{METHODS[m_].self_label: v_ for m_, v_ in selfs.items()}},
+                    label="Self-influence of every training example")
 
 # ------------------------------------------------------------------ check against retraining
 RETRAIN_ITERS = 300

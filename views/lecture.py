@@ -8,6 +8,7 @@ import streamlit as st
 
 from gradlab import practice
 from gradlab.ui import lecture as ui_lecture
+from gradlab.ui import points as ui_points
 from gradlab.ui import room as ui_room
 from gradlab.ui.presets import LECTURE
 
@@ -24,22 +25,33 @@ nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), di
            type="primary")
 where.progress(step / n, text=f"Step {step} of {n} · ← / → keys")
 ui_lecture.arrow_keys()
+ui_lecture.scroll_to_top_if_asked()
+ui_lecture.step_note()
 st.markdown(f"#### {s.narration}")
+entering = ui_lecture.entering(step)  # a step other than the one last drawn in full here: nothing of it stays
+status = st.empty()
+if entering:
+    status.info(f"Computing step {step}…", icon=":material/hourglass_top:")
 if s.practice and practice.enabled():  # the students' turn: the problem where they write this step's code
     number = [p.slug for p in practice.PROBLEMS].index(s.practice) + 1
     st.page_link("views/practice.py", label=f"Try it yourself: Practice problem {number}, "
                  f"{practice.BY_SLUG[s.practice].title}", icon=":material/edit_note:", query_params={"problem": s.practice})
 ui_room.follow(step)
-if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there
-    with st.expander("Speaker notes, live room and warm-up"):
-        st.markdown(s.notes)
-        ui_room.open_room_panel(step)
-        ui_room.warmup_panel(n)
-        st.markdown("**All steps** (each link opens that step with every control set):")
-        for i, t in enumerate(LECTURE, start=1):
-            st.page_link("views/lecture.py", label=f"{i}. {t.title}", query_params={"step": str(i)})
-if not ui_lecture.presenter_mode():
-    st.divider()
-
-# the step's page, run here with the controls the step set
-runpy.run_path(s.preset.page, run_name="__main__")
+try:
+    with ui_lecture.fresh(entering):  # the step's own point first: the figure its narration is about, then the page
+        with ui_points.slots(s.point):
+            ui_lecture.test_delay(step)
+            if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there
+                with st.expander("Speaker notes, live room and warm-up"):
+                    st.markdown(s.notes)
+                    ui_room.open_room_panel(step)
+                    ui_room.warmup_panel(n)
+                    st.markdown("**All steps** (each link opens that step with every control set):")
+                    for i, t in enumerate(LECTURE, start=1):
+                        st.page_link("views/lecture.py", label=f"{i}. {t.title}", query_params={"step": str(i)})
+                st.divider()
+            # the step's page, run here with the controls the step set
+            runpy.run_path(s.preset.page, run_name="__main__")
+finally:
+    status.empty()
+    ui_lecture.drawn(step)

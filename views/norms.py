@@ -78,7 +78,6 @@ if det is not None:
 elif data.task == "classification":
     m[4].metric("Training accuracy", f"{np.mean(s.predictions == y):.1%}")
 
-st.subheader(f"The {k} examples with the largest gradient norm")
 top = np.argsort(-s.norms)[:k]
 
 
@@ -91,19 +90,21 @@ def label(i):  # i: a position in the summary
 
 # each example by its row in the source and its input (hovers, the table, the export)
 who = {**export.example_columns(data, idx), "label": [data.class_names[c] for c in y] if data.task == "classification" else y}
-if data.image_shape is not None:
-    # two short lines: 8 tiles share a 1024 px projector
-    titles = [(label(i), f"{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}") for i in top]  # lines
-    ui.chart(plots.image_grid(data.raw(data.x_train[idx[top]]), titles, image_shape=data.image_shape), width="stretch")
-    st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
-elif data.n_features == 2:
-    ui.chart(plots.scatter_2d(data.x_train[idx], s.norms, color_label="‖g‖", highlight=top, ids=who,
-                                     axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
-                    width="stretch")
-elif data.n_features == 1:
-    ui.chart(plots.scatter_1d(data.x_train[idx], y, s.norms, color_label="‖g‖", highlight=top, ids=who,
-                                     axis_names=(data.feature_names[0], "target (standardized)"),
-                                     title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
+with ui.point("norms_top"):  # a lecture step opens on this block (gradlab.ui.points)
+    st.subheader(f"The {k} examples with the largest gradient norm")
+    if data.image_shape is not None:
+        # two short lines: 8 tiles share a 1024 px projector
+        titles = [(label(i), f"{'flipped · ' if flipped[i] else ''}‖g‖={s.norms[i]:.2g}") for i in top]  # lines
+        ui.chart(plots.image_grid(data.raw(data.x_train[idx[top]]), titles, image_shape=data.image_shape), width="stretch")
+        st.caption(f"#: the example's {data.row_label} (the table's `{data.row_label}` column).")
+    elif data.n_features == 2:
+        ui.chart(plots.scatter_2d(data.x_train[idx], s.norms, color_label="‖g‖", highlight=top, ids=who,
+                                         axis_names=data.feature_names, title="Training set coloured by gradient norm (top-k circled)"),
+                        width="stretch")
+    elif data.n_features == 1:
+        ui.chart(plots.scatter_1d(data.x_train[idx], y, s.norms, color_label="‖g‖", highlight=top, ids=who,
+                                         axis_names=(data.feature_names[0], "target (standardized)"),
+                                         title="Training set coloured by gradient norm (top-k circled)"), width="stretch")
 
 if data.task == "classification":
     predicted = {"prediction": [data.class_names[int(c)] for c in s.predictions]}

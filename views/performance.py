@@ -119,10 +119,54 @@ at_top = {r["approach"]: r for r in rows if r["n"] == n_top}
 n_loop = max((r["n"] for r in rows if r["approach"] == "loop"), default=None)
 at_loop = {r["approach"]: r for r in rows if r["n"] == n_loop}
 
+REFERENCE = bench.reference_timings()
+
+
+def reference_rows() -> list[dict] | None:
+    """The stored reference timings when this is the view they were measured on (the default experiment's workload)."""
+    if REFERENCE is None or workload != "experiment" or exp != ui.DEFAULT:
+        return None
+    return REFERENCE["rows"]
+
+
+def busy_note() -> None:
+    """On a busy server, which timings are live and which are the reference."""
+    busy = bench.load_per_core()
+    if busy > 1 and reference_rows():
+        st.warning(f"**This server is busy** (load {busy:.1f} per core): the **live** timings (solid lines, the first row "
+                   "of numbers) wait for a core and can cross. The **reference** (dashed lines, the row marked "
+                   "Reference) is the fastest of several whole sweeps: read the ratios there.", icon=":material/speed:")
+
+
+def reference_row(at_loop: dict, n_loop: int | None, n_top: int) -> None:
+    """Beside the live ratios, the same ratios from the stored reference timings (`bench.reference_timings`),
+    for the view they were measured on: the default experiment's workload. On a busy server, which is which."""
+    if not reference_rows():
+        return
+    ratios = [("vmap speed-up over loop", "loop", "vmap", n_loop, "×", "{:.0f}"),
+              ("vmap / batch gradient", "vmap", "batch", n_top, "×", "{:.1f}"),
+              ("streamed norms / batch gradient", "norms", "batch", n_top, "×", "{:.2f}")]
+    shown = [(label, n, bench.reference_ratio(REFERENCE, a, b, n), unit, fmt) for label, a, b, n, unit, fmt in ratios
+             if n is not None]
+    shown = [row for row in shown if row[2] is not None]
+    if not shown:
+        return
+    r = st.columns(4)
+    for col, (label, n, (best, low, high), unit, fmt) in zip(r, shown):
+        col.metric(f"Reference: {label}", fmt.format(best) + unit,
+                   help=f"At N = {n}, from the fastest of {REFERENCE['sweeps']} whole sweeps; over the "
+                        f"sweeps {fmt.format(low)}–{fmt.format(high)}{unit}.")
+    quiet = max(REFERENCE["load"][0], REFERENCE["load"][3]) / REFERENCE.get("cores", 1)  # 1-minute, before and after
+    r[3].caption(f"**Reference** (not live): {ui.inert(REFERENCE['machine'])}, {REFERENCE['measured']}, fastest of "
+                 f"{REFERENCE['sweeps']} sweeps at load {quiet:.1f} per core (`python -m benchmarks.reference_timings`). "
+                 "**Live**: the row above, timed on this server now.")
+
+
 with figure:
+    busy_note()
     left, right = st.columns(2)
     with left, ui.half_column():
-        ui.chart(plots.timing_vs_n(rows, labels), width="stretch")
+        ui.chart(plots.timing_vs_n(rows, labels, reference=reference_rows()), width="stretch")
     with right, ui.half_column():
         if any(r["approach"] == "loop" for r in rows):
             ui.chart(plots.speedup_vs_loop(rows, labels), width="stretch")
@@ -140,6 +184,7 @@ with figure:
     if "vmap" in at_top:
         m[3].metric("vmap compile time", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
                     help=f"At N = {n_top}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
+    reference_row(at_loop, n_loop, n_top)
 
 table = pd.DataFrame(rows).drop(columns="measured").assign(approach=lambda d: d["approach"].map(bench.APPROACHES))
 table["run ms"] = table.pop("run_s") * 1e3

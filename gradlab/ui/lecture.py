@@ -8,11 +8,15 @@ A lecture step sets every control of its view before the sidebar is drawn (`foll
 
 from __future__ import annotations
 
+import os
+import time
+
 import streamlit as st
 
 from gradlab.ui import figures
 from gradlab.ui.presets import LECTURE
 from gradlab.ui.state import reset_controls
+from gradlab.ui.widgets import inert  # `?step=` is whatever a link says: shown as text
 
 PRESENTER = "presenter"
 STEP = "step"
@@ -30,11 +34,16 @@ html { font-size: 21px; }
 [data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; padding-top: 3.7rem; padding-bottom: 2rem; }
 /* figure first on a 768 px projector: a compact title, no second page title, the toggle in the top bar */
 h1 { font-size: 1.65rem !important; padding: 0.1rem 0 0.2rem 0 !important; }
-.stElementContainer:has(h1) ~ .stElementContainer:has(h1) { display: none; }
+.stElementContainer:has(h1) ~ .stElementContainer:has(h1), .st-key-lecture_page .stElementContainer:has(h1) { display: none; }
 h4 { font-size: 1.0rem !important; font-weight: 500 !important; padding: 0 !important; }
+/* Streamlit pulls the block under a heading up by the heading's padding (a negative margin); with the padding gone here
+   the next row covered a two-line narration's second line (issue 41) */
+[data-testid="stMarkdownContainer"]:has(h4) { margin-bottom: 0 !important; }
 /* the step's "Try it yourself" link is for students' own screens: on the projector it overlapped a long narration */
 [data-testid="stMainBlockContainer"] .stElementContainer:has([data-testid="stPageLink"]) { display: none; }
 h2 { font-size: 1.3rem !important; padding: 0.3rem 0 0.1rem 0 !important; }
+h3 { font-size: 1.15rem !important; padding: 0.2rem 0 0 0 !important; }
+[data-testid="stMarkdownContainer"]:has(h3) { margin-bottom: 0 !important; }
 [data-testid="stPopover"] { display: none; }
 .st-key-presenter { position: fixed; bottom: 0.3rem; right: 1rem; z-index: 999991; width: auto !important;
                     background: rgba(255, 255, 255, 0.85); padding: 0 0.4rem; border-radius: 0.4rem; }
@@ -93,9 +102,16 @@ def parse_step(raw: str, n_steps: int) -> int:
     return min(max(step, 1), n_steps)
 
 
+_STEP_NOTE = "_lecture_step_note"
+
+
 def follow_lecture() -> None:
-    """Set every control of the step in the URL, once per step change (before any widget is drawn)."""
+    """Set every control of the step in the URL, once per step change (before any widget is drawn). A link whose step
+    is not one of the lecture's (`?step=99`, `?step=abc`) is noted for `step_note`."""
     step = requested_step(len(LECTURE))
+    raw = st.query_params.get(STEP)
+    if raw is not None and raw != str(step):
+        st.session_state[_STEP_NOTE] = (raw, step)
     if st.session_state.get(_APPLIED) != step:
         apply_step(step)
 
@@ -112,6 +128,42 @@ def apply_step(step: int) -> None:
         st.session_state[key] = value
     st.query_params[STEP] = str(step)
     st.session_state[_APPLIED] = step
+
+
+_DRAWN = "_lecture_drawn"
+#: The block that holds a step's point and page (CSS class `st-key-lecture_page`).
+PAGE_KEY = "lecture_page"
+
+
+def entering(step: int) -> bool:
+    """Whether this run draws `step` for the first time in this session (the last run drawn in full showed another)."""
+    return st.session_state.get(_DRAWN) != step
+
+
+def drawn(step: int) -> None:
+    """Note that this run drew `step` (its page ran to the end, or stopped on purpose)."""
+    st.session_state[_DRAWN] = step
+
+
+def fresh(entering: bool):
+    """The block a step's figures go in. Entering a step, it is cleared at once (an empty element replaces the block
+    of the step before, then a new block replaces it): while the new step computes, no figure or number of another
+    step stays on screen. Otherwise it is the same block, kept as it is until this run redraws it (no flicker when a
+    control changes)."""
+    return (st.empty() if entering else st).container(key=PAGE_KEY)
+
+
+#: A test hook: `GRADLAB_TEST_SLOW_STEPS="3:6,5:2"` makes step 3 take 6 s more, step 5 2 s (tests/test_browser_lecture.py
+#: presses Next into a slow step on a busy server and reads the screen while it computes).
+SLOW_STEPS_ENV = "GRADLAB_TEST_SLOW_STEPS"
+
+
+def test_delay(step: int) -> None:
+    """Sleep as long as `GRADLAB_TEST_SLOW_STEPS` says for `step` (nothing when it is unset)."""
+    for item in os.environ.get(SLOW_STEPS_ENV, "").split(","):
+        number, _, seconds = item.partition(":")
+        if number.strip() == str(step):
+            time.sleep(float(seconds))
 
 
 def go(step: int) -> None:
@@ -142,3 +194,32 @@ if (!doc.gradlabKeys) {
 def arrow_keys() -> None:
     """→ / PageDown press Next and ← / PageUp press Back on this page (not while typing in a field)."""
     st.iframe(_KEYS_JS, height=1)  # our own constant script, never user text (st.iframe runs what it is given)
+
+
+_TOP_JS = """
+<script>
+const doc = window.parent.document;
+for (const el of [doc.querySelector('[data-testid="stMain"]'), doc.scrollingElement]) { if (el) el.scrollTo(0, 0); }
+</script>
+"""
+_SCROLL_TOP = "_lecture_scroll_top"
+
+
+def scroll_to_top_next_run() -> None:
+    """Ask the next run to scroll the window to the top (a tab that just became the projector)."""
+    st.session_state[_SCROLL_TOP] = True
+
+
+def scroll_to_top_if_asked() -> None:
+    """Scroll the window to the top once, if `scroll_to_top_next_run` asked for it."""
+    if st.session_state.pop(_SCROLL_TOP, False):
+        st.iframe(_TOP_JS, height=1)  # our own constant script, never user text
+
+
+def step_note() -> None:
+    """Say once that the link asked for a step the lecture does not have, and which one it opened."""
+    note = st.session_state.pop(_STEP_NOTE, None)
+    if note:
+        raw, step = note
+        st.warning(f"This link asks for step **{inert(raw)}**; the lecture has steps 1 to {len(LECTURE)}, so it opens "
+                   f"step {step}.", icon=":material/link_off:")

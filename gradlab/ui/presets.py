@@ -151,6 +151,9 @@ class Step:
     - `narration`: two or three sentences shown above the view.
     - `notes`: speaker notes (shown in an expander).
     - `practice`: the Practice problem (its slug, `gradlab.practice.BY_SLUG`) where students write this step's code.
+    - `figure`: the step's point: the title (or a stable part of it) of the figure the narration is about.
+    - `point`: the page's blocks (`gradlab.ui.points`, by name) that hold that figure and its metrics, drawn first,
+      right under the narration; empty when the figure already opens the page.
     """
 
     title: str
@@ -158,12 +161,14 @@ class Step:
     notes: str
     preset: Preset
     practice: str = ""
+    figure: str = ""
+    point: tuple[str, ...] = ()
 
 
 def _step(title: str, narration: str, notes: str, page: str = "", experiment=None, widgets=None, *,
-          preset: str | None = None, practice: str = "") -> Step:
+          preset: str | None = None, practice: str = "", figure: str, point: tuple[str, ...] = ()) -> Step:
     p = BY_NAME[preset] if preset else Preset(title, narration, page, experiment or {}, widgets or {})
-    return Step(title, narration, notes, p, practice)
+    return Step(title, narration, notes, p, practice, figure, tuple(point))
 
 
 #: The lecture: an ordered story through per-example gradients, one full view per step (`?step=1` … ).
@@ -173,79 +178,90 @@ LECTURE: tuple[Step, ...] = (
           "example, [2, 8]; their sum, 10, is exactly the gradient of the summed loss.",
           "Write ℓᵢ = (w xᵢ)² on the board, dℓᵢ/dw = 2 w xᵢ² → 2 and 8. Point at way (a) = way (b) = 10 and at "
           "float64 agreeing to ~1e-16. Ask: what would the mean give? (5.)",
-          preset="The seeds' scalar example", practice="per_example_grads"),
+          preset="The seeds' scalar example", practice="per_example_grads",
+          figure="Per-example gradients, their sum, and the gradient of the summed loss", point=("equivalence",)),
     _step("Every example is an arrow",
           "Give the model two parameters, w and b, and each example's gradient becomes an arrow in the plane. "
           "The two arrows (2, 2) and (8, 4) add up to (10, 6): the black arrow is their mean, the batch gradient.",
           "Same example as step 1 with an intercept b. The w-components are still 2 and 8. Note the arrows point "
           "uphill: a step goes the other way. Toggle the trajectories to show SGD sliding to the minimum.",
-          "views/geometry.py", {}, {"geo_problem": "scalar", "geo_paths": True, "geo_steps": 10, "geo_lr": 0.1}),
+          "views/geometry.py", {}, {"geo_problem": "scalar", "geo_paths": True, "geo_steps": 10, "geo_lr": 0.1},
+          figure="Per-example gradients gᵢ at θ"),
     _step("Sum or mean: the same vector, scaled",
           "On a real network (an MLP on digits) vmap(grad(f)).mean(0) and grad(mean(vmap(f))) agree to float32 "
           "rounding in every parameter leaf. Mixing a per-example sum with a mean loss is off by exactly N.",
           "Point at the float32 bars near 1e-7 and the float64 bars near 1e-16. Then the scaling trap: ‖Σgᵢ‖/‖∇mean‖ "
           "= N = 1,437. Every clipping norm C is meaningless if you get this wrong.",
-          "views/equivalence.py", NOISY_DIGITS, {"eq_reduction": "mean"}, practice="fix_mean"),
+          "views/equivalence.py", NOISY_DIGITS, {"eq_reduction": "mean"}, practice="fix_mean",
+          figure="max relative difference per leaf", point=("equivalence",)),
     _step("What do N gradients cost?",
           "A Python loop calls jax.grad once per example; vmap(grad) does all of them in one call. The loop grows "
           "linearly with N, vmap(grad) stays within a small factor of the single batch gradient.",
           "Timings are live on this machine: read the ratios, not the digits. The first call includes compiling; "
           "it is shown apart. Streamed norms never build the N×P matrix.",
-          preset="Per-example gradients cost about one gradient", practice="loop_vs_vmap"),
+          preset="Per-example gradients cost about one gradient", practice="loop_vs_vmap",
+          figure="Run time vs batch size"),
     _step("Outliers have the longest arrows",
-          "A line fit y = w·x + b from a bad start, on data with a few outliers (red). Far from the fit every "
-          "arrow is long; the outliers' arrows are the longest and drag the mean towards them.",
+          "A line fit y = w·x + b from a bad start, on data with a few outliers (red). Here, far from the fit, "
+          "every arrow is long; step along the path and the clean arrows shrink while the red ones stay long and "
+          "drag the mean towards them.",
           "Step through the SGD path (Step button): near the optimum the clean arrows shrink, the red ones do not. "
           "That is why the norm finds outliers.",
-          "views/geometry.py", {}, {"geo_paths": True, "geo_t": 20}),
+          "views/geometry.py", {}, {"geo_paths": True, "geo_t": 0}, figure="Per-example gradients gᵢ at θ"),
     _step("Outliers pull hardest in regression",
           "The same story on the full training set: the examples with the largest per-example gradient norm are "
           "the shifted targets. Squared loss lets a few points dominate the gradient.",
           "All 10 circled points are outliers. Ask: what would a robust (Huber) loss do to their arrows?",
-          preset="Outliers pull hardest in regression"),
+          preset="Outliers pull hardest in regression", figure="Training set coloured by gradient norm",
+          point=("norms_top",)),
     _step("Mislabeled digits stand out",
           "Flip 10% of the digit labels and train. The flipped examples sit in the right tail of the norm "
           "histogram (log scale), and the top of the ranking is almost all flipped labels.",
           "Point at the red tail, the AUC (~0.9) and the top-16 grid: 14 of 16 are flipped. The per-example loss "
           "finds them too: compare the two ROC curves.",
-          preset="Mislabeled digits stand out", practice="exercise_256"),
+          preset="Mislabeled digits stand out", practice="exercise_256",
+          figure="Distribution of per-example gradient norms"),
     _step("Clipping is a ball",
           "DP-SGD clips every arrow to length C: the dashed circle. Long arrows are cut, short ones kept, so the "
           "clipped mean (purple) no longer points where the true mean (black) does: clipping is biased.",
           "Near the optimum the outliers' arrows dominate the true mean; after clipping they count like anyone else. "
           "Read the cosine between the two means.",
-          "views/geometry.py", {}, {"geo_clip": True, "geo_c": 2.0, "geo_t": 20}, practice="dp_sgd_step"),
+          "views/geometry.py", {}, {"geo_clip": True, "geo_c": 2.0, "geo_t": 20}, practice="dp_sgd_step",
+          figure="Per-example gradients gᵢ at θ"),
     _step("Clipping bias hits a rare class",
           "On breast cancer the minority class (malignant) has larger per-example gradients, so clipping at C cuts "
           "more of its gradients than the majority's. The model's pull towards the rare class shrinks most.",
           "Per-class bars: fraction clipped is higher for malignant. This is Bagdasaryan et al. 2019: DP hurts "
           "under-represented groups first.",
-          preset="Clipping bias hits a rare class"),
+          preset="Clipping bias hits a rare class", figure="Per class at C", point=("dp_per_class",)),
     _step("DP noise is a cloud",
           "DP-SGD adds Gaussian noise of std σ·C to the clipped sum, σ·C/B to the mean: every step lands somewhere "
           "in the green cloud. The DP-SGD path wanders around the clipped SGD path.",
           "Raise σ and watch the cloud grow; raise B and it shrinks (more examples share the noise). Three paths "
           "from the same start, same minibatches.",
           "views/geometry.py", {}, {"geo_clip": True, "geo_noise": True, "geo_paths": True, "geo_c": 2.0,
-                                    "geo_sigma": 2.0, "geo_t": 20}),
+                                    "geo_sigma": 2.0, "geo_t": 20},
+          figure="Per-example gradients gᵢ at θ"),
     _step("DP-SGD and its ε",
           "The privacy cost ε of the whole run comes from an accountant (Google's dp-accounting), given the sampling "
           "rate q, the noise multiplier σ and the number of steps. Here σ is calibrated so 200 steps spend ε = 3.",
           "Press Train to compare a private and a non-private softmax regression on digits (≥ 90% at ε ≤ 3). "
           "Signal/noise at the top says why large batches help DP.",
           "views/dp_clipping.py", {"dataset": "digits", "model": "linear"},
-          {"dp_sgd_c": 0.5, "dp_clip_sigma": 2.0}),
+          {"dp_sgd_c": 0.5, "dp_clip_sigma": 2.0}, figure="Privacy spent: ε after each step", point=("dp_sgd",)),
     _step("Who influenced this prediction?",
           "The dot product of a training example's gradient with a test point's says whether it helped or hurt "
           "that prediction. Proponents agree, opponents disagree; the most self-influential examples are mostly "
           "flipped labels.",
           "Click a misclassified test point: its opponents are often flipped neighbours. Then scroll to the "
           "check against actual leave-one-out retraining.",
-          preset="Who influenced this prediction?", practice="influence_score"),
+          preset="Who influenced this prediction?", practice="influence_score",
+          figure="(blue helps, red hurts)", point=("influence_proponents", "influence_self")),
     _step("Remove one example: influence vs retraining",
           "Logistic regression with two weights: removing one flipped label moves the optimum (star to cross). "
           "The influence function predicts where (diamond) from one gradient and the Hessian, without retraining.",
           "Click other training points in the right chart to remove them. The influence error stays small here "
           "because the loss is nearly quadratic near the optimum.",
-          "views/geometry.py", {}, {"geo_problem": "logistic", "geo_remove": 2}),
+          "views/geometry.py", {}, {"geo_problem": "logistic", "geo_remove": 2},
+          figure="Close-up: the optimum moves", point=("geo_removal",)),
 )

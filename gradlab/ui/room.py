@@ -11,16 +11,20 @@ The speaker key rides in `_key`, which the copy-link box never shows.
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import select
 import subprocess
 import sys
 import time
 
+import segno
 import streamlit as st
 
 from gradlab import rooms
 from gradlab.ui import lecture as ui_lecture
+from gradlab.ui.presets import LECTURE
 from gradlab.ui.widgets import inert  # `?room=` is whatever a link says: shown as text
 
 ROOM, KEY, SPEAKER = "room", "_key", "speaker"
@@ -40,10 +44,21 @@ def may_drive() -> bool:
 
 
 def go(step: int) -> None:
-    """`on_click` of Back / Next in a room: apply `step` here, and move the room when this session drives it."""
+    """`on_click` of Back / Next in a room: apply `step` here, and move the room when this session drives it. A student
+    who follows the lecturer stays where the lecturer is, and is told why (and how to explore)."""
+    if following():
+        st.toast("Following the lecturer: turn off **Follow the lecturer** to explore on your own.",
+                 icon=":material/groups:")
+        return
     if code() and st.query_params.get(KEY):
         ROOMS.move(code(), st.query_params.get(KEY), step)
     ui_lecture.go(step)
+
+
+def following() -> bool:
+    """Whether this session is a student's page that follows an open room (no speaker key, the toggle on)."""
+    c = code()
+    return bool(c and not st.query_params.get(KEY) and st.session_state.get(FOLLOW, True) and ROOMS.get(c) is not None)
 
 
 def follow(step: int) -> None:
@@ -73,18 +88,46 @@ def _watch(c: str, step: int) -> None:
 
 
 def open_room_panel(step: int) -> None:
-    """A button that opens a room on `step`, then the three links (students, projector, speaker)."""
+    """A button that opens a room on `step`, then its links: the students' (a link, a copy box, a short form and a QR
+    code for a room of 30), the projector's (or this tab becomes the projector) and the speaker view's."""
     if st.button("Open a room for a live lecture", key="room_open",
-                 help="Students open one link and their page follows your steps."):
+                 help="Students open one link and their page follows your steps; every step is warmed up for you."):
         st.session_state["_room_opened"] = ROOMS.open(step)
+        start_warmup()  # every step computed before the lecturer reaches it
     opened = st.session_state.get("_room_opened")
     if not opened:
         return
     c, key = opened
     base = (st.context.url or "").split("?")[0]
-    st.markdown(f"**Room {c}**. Students: `{base}?room={c}`")
-    st.markdown(f"Projector (follows you, its Next moves the room): `{base}?room={c}&_key={key}&presenter=true`")
-    st.markdown(f"Speaker view (notes, next step, timer; keep it to yourself): `{base}?room={c}&_key={key}&speaker=true`")
+    students = f"{base}?room={c}"
+    short = re.sub(r"^https?://", "", students)
+    text, qr = st.columns([3, 1])
+    with text:
+        st.markdown(f"**Room {c}**. Students open [{short}]({students}) (copy it below, or scan the code):")
+        st.code(students, language=None, wrap_lines=True)  # Streamlit's copy button sits in its corner
+        st.button("Make this tab the projector", key="room_projector", on_click=_become_projector, args=(c, key),
+                  help="This tab follows the room in presenter mode; its Back / Next (and arrow keys) move the room.")
+        st.markdown("Projector in another tab or machine (follows you, its Next moves the room):")
+        st.code(f"{base}?room={c}&_key={key}&presenter=true", language=None, wrap_lines=True)
+        st.markdown("Speaker view (notes, next step, timer; keep it to yourself):")
+        st.code(f"{base}?room={c}&_key={key}&speaker=true", language=None, wrap_lines=True)
+    with qr:
+        st.image(qr_png(students), caption=f"Room {c}", width="stretch")
+
+
+def qr_png(url: str) -> bytes:
+    """A QR code of `url` as PNG bytes (segno: pure Python, nothing fetched at run time)."""
+    buffer = io.BytesIO()
+    segno.make(url, error="m").save(buffer, kind="png", scale=8, border=2)
+    return buffer.getvalue()
+
+
+def _become_projector(c: str, key: str) -> None:
+    """`on_click`: this tab becomes the room's projector (its key in the URL, presenter mode on)."""
+    st.query_params[ROOM] = c
+    st.query_params[KEY] = key
+    st.session_state[ui_lecture.PRESENTER] = True
+    ui_lecture.scroll_to_top_next_run()
 
 
 def speaker_view(lecture, step: int) -> bool:
@@ -99,6 +142,7 @@ def speaker_view(lecture, step: int) -> bool:
         return True
     n, s = len(lecture), lecture[step - 1]
     st.caption(f"Speaker view · room **{inert(c)}** · students open `?room={c}` on the lecture page")
+    start_warmup()  # a lecturer who opens the speaker view first gets every step warmed up too
     _watch(c, step)  # a projector's Next moves the room: follow it here too
     _timer(c)
     back, nxt = st.columns(2)
@@ -132,14 +176,31 @@ def warmup_panel(n_steps: int) -> None:
     proc = _WARMUP.get("proc")
     running = proc is not None and proc.poll() is None
     if st.button("Warm up every step", key="lecture_warmup", disabled=running,
-                 help="Computes what each step shows into the shared store, so every Next answers at once."):
-        _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill", "--lecture"],
-                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1"}),
-                       done=0, total=n_steps, started=time.time(), ended=None)
-        running = True
+                 help="Computes what each step shows into the shared store, so every Next answers at once. "
+                      "Opening a room or the speaker view starts it by itself."):
+        start_warmup(n_steps, again=True)
     if _WARMUP:
         _warmup_progress()
+
+
+#: `GRADLAB_AUTO_WARMUP=0`: opening a room or the speaker view does not start the warm-up (the tests set it; the button
+#: still does).
+AUTO_WARMUP_ENV = "GRADLAB_AUTO_WARMUP"
+
+
+def start_warmup(n_steps: int | None = None, *, again: bool = False) -> bool:
+    """Start `python -m gradlab.ui.warm --fill --lecture` (one per server) unless one runs or, without `again`, one
+    already ran or `GRADLAB_AUTO_WARMUP=0`. **Returns** whether it started one. Its progress: `warmup_panel`."""
+    proc = _WARMUP.get("proc")
+    if proc is not None and (proc.poll() is None or not again):
+        return False
+    if not again and os.environ.get(AUTO_WARMUP_ENV, "1") == "0":
+        return False
+    _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill", "--lecture"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}),
+                   done=0, total=n_steps or len(LECTURE), started=time.time(), ended=None)
+    return True
 
 
 @st.fragment(run_every=1.0)

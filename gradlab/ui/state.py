@@ -179,6 +179,8 @@ def share_link() -> str | None:
 # ---------------------------------------------------------------- hand-written links
 
 _FIRST_URL = "_first_url"
+#: Parameters of the app itself, on every page: presenter mode, a lecture's step and room, the speaker view.
+APP_PARAMS = frozenset({"presenter", "step", "room", "speaker"})
 
 
 def remember_url() -> None:
@@ -216,6 +218,15 @@ def url_warnings(slot, url_path: str) -> None:
     if bad:
         slot.warning("This link has values this page cannot use, so it shows others: " + ", ".join(bad)
                      + ". Check the spelling, or pick the value with the control.", icon=":material/link_off:")
+    unknown = [f"**{inert(k)}={inert(v)}**" for k, v in first.items() if k not in keys and not k.startswith("_")
+               and k not in APP_PARAMS]
+    if unknown:
+        elsewhere = [k for k in first if k in pages.control_keys() and k not in keys]
+        slot.warning("This link has parameters this page does not use, so it ignores them: " + ", ".join(unknown)
+                     + (". Pages are chosen by their path (`/norms`, `/dp_clipping`, …), not a parameter"
+                        if "page" in first else "")
+                     + (f" ({', '.join(inert(k) for k in elsewhere)} belong to another page)" if elsewhere else "")
+                     + ".", icon=":material/link_off:")
 
 
 # ---------------------------------------------------------------- presets

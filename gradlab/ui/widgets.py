@@ -52,6 +52,14 @@ def inert(text) -> str:
     return escape.markdown(text)
 
 
+def sentence(message) -> str:
+    """`message` (an exception's text, often written to follow a colon) as a sentence after the page's own: a first
+    word in lower case upper-cased ("… could not be computed. The clipping norm C must be > 0 …"); a message that
+    opens on a symbol keeps it as written ("δ must be in (0, 1)", "q must be …": a variable's case is its name)."""
+    text = str(message)
+    return text[:1].upper() + text[1:] if re.match(r"[a-z]{2,}\b", text) else text
+
+
 @contextlib.contextmanager
 def guard(what: str = "This part of the page could not be computed", *, stop: bool = False):
     """Show an exception as a clear message instead of a traceback.
@@ -64,11 +72,11 @@ def guard(what: str = "This part of the page could not be computed", *, stop: bo
     try:
         yield
     except escape.Refusal as err:
-        st.error(f"**{what}.** {err}", icon="⚠️")
+        st.error(f"**{what}.** {sentence(err)}", icon="⚠️")
         if stop:
             st.stop()
     except ValueError as err:
-        st.error(f"**{what}.** {inert(err)}", icon="⚠️")
+        st.error(f"**{what}.** {inert(sentence(err))}", icon="⚠️")
         if stop:
             st.stop()
     except Exception as err:  # noqa: BLE001 - a user must never see a raw traceback
