@@ -196,6 +196,15 @@ def metrics(page) -> dict[str, str]:
     return out
 
 
+def copy_link(page, *, timeout: float = 30) -> str:
+    """The sidebar's "Copy link to this view" box (`ui.state.share_link`: a frame that shows the address bar)."""
+    box = page.frame_locator('[data-testid="stSidebar"] iframe').locator("#link")
+    deadline = time.monotonic() + timeout
+    while not (value := box.input_value(timeout=timeout * 1000)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return value
+
+
 def normalized(text: str) -> str:
     return text.lower().replace("_", " ")
 

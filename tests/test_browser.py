@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from benchmarks.browser import (
     PAGES,
     ROOT,
     Sampler,
+    copy_link,
     launch,
     metrics,
     normalized,
@@ -85,8 +87,22 @@ def test_every_page_renders_without_errors(server, page, path, label, heading):
     # the nav lists every page and the sidebar holds the experiment and the link box
     nav = normalized(page.locator('[data-testid="stSidebarNav"]').inner_text())
     assert all(normalized(lab) in nav for _, lab, _ in PAGES)
-    link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]').inner_text().strip()
-    assert link.startswith(server) and (path == "" or f"/{path}" in link), link
+    link = copy_link(page)
+    assert link == page.url and link.startswith(server) and (path == "" or f"/{path}" in link), link
+
+
+def test_the_copy_box_is_the_address_bar_after_a_control_in_a_fragment(server, page):
+    """Gradient norms' log-scale toggle reruns only its fragment: the box drawn at the end of a full run kept
+    `log=true` while the address bar said `log=false` (issue 41). The box now shows the address bar itself."""
+    _visit(page, f"{server}/norms?dataset=moons&steps=50&checkpoint_every=25")
+    assert copy_link(page) == page.url
+    page.get_by_text("Log scale", exact=True).click()
+    page.wait_for_url("**log=false**", timeout=60_000)
+    wait_until_idle(page)
+    deadline = time.monotonic() + 10
+    while copy_link(page) != page.url and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert copy_link(page) == page.url and "log=false" in page.url, (copy_link(page), page.url)
 
 
 def test_shared_link_shows_the_library_numbers(server, page):
@@ -105,7 +121,7 @@ def test_shared_link_shows_the_library_numbers(server, page):
     assert shown["Median norm"] == f"{np.median(s.norms):.3g}"
     assert shown["Mislabel detection AUC"] == f"{detection_roc(s.norms, f.data.flipped).auc:.3f}"
     # the sidebar shows the moons dataset, and the copy-link box reproduces the view
-    link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]').inner_text().strip()
+    link = copy_link(page)
     for part in ("/norms?", "dataset=moons", "label_noise=0.1", "steps=100"):
         assert part in link, link
     # a second person opening the copied link (a fresh browser context: a new session) sees the same

@@ -157,10 +157,44 @@ def experiment_from_state(state) -> Experiment:
     return exp.replace(dataset=exp.source.prefix)
 
 
-def share_link() -> str | None:
-    """A "copy link to this view" box in the sidebar: the page URL plus the current query parameters.
+#: The link box: the address bar itself (the parent page's URL, read every 0.3 s), less the app's private `_`
+#: parameters, with a Copy button. A control inside a fragment (Gradient norms' log scale) reruns only its fragment,
+#: so a box drawn by the server at the end of a full run went stale; this one cannot differ from the address bar.
+_LINK_BOX = """
+<style>
+ body { margin: 0; font-family: "Source Sans Pro", sans-serif; }
+ textarea { box-sizing: border-box; width: 100%; height: 84px; resize: none; border: 0; border-radius: 0.5rem;
+            padding: 0.5rem; background: #f0f2f6; color: #31333f; font: 0.8rem/1.35 monospace; }
+ button { margin-top: 4px; padding: 2px 12px; border: 1px solid #ccc; border-radius: 0.5rem; background: white;
+          cursor: pointer; font: 0.85rem sans-serif; }
+</style>
+<textarea id="link" readonly aria-label="Link to this view"></textarea>
+<button id="copy" type="button">Copy link</button>
+<script>
+const box = document.getElementById("link"), copy = document.getElementById("copy");
+function show() {
+  const url = new URL(window.parent.location.href);
+  [...url.searchParams.keys()].filter((k) => k.startsWith("_")).forEach((k) => url.searchParams.delete(k));
+  if (box.value !== url.href) box.value = url.href;
+}
+show();
+setInterval(show, 300);
+copy.onclick = () => {
+  box.select();
+  const done = () => { copy.textContent = "Copied"; setTimeout(() => (copy.textContent = "Copy link"), 1500); };
+  (navigator.clipboard ? navigator.clipboard.writeText(box.value) : Promise.reject()).then(done, () => {
+    document.execCommand("copy");
+    done();
+  });
+};
+</script>
+"""
 
-    Call it at the end of a run (after the page's widgets are bound), so the link holds every control.
+
+def share_link() -> str | None:
+    """A "copy link to this view" box in the sidebar that shows the address bar (`_LINK_BOX`), with a Copy button.
+
+    **Returns** the page URL plus the current query parameters as this run sees them (None outside a server).
     """
     from urllib.parse import urlencode
 
@@ -168,12 +202,11 @@ def share_link() -> str | None:
     if not base:
         return None
     params = {k: v for k, v in st.query_params.to_dict().items() if not k.startswith("_")}
-    link = base + ("?" + urlencode(params) if params else "")
     with st.sidebar:
         st.markdown("**Copy link to this view**", help="Opens this page with the same experiment and controls. "
                     "Uploaded data is not in the link.")
-        st.code(link, language=None, wrap_lines=True)
-    return link
+        st.iframe(_LINK_BOX, height=125)  # our own constant page, never user text (st.iframe runs what it is given)
+    return base + ("?" + urlencode(params) if params else "")
 
 
 # ---------------------------------------------------------------- hand-written links
