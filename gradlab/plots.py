@@ -123,7 +123,7 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
         # the subplot titles that sit just above the plot: a wrapped title overlaps neither
         notes = max((str(a.text or "").count("<br>") + 1 for a in fig.layout.annotations), default=0)
         subplot_titles = (1 + notes) * (12 + tick) if notes else 0
-        need = 20 + lines * round(1.3 * title) + subplot_titles
+        need = 20 + lines * round(1.3 * title) + subplot_titles + tick // 2  # and the top tick label's upper half
         fig.update_layout(margin=dict(t=max(need, fig.layout.margin.t or 0)))
     # on every axis itself, not on the figure's template: Streamlit's chart theme replaces the template
     axes = dict(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"), automargin=True)

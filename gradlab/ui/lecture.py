@@ -46,8 +46,11 @@ h3 { font-size: 1.15rem !important; padding: 0.2rem 0 0 0 !important; }
 [data-testid="stMarkdownContainer"]:has(h3) { margin-bottom: 0 !important; }
 [data-testid="stPopover"] { display: none; }
 .st-key-presenter { position: fixed; bottom: 0.3rem; right: 1rem; z-index: 999991; width: auto !important;
-                    background: rgba(255, 255, 255, 0.85); padding: 0 0.4rem; border-radius: 0.4rem; }
-.st-key-presenter label p { font-size: 0.7rem; }
+                    background: rgba(255, 255, 255, 0.85); padding: 0 0.4rem; border-radius: 0.4rem; opacity: 0.45; }
+/* only the switch until the pointer is on it: the words covered a chart's legend or axis title in the corner */
+.st-key-presenter label p, .st-key-presenter [data-testid="stTooltipIcon"] { display: none; }
+.st-key-presenter:hover { opacity: 1; }
+.st-key-presenter:hover label p { display: inline; font-size: 0.7rem; }
 [data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] { gap: 0.55rem; }
 </style>
 """
