@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
+import numpy as np
 import pytest
 
 from conftest import FAST, ROOT, assert_clean, open_page
@@ -10,6 +14,13 @@ from hostile import rendered_text
 
 def metric(at, label):
     return next(m.value for m in at.metric if m.label.startswith(label))
+
+
+def _values(v):
+    """A Plotly JSON array: a list, or NumPy's bytes as {"dtype", "bdata"} (base64)."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return v
 
 
 def errors(at):
@@ -33,6 +44,12 @@ def test_dp_page_clipping_controls():
     assert not at.error
     # the per-class figure and the signal-to-noise numbers are on the page
     assert any(m.label.startswith("Signal / noise") for m in at.metric)
+    # before Train, the ε the run will spend: the accountant's curve needs no training (lecture step 11's point)
+    eps = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Privacy spent" in c.proto.spec]
+    assert len(eps) == 1 and not any(m.label.startswith("Test accuracy, DP-SGD") for m in at.metric)
+    steps, epsilons = (_values(eps[0]["data"][0][k]) for k in ("x", "y"))
+    assert steps[0] == 0 and epsilons[0] == 0 and steps[-1] == at.number_input(key="dp_sgd_steps").value
+    assert epsilons[-1] == pytest.approx(at.number_input(key="dp_sgd_eps").value, rel=0.02)  # σ was calibrated to it
 
 
 @pytest.mark.parametrize(

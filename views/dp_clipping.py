@@ -224,6 +224,14 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
 
 
     @ui.shared(gated=False)
+    def planned_epsilons(q, sigma, steps, delta, accountant):
+        """ε after each of ~10 step counts up to `steps`: what the run will spend, known before it trains."""
+        at = np.unique(np.linspace(0, steps, 11).round().astype(int))
+        return at, privacy.dp_sgd_epsilons(sample_rate=q, noise_multiplier=sigma, steps=at.tolist(), delta=delta,
+                                           accountant=accountant)
+
+
+    @ui.shared(gated=False)
     def calibrated_sigma(eps, q, steps, delta, accountant):
         return privacy.noise_multiplier_for_epsilon(target_epsilon=eps, sample_rate=q, steps=steps, delta=delta,
                                                     accountant=accountant)
@@ -287,7 +295,12 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
                 with st.expander("Numbers per checkpoint"):
                     st.dataframe(table, hide_index=True, width="stretch")
             else:
-                st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress.")
+                st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress. "
+                        "The privacy it will spend needs no training: the accountant sees only q, σ and the steps.")
+                with ui.guard("Could not compute ε"):
+                    at, eps_at = planned_epsilons(q, float(sigma), int(steps), delta, accountant)
+                    ui.chart(plots.epsilon_curve(at, eps_at, delta=delta, accountant=accountant.upper(),
+                                                 target=eps_target), width="stretch")
 else:
     ui.needs_training_loop("DP-SGD")
 
