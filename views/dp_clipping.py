@@ -15,10 +15,11 @@ from gradlab.train import OPTIMIZERS, dp_buffer_size, train_dp_sgd
 from gradlab.ui.figures import plots
 
 st.title("DP clipping")
-st.markdown(
+ui.intro(
     "**DP-SGD** (Abadi et al. 2016) makes training differentially private in three moves: clip every "
     "per-example gradient gᵢ to norm at most **C**, add Gaussian noise of std **σ·C** to their sum, and "
-    "count the privacy spent with an accountant. The top half shows what clipping does to *this* model's "
+    "count the privacy spent with an accountant.",
+    "The top half shows what clipping does to *this* model's "
     "real per-example gradients at a checkpoint: how many are clipped, how far the clipped mean gradient $\\bar G_C$ "
     "drifts from the true mean G (the **bias**), which classes pay most (Bagdasaryan et al. 2019), and how "
     "the noise compares with the signal. The bottom half trains a private and a non-private model side by "

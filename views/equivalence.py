@@ -9,10 +9,10 @@ from gradlab import equivalence, ui
 from gradlab.ui.figures import plots
 
 st.title("Equivalence")
-st.markdown(
+ui.intro(
     "Two ways to get the gradient of a batch's total loss: **(a)** per-example gradients "
     "`vmap(grad(f))` summed over the examples, or **(b)** one gradient of the summed loss "
-    "`grad(lambda θ: vmap(f)(θ, xs, ys).sum())`. Differentiation is linear, so they are the same vector. "
+    "`grad(lambda θ: vmap(f)(θ, xs, ys).sum())`. Differentiation is linear, so they are the same vector.",
     "On a computer they agree up to **rounding**: float32 sums in another order differ in the last digits, "
     "while the float64 reference agrees to about 1e-16. Below, per parameter leaf, for the current experiment "
     "or the seeds' scalar example, then the mean-vs-sum trap and the seeds' pitfalls, executed live."

@@ -11,10 +11,10 @@ from gradlab.losses import loss_for
 from gradlab.ui.figures import plots
 
 st.title("Performance")
-st.markdown(
+ui.intro(
     "Seed 003 times per-example gradients with a Python loop against `vmap(grad)`. Here the same race runs "
     "live on this machine, with two more contenders: **one batch gradient** (the cost floor: what training "
-    "pays anyway) and **streamed per-example norms** (what DP clipping and outlier detection actually need). "
+    "pays anyway) and **streamed per-example norms** (what DP clipping and outlier detection actually need).",
     "Each approach is timed at several batch sizes N; the first call (tracing + XLA compilation for that "
     "shape) is reported apart from the steady-state run time. Timings are wall-clock on a shared CPU: "
     "read the ratios, not the last digit."

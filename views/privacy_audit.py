@@ -11,10 +11,11 @@ from gradlab.train import OPTIMIZERS
 from gradlab.ui.figures import audit_plots, plots
 
 st.title("Privacy audit: what ε means")
-st.markdown(
+ui.intro(
     "An accountant says DP-SGD spent **ε**. What does that protect against? A **membership-inference** attack "
     "guesses whether an example was in the training set; (ε, δ)-DP promises that *no* attack does better than "
-    "TPR ≤ e^ε·FPR + δ. The top half attacks a model trained without privacy and one trained with DP-SGD, on the same "
+    "TPR ≤ e^ε·FPR + δ.",
+    "The top half attacks a model trained without privacy and one trained with DP-SGD, on the same "
     "small pool of data, with the loss-threshold attack (Yeom et al. 2018) and offline LiRA (Carlini et al. 2022). "
     "The bottom half turns the question around: it **audits gradlab's own DP-SGD** with canaries, measuring a "
     "lower bound on the ε the code really spends (Nasr et al. 2021, 2023) — and catches planted bugs."
@@ -30,13 +31,14 @@ st.header("Membership inference: non-private vs DP-SGD")
 if not fitted.trainable:  # a served model without init_fn: the attack trains its target and shadows from one
     ui.needs_training_loop("Membership inference")
 else:
-    st.markdown(
-        "A pool of training examples is split at random: the **target** model trains on one half (the members), the "
-        "other half are non-members. Shadow models train on other random halves with the same procedure; for each "
-        "example, the shadows that left it out say how confident a model is on it *without* having seen it, and LiRA "
-        "scores how far the target sits above that. Both models use the sidebar's model, the same batches and optimizer "
-        "(the DP clipping page's DP-SGD settings); a small pool and many steps make the non-private model memorize."
-    )
+    with st.expander("How the attack works"):
+        st.markdown(
+            "A pool of training examples is split at random: the **target** model trains on one half (the members), the "
+            "other half are non-members. Shadow models train on other random halves with the same procedure; for each "
+            "example, the shadows that left it out say how confident a model is on it *without* having seen it, and LiRA "
+            "scores how far the target sits above that. Both models use the sidebar's model, the same batches and optimizer "
+            "(the DP clipping page's DP-SGD settings); a small pool and many steps make the non-private model memorize."
+        )
     controls, promise = st.columns([3, 2])  # the promise (what ε allows) beside the settings that spend it
     with controls:
         left, right = st.columns(2)

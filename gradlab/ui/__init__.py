@@ -18,13 +18,13 @@ from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, expe
 from gradlab.ui.figures import half_column
 from gradlab.ui.points import point
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
-from gradlab.ui.widgets import (chart, checkpoint_picker, choice, code_panel, control, dataframe, download, download_gradients, fragment, guard, inert,
+from gradlab.ui.widgets import (chart, checkpoint_picker, choice, intro, code_panel, control, dataframe, download, download_gradients, fragment, guard, inert,
                                 needs_training_loop, picked_index, plotly_config, terms)
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
     "apply_preset", "chart", "data", "checkpoint_picker", "choice", "control", "code_panel", "dataframe", "download", "download_gradients",
-    "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "half_column", "inert",
+    "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "half_column", "inert", "intro",
     "macs", "needs_training_loop", "practice_wait", "sandboxed", "num_examples", "num_params", "picked_index", "plotly_config", "point", "preset_banner", "preset_picker", "on_request", "requested",
     "summary_seconds", "summary_size",
     "remember_url", "share_link", "shared", "url_warnings", "terms", "upload_controls", "uploaded",

@@ -29,6 +29,7 @@ html { font-size: 21px; }
 [data-testid="stSidebar"], [data-testid="stExpandSidebarButton"] { display: none; }
 .stElementContainer:has(h1) + .stElementContainer:has([data-testid="stMarkdown"]) { display: none; }
 [data-testid="stCaptionContainer"] { display: none; }
+.st-key-page_intro_more { display: none; }
 [data-testid="stMetricValue"] { font-size: min(1.55rem, 22cqi); }
 [data-testid="stMetricLabel"] p { font-size: min(0.85rem, 11cqi); }
 [data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; padding-top: 3.7rem; padding-bottom: 2rem; }
@@ -65,6 +66,13 @@ _READABLE_CSS = """
 [data-testid="stMetricValue"] { font-size: min(2.25rem, 22cqi); }
 [data-testid="stDownloadButton"] button p { white-space: normal; }
 [data-testid="stPageLink"], [data-testid="stPageLink"] * { white-space: normal !important; overflow: visible !important; text-overflow: clip !important; }
+/* a laptop's screen (1024 px): Streamlit's 6rem above and 5rem beside the page pushed every first figure below the
+   first screen; presenter mode sets its own (later in the page, so it wins) */
+@media (max-width: 1100px) {
+  [data-testid="stMainBlockContainer"] { padding-top: 3rem; padding-left: 1.5rem; padding-right: 1.5rem; }
+  h1 { font-size: 2.1rem !important; padding-top: 0.5rem !important; }
+  h2 { font-size: 1.5rem !important; padding-top: 0.5rem !important; }
+}
 </style>
 """
 

@@ -183,6 +183,16 @@ def chart(fig, *, filename: str | None = None, **kwargs):
     return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
 
 
+def intro(lead: str, more: str = "", *, label: str = "More about this page") -> None:
+    """A page's opening: `lead` (a sentence or two, always shown) and `more` in a collapsed expander, so the page's
+    first figure starts on a laptop's first screen (1024×768) and the rest is one click away. Presenter mode hides
+    both (`lecture._PRESENTER_CSS`: the narration says what the step is about)."""
+    st.markdown(lead)
+    if more:
+        with st.container(key="page_intro_more"), st.expander(label):
+            st.markdown(more)
+
+
 def terms(*names: str, label: str = "Terms") -> None:
     """A small popover that explains the field's terms `names` in one sentence each (`gradlab.glossary`)."""
     with st.popover(label, icon=":material/menu_book:"):
