@@ -682,7 +682,7 @@ def check_every_engine_function(loss, params, xs, ys, ruled):
     norms = np.sqrt(sq.sum(1))
     c = float(np.median(norms))
     mask = (np.arange(N) % 3 != 1).astype(np.float32)  # a Poisson batch's padding mask as weights
-    scale = np.minimum(1.0, c / norms) * mask
+    scale = np.minimum(1.0, c / np.maximum(norms, 1e-30)) * mask  # a zero gradient (dropout's) is not clipped
     total, got_norms = engine.clipped_grad_sum(loss, params, xs, ys, c, weights=mask, return_norms=True,
                                                chunk_size=4)
     assert_rel(got_norms, norms, "clipped_grad_sum norms")
