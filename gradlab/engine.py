@@ -244,9 +244,11 @@ class _Traced:
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
-    def one(self, leaves, x, y):
+    def one(self, leaves, x, y, sq=None):
         """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`; the fallback
-        grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ)."""
+        grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ). With a
+        dict `sq`, the leaves of computed weights with a closed-form norm (`Composite.structure`) get their
+        squared norm in `sq` instead of a gradient (`rules.composite_sq_norms`)."""
         probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
 
@@ -264,7 +266,9 @@ class _Traced:
         g_fb = dict(zip(self.fallback, g_fb))
         n = len(self.ruled)
         if self.composite:
-            g_fb.update(rules.composite_grads(self.plan, list(leaves) + xy, saved[n:], deltas[n:]))
+            g_fb.update(rules.composite_grads(self.plan, list(leaves) + xy, saved[n:], deltas[n:], sq is None))
+            if sq is not None:
+                sq.update(rules.composite_sq_norms(self.plan, list(leaves) + xy, saved[n:], deltas[n:]))
         return loss, g_fb, saved[:n], deltas[:n]
 
     def fixed(self, leaves, xs, ys) -> dict:
@@ -404,15 +408,19 @@ def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
     """(losses (N,), [per-leaf squared norms (N,)] in diff-leaf order) by the rules."""
     fixed = t.fixed(leaves, xs, ys)
 
-    def per_example(loss, g_fb, saved, deltas):
+    def one(xy):
+        structured = {}
+        loss, g_fb, saved, deltas = t.one(leaves, *xy, sq=structured)
         sq = [None] * len(t.diff_index)
         for i, g in g_fb.items():
             sq[i] = _sq(g)
+        for i, v in structured.items():
+            sq[i] = v
         for j, i in enumerate(t.ruled):
             sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j], fixed.get(i))
         return loss, sq
 
-    return _rules_pass(t, leaves, xs, ys, chunk, per_example)
+    return _map(one, (xs, ys), chunk)
 
 
 def _diff_tree(params, values: list) -> PyTree:

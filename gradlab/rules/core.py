@@ -315,6 +315,7 @@ class Composite:
     refs: tuple
     eqns: tuple
     rules: tuple
+    structure: object = None  # a bound `structured.Structure` form: norms without forming gradients, or None
 
     @property
     def kind(self) -> str:
@@ -323,9 +324,10 @@ class Composite:
     @property
     def why(self) -> str:
         ops = sorted({_op_name(e) for e in self.eqns} - SHAPE_OPS)
+        how = (f"norms by its structure ({self.structure.why})" if self.structure is not None else
+               "the gradient in the parameters is the construction's VJP of each example's gradient in the weight")
         return (f"a weight computed from {len(self.leaves)} parameter(s) and no example ({', '.join(ops)}): "
-                f"{'; '.join(r.why for r in self.rules)}; the gradient in the parameters is the construction's "
-                "VJP of each example's gradient in the weight")
+                f"{'; '.join(r.why for r in self.rules)}; {how}")
 
 
 #: Ops whose VJP in each operand is fixed (a sum, a broadcast, a cast, a reshape): a cotangent the same for every
@@ -488,17 +490,42 @@ def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
         if not found or not all(isinstance(f, Site) for f in found):
             return None
         ref_rules.append(_rule(-1, found))
-    return Composite(tuple(sorted(leaves)), tuple(refs), tuple(graph.eqns[k] for k in sorted(need)),
-                     tuple(ref_rules))
+    eqns = tuple(graph.eqns[k] for k in sorted(need))
+    structure = None
+    if len(refs) == 1 and _factored(ref_rules[0]):
+        leaf_of = {diff_refs[leaf]: leaf for leaf in leaves}
+        structure = next((b for st in registry.STRUCTURES if (b := st.match(graph, eqns, leaf_of, refs[0]))), None)
+    return Composite(tuple(sorted(leaves)), tuple(refs), eqns, tuple(ref_rules), structure)
+
+
+def _factored(rule: Rule) -> bool:
+    """Whether a computed weight's gradient is one matrix Σₜ xₜ yₜᵀ in its own (rows, columns) layout: one
+    site with (a, δ) factors along them (`_layout_factors`), reached through transposes only."""
+    if len(rule.sites) != 1:
+        return False
+    site = rule.sites[0]
+    return bool(_orientation(site)) and not site.kind.ids and site.kind.token_axis == 0 and not _nonlinear(site.chain)
+
+
+def _layout_factors(site: Site, saved, delta, dtype):
+    """(x, y), `(T, I)` and `(T, O)`, with the site's per-example gradient Σₜ xₜ yₜᵀ in the weight's layout."""
+    a, d = _merged_factors(site, _acc(saved, dtype), delta.astype(dtype))
+    return (a, d) if _orientation(site) == "ad" else (d, a)
 
 
 def _construct(graph: Graph, comp: Composite, values: list, leaf_vals: list, refs: list) -> list:
     """The computed weights `comp.refs` from the leaves' values `leaf_vals` (the other inputs from `values`)."""
+    env = _construct_env(graph, comp, values, leaf_vals, refs)
+    return [env[r] for r in comp.refs]
+
+
+def _construct_env(graph: Graph, comp: Composite, values: list, leaf_vals: list, refs: list) -> dict:
+    """{ref: value} of every value of the construction (and the graph's inputs), from the leaves' `leaf_vals`."""
     env = dict(zip(graph.inputs, values))
     env.update(zip(refs, leaf_vals))
     for e in comp.eqns:
         env.update(zip(e.outs, _bind(e, [a.val if isinstance(a, Const) else env[a] for a in e.ins])))
-    return [env[r] for r in comp.refs]
+    return env
 
 
 def _formed_grad(rule: Rule, w, saved, delta):
@@ -515,13 +542,17 @@ def _formed_grad(rule: Rule, w, saved, delta):
     return weight_grad(rule, w, saved, delta)
 
 
-def composite_grads(pl: Plan, values: list, saved: list, delta: list) -> dict:
+def composite_grads(pl: Plan, values: list, saved: list, delta: list, structured: bool = True) -> dict:
     """{leaf: one example's gradient} for every leaf of `pl.composites`, in the leaf's dtype: each computed
     weight's per-example gradient by its rule (`weight_grad`), carried back to the leaves by the construction's
     VJP at their values. `values`: the graph's inputs; `saved`, `delta`: one group per computed weight, in the
-    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves')."""
+    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves'). With
+    `structured=False` the composites with a `structure` are left out (their norms: `composite_sq_norms`)."""
     out, j = {}, 0
     for comp in pl.composites:
+        if not structured and comp.structure is not None:
+            j += len(comp.rules)
+            continue
         refs = [pl.refs[leaf] for leaf in comp.leaves]
         leaf_vals = [values[pl.graph.inputs.index(r)] for r in refs]
         ws, vjp = jax.vjp(lambda lv: _construct(pl.graph, comp, values, lv, refs), leaf_vals)
@@ -531,6 +562,28 @@ def composite_grads(pl: Plan, values: list, saved: list, delta: list) -> dict:
             j += 1
         for leaf, g in zip(comp.leaves, vjp(gs)[0]):
             out[leaf] = g
+    return out
+
+
+def composite_sq_norms(pl: Plan, values: list, saved: list, delta: list) -> dict:
+    """{leaf: one example's squared gradient norm} for the leaves of the composites with a `structure`
+    (`structured.py`), from the computed weight's factors: no per-example gradient formed. Arguments as
+    `composite_grads`. Float32 (or wider), real."""
+    out, j = {}, 0
+    for comp in pl.composites:
+        if comp.structure is None:
+            j += len(comp.rules)
+            continue
+        refs = [pl.refs[leaf] for leaf in comp.leaves]
+        leaf_vals = {leaf: values[pl.graph.inputs.index(r)] for leaf, r in zip(comp.leaves, refs)}
+        dtype = acc_dtype(pl.graph.avals[comp.refs[0]].dtype)
+        x, y = _layout_factors(comp.rules[0].sites[0], saved[j][0], delta[j][0], dtype)
+
+        def env(lv, comp=comp, refs=refs):
+            return _construct_env(pl.graph, comp, values, [lv[leaf] for leaf in comp.leaves], refs)
+
+        out.update(comp.structure.sq_norms(env, leaf_vals, x, y))
+        j += 1
     return out
 
 
