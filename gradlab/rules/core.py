@@ -459,18 +459,21 @@ def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, f
         groups.append((leaves, refs))
     out = []
     for leaves, refs in groups:
-        comp = _composite(graph, walker, diff_refs, leaves, refs, producer, uses)
+        comp = _composite(graph, walker, diff_refs, leaves, refs, producer, uses, rules)
         if comp is None:
             continue
         for leaf in comp.leaves:
-            del fallback[leaf]
+            fallback.pop(leaf, None)
+            rules.pop(leaf, None)  # a ruled leaf its structure takes in (LoRA's W₀: its δ would be W's gradient)
         out.append(comp)
     return out
 
 
-def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
+def _composite(graph, walker, diff_refs, leaves, refs, producer, uses, rules=None):
     """The Composite of `leaves` through the computed weights `refs`, or None: every use of a leaf must be an
-    equation of the construction, and every computed weight must reach only layer sites (no penalty on it)."""
+    equation of the construction, and every computed weight must reach only layer sites (no penalty on it).
+    A structure (`registry.STRUCTURES`) may take in ruled leaves of `rules` used only by the construction
+    (W₀ in W₀ + A·B): they join the Composite's leaves."""
     need, todo = set(), list(refs)
     while todo:  # the equations computing `refs`, back to the leaves
         r = todo.pop()
@@ -494,7 +497,12 @@ def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
     structure = None
     if len(refs) == 1 and _factored(ref_rules[0]):
         leaf_of = {diff_refs[leaf]: leaf for leaf in leaves}
-        structure = next((b for st in registry.STRUCTURES if (b := st.match(graph, eqns, leaf_of, refs[0]))), None)
+        inside = {diff_refs[leaf]: leaf for leaf in (rules or {})
+                  if all(k is not None and k in need for k, _ in uses[diff_refs[leaf]])}
+        structure = next((b for st in registry.STRUCTURES if (b := st.match(graph, eqns, leaf_of, refs[0], inside))),
+                         None)
+        if structure is not None:
+            leaves = set(leaves) | set(structure.leaves)
     return Composite(tuple(sorted(leaves)), tuple(refs), eqns, tuple(ref_rules), structure)
 
 

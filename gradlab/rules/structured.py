@@ -56,14 +56,29 @@ class Structure:
     def __str__(self) -> str:
         return self.name
 
-    def match(self, graph, eqns: tuple, leaf_of: dict, ref):
+    def match(self, graph, eqns: tuple, leaf_of: dict, ref, inside: dict):
         """The bound form for the computed weight `ref` built by `eqns` (top-level equations, in order) from the
-        leaves `leaf_of` ({input ref: leaf index}: the construction's parameters), or None."""
+        leaves `leaf_of` ({input ref: leaf index}: the construction's parameters), or None. `inside`: leaves
+        that have a rule of their own but are used only by `eqns`; the form may take them in (its `leaves`)."""
         raise NotImplementedError
 
 
 def _producers(eqns) -> dict:
     return {o: e for e in eqns for o in e.outs}
+
+
+def _peel(prod: dict, ref):
+    """(the value under `ref`'s transposes and casts, whether an odd number of 2-D transposes were peeled): a
+    weight used as `x @ W.T` is W's structure on Gᵀ = Σₜ yₜ xₜᵀ."""
+    swap = False
+    while ref in prod and prod[ref].prim.name in PASS | {"transpose"}:
+        e = prod[ref]
+        if e.prim.name == "transpose":
+            if tuple(e.params["permutation"]) != (1, 0):
+                break
+            swap = not swap
+        ref = e.ins[0]
+    return ref, swap
 
 
 def _depends(eqns, refs) -> set:
@@ -82,14 +97,23 @@ def _depends(eqns, refs) -> set:
 class BoundProduct:
     a: int  # leaf indices of A (I, R) and B (R, O)
     b: int
-    a_ref: int
-    b_ref: int
-    why: str = "merged product A·B: ∂A, ∂B from the factors (x, y Bᵀ), (x A, y)"
+    added: tuple = ()  # leaves added to A·B (W₀): their gradient is G itself
+    swap: bool = False  # the layer uses the transpose of W₀ + A·B
+    why: str = "merged product W₀ + A·B: ∂A, ∂B from the factors (x, y Bᵀ), (x A, y); ∂W₀ = G"
+
+    @property
+    def leaves(self) -> tuple:
+        return (self.a, self.b) + self.added
 
     def sq_norms(self, env: Callable, leaf_vals: dict, x, y) -> dict:
         """{leaf: ‖∂leaf‖²} for one example, from W's factors `x` `(T, I)`, `y` `(T, O)`."""
+        x, y = (y, x) if self.swap else (x, y)
         a, b = leaf_vals[self.a].astype(x.dtype), leaf_vals[self.b].astype(x.dtype)
-        return {self.a: sq_gram(x, y @ b.T), self.b: sq_gram(x @ a, y)}
+        out = {self.a: sq_gram(x, y @ b.T), self.b: sq_gram(x @ a, y)}
+        if self.added:
+            g = sq_gram(x, y)
+            out.update({leaf: g for leaf in self.added})
+        return out
 
 
 class Product(Structure):
@@ -97,16 +121,19 @@ class Product(Structure):
 
     name = "product"
 
-    def match(self, graph, eqns, leaf_of, ref):
+    def match(self, graph, eqns, leaf_of, ref, inside):
         prod, ours = _producers(eqns), _depends(eqns, leaf_of)
-        cur = ref
+        (cur, swap), added = _peel(prod, ref), []
         while cur in prod:
             e = prod[cur]
             name = e.prim.name
             if name in ("add", "add_any"):
                 mine = [a for a in e.ins if isinstance(a, int) and a in ours]
+                rest = [a for a in e.ins if not (isinstance(a, int) and a in ours)]
                 if len(mine) != 1 or graph.avals[mine[0]].shape != graph.avals[cur].shape:
                     return None
+                if len(rest) == 1 and rest[0] in inside and graph.avals[rest[0]].shape == graph.avals[cur].shape:
+                    added.append(inside[rest[0]])  # W₀ itself (not broadcast): its gradient is G
                 cur = mine[0]
             elif name in PASS:
                 cur = e.ins[0]
@@ -117,7 +144,7 @@ class Product(Structure):
                     return None
                 if a not in leaf_of or b not in leaf_of or a == b or set(leaf_of) != {a, b}:
                     return None
-                return BoundProduct(leaf_of[a], leaf_of[b], a, b)
+                return BoundProduct(leaf_of[a], leaf_of[b], tuple(added), swap)
             else:
                 return None
         return None
@@ -135,7 +162,12 @@ class BoundScaled:
     factors: tuple  # (ref, +1 | -1): s = Π value(ref)^power, each reshaped to `shape`
     mode: str  # "scalar", "col" (s is (1, O)) or "row" ((I, 1))
     axes: tuple  # (leaf, its column/row axis or None): the other leaves
+    swap: bool = False  # the layer uses Wᵀ
     why: str = ""
+
+    @property
+    def leaves(self) -> tuple:
+        return (self.v,) + tuple(leaf for leaf, _ in self.axes)
 
     def _s(self, env: Callable, leaf_vals: dict, shape):
         """s(θ): `()`, `(1, O)` or `(I, 1)` by `mode`."""
@@ -149,6 +181,7 @@ class BoundScaled:
         return s
 
     def sq_norms(self, env: Callable, leaf_vals: dict, x, y) -> dict:
+        x, y = (y, x) if self.swap else (x, y)
         dtype = x.dtype
         vals = {k: v.astype(dtype) for k, v in leaf_vals.items()}
         shape = vals[self.v].shape
@@ -238,8 +271,9 @@ class Scaled(Structure):
 
     name = "scaled"
 
-    def match(self, graph, eqns, leaf_of, ref):
+    def match(self, graph, eqns, leaf_of, ref, inside):
         prod, ours = _producers(eqns), _depends(eqns, leaf_of)
+        ref, swap = _peel(prod, ref)
         w_shape = tuple(graph.avals[ref].shape)
         if len(w_shape) != 2 or not np.issubdtype(graph.avals[ref].dtype, np.floating):
             return None
@@ -284,7 +318,7 @@ class Scaled(Structure):
                 return None
             axes = tuple((leaf_of[r], axis[r]) for r in others)
         what = {"scalar": "one scale", "col": "a scale per column", "row": "a scale per row"}[mode]
-        return BoundScaled(leaf_of[cur], tuple(factors), mode, axes,
+        return BoundScaled(leaf_of[cur], tuple(factors), mode, axes, swap,
                            why=f"W = V ⊙ s(θ), {what}: norms from W's factors and ∇s, no gradient formed")
 
 
