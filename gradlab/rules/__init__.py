@@ -10,11 +10,11 @@ See `core`'s docstring for the rules themselves and docs/extending.md for adding
 from gradlab.rules import registry
 from gradlab.rules.base import INLINE, SHAPE_OPS, SMALL_DOT, SPREAD_OPS, NoRule, RuleKind, Site, acc_dtype
 from gradlab.rules.core import (FIXED_VJP, Composite, FixedUse, Plan, Rule, RulesUnsupported, apply_rule, factor_bytes,
-                                composite_bytes, composite_grads, composite_sq_norms, fixed_grads, loop_bytes, plan, project, real_vdot, run, saved_bytes, small_outer,
+                                by_vjp, composite_bytes, composite_dots, composite_grads, composite_sq_norms, composite_sums, fixed_grads, loop_bytes, plan, project, real_vdot, run, saved_bytes, small_outer,
                                 trace, weight_dot, weight_grad, weight_sq_norm, zero_probes)
 from gradlab.rules.registry import KINDS, register, unregister
 
-__all__ = ["FIXED_VJP", "Composite", "composite_bytes", "composite_grads", "composite_sq_norms", "INLINE", "KINDS", "SHAPE_OPS", "SMALL_DOT", "SPREAD_OPS", "FixedUse", "NoRule", "Plan",
+__all__ = ["FIXED_VJP", "Composite", "composite_bytes", "by_vjp", "composite_dots", "composite_grads", "composite_sq_norms", "composite_sums", "INLINE", "KINDS", "SHAPE_OPS", "SMALL_DOT", "SPREAD_OPS", "FixedUse", "NoRule", "Plan",
            "Rule", "RuleKind", "RulesUnsupported", "Site", "acc_dtype", "apply_rule", "factor_bytes", "fixed_grads",
            "loop_bytes", "plan", "project", "real_vdot", "registry", "register", "run", "saved_bytes", "small_outer",
            "trace", "unregister", "weight_dot", "weight_grad", "weight_sq_norm", "zero_probes"]

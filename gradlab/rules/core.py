@@ -550,15 +550,71 @@ def _formed_grad(rule: Rule, w, saved, delta):
     return weight_grad(rule, w, saved, delta)
 
 
-def composite_grads(pl: Plan, values: list, saved: list, delta: list, structured: bool = True) -> dict:
+def by_vjp(pl: Plan, comp: Composite) -> bool:
+    """Whether a composite's dots and clipped sums go through the construction's JVP and VJP without forming
+    per-example gradients (`composite_dots`, `composite_sums`): real parameters and weights (a complex
+    construction forms them, `composite_grads`)."""
+    refs = list(comp.refs) + [pl.refs[leaf] for leaf in comp.leaves]
+    return not any(jnp.issubdtype(pl.graph.avals[r].dtype, jnp.complexfloating) for r in refs)
+
+
+def _leaf_values(pl: Plan, comp: Composite, values: list) -> tuple:
+    refs = [pl.refs[leaf] for leaf in comp.leaves]
+    return refs, [values[pl.graph.inputs.index(r)] for r in refs]
+
+
+def composite_dots(pl: Plan, values: list, saved: list, delta: list, vs: dict):
+    """Σ over the leaves of the composites with `by_vjp` of ⟨one example's gradient, vs[leaf]⟩, real, float32 or
+    wider: ⟨J_fᵀ G, v⟩ = ⟨G, J_f v⟩, the construction's JVP at the leaves in the direction v (once per call, no
+    example in it) contracted with each computed weight's (a, δ) by `weight_dot`. Arguments as `composite_grads`."""
+    total, j = jnp.zeros((), jnp.float32), 0
+    for comp in pl.composites:
+        if not by_vjp(pl, comp):
+            j += len(comp.rules)
+            continue
+        refs, leaf_vals = _leaf_values(pl, comp, values)
+        tangents = [vs[leaf].astype(v.dtype) for leaf, v in zip(comp.leaves, leaf_vals)]
+        ws, ms = jax.jvp(lambda lv: _construct(pl.graph, comp, values, lv, refs), (leaf_vals,), (tangents,))
+        for rule, w, m in zip(comp.rules, ws, ms):
+            total = total + weight_dot(rule, m, saved[j], delta[j], w)
+            j += 1
+    return total
+
+
+def composite_sums(pl: Plan, values: list, saved: list, delta: list, c, skip=lambda comp: False) -> dict:
+    """{leaf: Σᵢ cᵢ·gᵢ} over a chunk for the leaves of the composites with `by_vjp` (and not `skip`), in float32 or
+    wider: Σᵢ cᵢ J_fᵀGᵢ = J_fᵀ(Σᵢ cᵢ Gᵢ), Σᵢ cᵢ Gᵢ being the VJP of each computed weight's op over the chunk with
+    cᵢ·δᵢ (one matmul, as for a ruled weight) and J_fᵀ the construction's VJP, once. `saved`, `delta`: as
+    `composite_grads`'s with the chunk's examples first; `c` `(chunk,)`."""
+    out, j = {}, 0
+    for comp in pl.composites:
+        if not by_vjp(pl, comp) or skip(comp):
+            j += len(comp.rules)
+            continue
+        refs, leaf_vals = _leaf_values(pl, comp, values)
+        ws, vjp = jax.vjp(lambda lv: _construct(pl.graph, comp, values, lv, refs), leaf_vals)
+        sums = []
+        for rule, w in zip(comp.rules, ws):
+            dtype = acc_dtype(w.dtype)
+            a, d = saved[j], delta[j]
+            _, op_vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: apply_rule(rule, wt, ai))(a), w.astype(dtype))
+            sums.append(op_vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(dtype) for di in d))[0]
+                        .astype(w.dtype))
+            j += 1
+        for leaf, g in zip(comp.leaves, vjp(sums)[0]):
+            out[leaf] = g.astype(acc_dtype(g.dtype))
+    return out
+
+
+def composite_grads(pl: Plan, values: list, saved: list, delta: list, skip=lambda comp: False) -> dict:
     """{leaf: one example's gradient} for every leaf of `pl.composites`, in the leaf's dtype: each computed
     weight's per-example gradient by its rule (`weight_grad`), carried back to the leaves by the construction's
     VJP at their values. `values`: the graph's inputs; `saved`, `delta`: one group per computed weight, in the
-    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves'). With
-    `structured=False` the composites with a `structure` are left out (their norms: `composite_sq_norms`)."""
+    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves'). The composites
+    `skip(comp)` says are left out (a structure's norms: `composite_sq_norms`; dots: `composite_dots`)."""
     out, j = {}, 0
     for comp in pl.composites:
-        if not structured and comp.structure is not None:
+        if skip(comp):
             j += len(comp.rules)
             continue
         refs = [pl.refs[leaf] for leaf in comp.leaves]
