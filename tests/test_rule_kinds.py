@@ -277,6 +277,17 @@ def _lora_transposed(p, x, y):
     return jnp.sum((jnp.tanh(x @ (p["w0"] + p["a"] @ p["b"]).T).mean(0) @ p["head"] - y) ** 2)
 
 
+def _lora_scaled(p, x, y):
+    """LoRA as usually written: W0 + (α/r)·Aᵀ-stored A times B, `a` kept (R, I)."""
+    return jnp.sum((jnp.tanh(x @ (p["w0"] + 0.5 * (p["a"].T @ p["b"]))) @ p["head"] - y) ** 2)
+
+
+def _wn_literal(p, x, y):
+    """Weight normalization times a literal (w = 2·g·v/‖v‖)."""
+    w = 2.0 * (p["g"] * p["v"] / jnp.linalg.norm(p["v"], axis=0, keepdims=True))
+    return jnp.sum((jnp.tanh(x @ w) @ p["head"] - y) ** 2)
+
+
 def _mixed_columns(p, x, y):
     """A per-column scale computed from the rows (‖row j‖ divides column j): not separable, so no structure."""
     return jnp.sum((jnp.tanh(x @ (p["v"] / jnp.linalg.norm(p["v"], axis=1)[None, :])) @ p["head"] - y) ** 2)
@@ -291,6 +302,10 @@ STRUCTURED = {
     "lora-merged transposed": (_lora_transposed, {"w0": normal(1, (5, 4)), "a": normal(2, (5, 2)),
                                                   "b": normal(3, (2, 4)), "head": normal(4, (5, 2))}, (6, 3, 4),
                                "product"),
+    "lora-merged, alpha/r, A stored transposed": (_lora_scaled, {"w0": normal(1, (4, 5)), "a": normal(2, (2, 4)),
+                                                                "b": normal(3, (2, 5)), "head": normal(4, (5, 2))},
+                                                  (6, 4), "product"),
+    "weight-norm times a literal": (_wn_literal, _wn(0, (1, 5))[1], (6, 4), "scaled"),
     "columns mixed": (_mixed_columns, {"v": normal(2, (4, 4)), "head": normal(4, (4, 2))}, (6, 4), None),
 }
 

@@ -95,10 +95,13 @@ def _depends(eqns, refs) -> set:
 
 @dataclasses.dataclass(frozen=True)
 class BoundProduct:
-    a: int  # leaf indices of A (I, R) and B (R, O)
+    a: int  # leaf indices of A (I, R) and B (R, O) (each possibly contracted transposed: `ta`, `tb`)
     b: int
     added: tuple = ()  # leaves added to A·B (W₀): their gradient is G itself
     swap: bool = False  # the layer uses the transpose of W₀ + A·B
+    ta: bool = False  # the product is Aᵀ·B (A stored (R, I))
+    tb: bool = False  # A·Bᵀ (B stored (O, R))
+    scale: float = 1.0  # W = W₀ + scale·A·B (LoRA's α/r, a literal)
     why: str = "merged product W₀ + A·B: ∂A, ∂B from the factors (x, y Bᵀ), (x A, y); ∂W₀ = G"
 
     @property
@@ -109,7 +112,9 @@ class BoundProduct:
         """{leaf: ‖∂leaf‖²} for one example, from W's factors `x` `(T, I)`, `y` `(T, O)`."""
         x, y = (y, x) if self.swap else (x, y)
         a, b = leaf_vals[self.a].astype(x.dtype), leaf_vals[self.b].astype(x.dtype)
-        out = {self.a: sq_gram(x, y @ b.T), self.b: sq_gram(x @ a, y)}
+        a, b = (a.T if self.ta else a), (b.T if self.tb else b)  # ‖·‖ is the same for ∂A and its transpose
+        k = self.scale * self.scale
+        out = {self.a: k * sq_gram(x, y @ b.T), self.b: k * sq_gram(x @ a, y)}
         if self.added:
             g = sq_gram(x, y)
             out.update({leaf: g for leaf in self.added})
@@ -123,10 +128,22 @@ class Product(Structure):
 
     def match(self, graph, eqns, leaf_of, ref, inside):
         prod, ours = _producers(eqns), _depends(eqns, leaf_of)
-        (cur, swap), added = _peel(prod, ref), []
+        (cur, swap), added, scale = _peel(prod, ref), [], 1.0
         while cur in prod:
             e = prod[cur]
             name = e.prim.name
+            if name in ("mul", "div", "neg"):  # a literal scale (LoRA's α/r)
+                const = [a for a in e.ins if isinstance(a, Const)]
+                mine = [a for a in e.ins if isinstance(a, int) and a in ours]
+                if name == "neg" and mine:
+                    scale, cur = -scale, mine[0]
+                    continue
+                if len(const) != 1 or len(mine) != 1 or np.size(const[0].val) != 1 or (name == "div" and
+                                                                                      e.ins[0] is not mine[0]):
+                    return None
+                c = float(np.asarray(const[0].val).reshape(()))
+                scale, cur = (scale * c if name == "mul" else scale / c), mine[0]
+                continue
             if name in ("add", "add_any"):
                 mine = [a for a in e.ins if isinstance(a, int) and a in ours]
                 rest = [a for a in e.ins if not (isinstance(a, int) and a in ours)]
@@ -139,12 +156,16 @@ class Product(Structure):
                 cur = e.ins[0]
             elif name == "dot_general":
                 (lc, rc), (lb, rb) = e.params["dimension_numbers"]
-                a, b = e.ins
-                if (tuple(lc), tuple(rc), tuple(lb), tuple(rb)) != ((1,), (0,), (), ()):
+                if not all(isinstance(r, int) for r in e.ins):
                     return None
+                (a, ta), (b, tb) = _peel(prod, e.ins[0]), _peel(prod, e.ins[1])  # Aᵀ written `a.T`
                 if a not in leaf_of or b not in leaf_of or a == b or set(leaf_of) != {a, b}:
                     return None
-                return BoundProduct(leaf_of[a], leaf_of[b], tuple(added), swap)
+                if lb or rb or len(lc) != 1 or len(rc) != 1 or len(graph.avals[a].shape) != 2 \
+                        or len(graph.avals[b].shape) != 2:
+                    return None
+                return BoundProduct(leaf_of[a], leaf_of[b], tuple(added), swap, ta=(lc[0] == 0) != ta,
+                                    tb=(rc[0] == 1) != tb, scale=scale)
             else:
                 return None
         return None
@@ -159,7 +180,7 @@ PRODUCT = Product()
 @dataclasses.dataclass(frozen=True)
 class BoundScaled:
     v: int  # the leaf V (W's shape)
-    factors: tuple  # (ref, +1 | -1): s = Π value(ref)^power, each reshaped to `shape`
+    factors: tuple  # (ref or a literal's value, +1 | -1): s = Π value^power, each reshaped to s's shape
     mode: str  # "scalar", "col" (s is (1, O)) or "row" ((I, 1))
     axes: tuple  # (leaf, its column/row axis or None): the other leaves
     swap: bool = False  # the layer uses Wᵀ
@@ -173,9 +194,9 @@ class BoundScaled:
         """s(θ): `()`, `(1, O)` or `(I, 1)` by `mode`."""
         vals = env(leaf_vals)
         target = {"scalar": (), "col": (1, shape[1]), "row": (shape[0], 1)}[self.mode]
-        s = jnp.ones(target, vals[self.factors[0][0]].dtype)
+        s = jnp.ones(target, leaf_vals[self.v].dtype)
         for r, p in self.factors:
-            f = vals[r]
+            f = jnp.asarray(r, s.dtype) if isinstance(r, float) else vals[r]  # a literal, or a computed value
             f = f.reshape(()) if f.size == 1 else f.reshape(target)
             s = s * f if p > 0 else s / f
         return s
@@ -294,8 +315,12 @@ class Scaled(Structure):
             if main is None or main not in full:
                 return None
             other = e.ins[1 - main]
-            if isinstance(other, Const):
-                return None
+            if isinstance(other, Const):  # a literal scale: kept as its value
+                if np.size(other.val) != 1:
+                    return None
+                factors.append((float(np.asarray(other.val).reshape(())), -1 if name == "div" else 1))
+                cur = e.ins[main]
+                continue
             mode = _mode(tuple(graph.avals[other].shape), w_shape)
             if mode is None:
                 return None
@@ -314,7 +339,7 @@ class Scaled(Structure):
         else:
             n, ax = (w_shape[1], 1) if mode == "col" else (w_shape[0], 0)
             axis = _separable(graph, eqns, leaf_of, n, ax, cur)
-            if axis is None or any(f not in axis for f, _ in factors):
+            if axis is None or any(not isinstance(f, float) and f not in axis for f, _ in factors):
                 return None
             axes = tuple((leaf_of[r], axis[r]) for r in others)
         what = {"scalar": "one scale", "col": "a scale per column", "row": "a scale per row"}[mode]
