@@ -947,7 +947,8 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
         if structured:  # J_fᵀ(Σᵢ cᵢ Gᵢ): one matmul and the construction's VJP (`rules.composite_sums`)
             m = len(t.ruled)
             values = list(leaves) + [a[0] for a in jax.tree.leaves((x, y))]  # the construction reads no example
-            sums = rules.composite_sums(t.plan, values, saved[m:], deltas[m:], c, skip=lambda comp: comp.structure is None)
+            sums = rules.composite_sums(t.plan, values, saved[m:], deltas[m:], c,
+                                        skip=lambda comp: comp.structure is None)
             for i, g in sums.items():
                 out[i] = g
         return out, loss, norms, sq

@@ -149,8 +149,9 @@ class Product(Structure):
                 rest = [a for a in e.ins if not (isinstance(a, int) and a in ours)]
                 if len(mine) != 1 or graph.avals[mine[0]].shape != graph.avals[cur].shape:
                     return None
-                if len(rest) == 1 and rest[0] in inside and graph.avals[rest[0]].shape == graph.avals[cur].shape:
-                    added.append(inside[rest[0]])  # W₀ itself (not broadcast): its gradient is G
+                w0 = rest[0] if len(rest) == 1 and isinstance(rest[0], int) else None
+                if w0 in inside and graph.avals[w0].shape == graph.avals[cur].shape:
+                    added.append(inside[w0])  # W₀ itself (not broadcast): its gradient is G
                 cur = mine[0]
             elif name in PASS:
                 cur = e.ins[0]
