@@ -203,6 +203,10 @@ class BoundScaled:
         return s
 
     def sq_norms(self, env: Callable, leaf_vals: dict, x, y) -> dict:
+        """{leaf: ‖∂leaf‖²} for one example from W's factors `x` `(T, I)`, `y` `(T, O)` (module doc): s and
+        K = VJP of s at ones from `env` (the construction's values from the leaves' `leaf_vals`), example-free,
+        so computed once per chunk under vmap; per example two products with the layer's size (x V, x K) and a
+        ghost norm."""
         x, y = (y, x) if self.swap else (x, y)
         dtype = x.dtype
         vals = {k: v.astype(dtype) for k, v in leaf_vals.items()}
