@@ -244,9 +244,13 @@ class _Traced:
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
-    def one(self, leaves, x, y):
+    def one(self, leaves, x, y, sq=None, dots=False):
         """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`; the fallback
-        grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ)."""
+        grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ).
+        `saved` and `δ` hold the ruled leaves' groups (`self.ruled` order), then the computed weights'. With a
+        dict `sq`, the leaves of computed weights with a closed-form norm (`Composite.structure`) get their
+        squared norm in `sq` instead of a gradient (`rules.composite_sq_norms`); with `dots`, the leaves of
+        real computed weights get none (`rules.composite_dots` takes their (a, δ))."""
         probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
 
@@ -264,8 +268,15 @@ class _Traced:
         g_fb = dict(zip(self.fallback, g_fb))
         n = len(self.ruled)
         if self.composite:
-            g_fb.update(rules.composite_grads(self.plan, list(leaves) + xy, saved[n:], deltas[n:]))
-        return loss, g_fb, saved[:n], deltas[:n]
+            values = list(leaves) + xy
+            if dots:
+                skip = lambda c: rules.by_vjp(self.plan, c)  # noqa: E731
+            else:
+                skip = lambda c: sq is not None and c.structure is not None  # noqa: E731
+            g_fb.update(rules.composite_grads(self.plan, values, saved[n:], deltas[n:], skip))
+            if sq is not None:
+                sq.update(rules.composite_sq_norms(self.plan, values, saved[n:], deltas[n:]))
+        return loss, g_fb, saved, deltas
 
     def fixed(self, leaves, xs, ys) -> dict:
         """{diff leaf: p}: the gradient of each ruled leaf's data-free uses (an L2 penalty), the same for every
@@ -404,15 +415,19 @@ def _rules_sq_norms(t: _Traced, leaves, xs, ys, chunk):
     """(losses (N,), [per-leaf squared norms (N,)] in diff-leaf order) by the rules."""
     fixed = t.fixed(leaves, xs, ys)
 
-    def per_example(loss, g_fb, saved, deltas):
+    def one(xy):
+        structured = {}
+        loss, g_fb, saved, deltas = t.one(leaves, *xy, sq=structured)
         sq = [None] * len(t.diff_index)
         for i, g in g_fb.items():
             sq[i] = _sq(g)
+        for i, v in structured.items():
+            sq[i] = v
         for j, i in enumerate(t.ruled):
             sq[i] = rules.weight_sq_norm(t.rule(i), t.diff_leaf(leaves, i), saved[j], deltas[j], fixed.get(i))
         return loss, sq
 
-    return _rules_pass(t, leaves, xs, ys, chunk, per_example)
+    return _map(one, (xs, ys), chunk)
 
 
 def _diff_tree(params, values: list) -> PyTree:
@@ -674,14 +689,19 @@ def _dots(loss_fn, params, xs, ys, v, chunk, method="auto"):
 
     fixed = t.fixed(t.leaves, xs, ys)
 
-    def per_example(loss, g_fb, saved, deltas):
+    def one(xy):
+        loss, g_fb, saved, deltas = t.one(t.leaves, *xy, dots=True)
         total = sum((_vdot(g, vs[i]) for i, g in g_fb.items()), jnp.zeros((), jnp.float32))
         for j, i in enumerate(t.ruled):
             total = total + rules.weight_dot(t.rule(i), vs[i], saved[j], deltas[j], t.diff_leaf(t.leaves, i),
                                              fixed.get(i))
+        if t.composite:  # ⟨G, J_f v⟩: the construction's JVP, no per-example gradient (`rules.composite_dots`)
+            m = len(t.ruled)
+            values = list(t.leaves) + jax.tree.leaves(xy)
+            total = total + rules.composite_dots(t.plan, values, saved[m:], deltas[m:], dict(enumerate(vs)))
         return total
 
-    return _rules_pass(t, t.leaves, xs, ys, _reduce_chunk(n, _bytes_chunk(n, chunk, t.example_bytes())), per_example)
+    return _map(one, (xs, ys), _reduce_chunk(n, _bytes_chunk(n, chunk, t.example_bytes())))
 
 
 @sharding.over_examples("per_example")  # all devices when several are visible
@@ -888,9 +908,15 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
     w_all = jnp.ones(n, jnp.float32) if weights is None else weights
     fixed = t.fixed(leaves, xs, ys)  # a data-free use's gradient p: ‖gᵢ‖ includes it, the sum gains (Σᵢ cᵢ)·p
 
+    def one(x, y):
+        structured = {}  # computed weights' closed-form norms (`Composite.structure`): no gradient formed
+        return *t.one(leaves, x, y, sq=structured), structured
+
     def block(x, y, w):
-        loss, g_fb, saved, deltas = jax.vmap(lambda x, y: t.one(leaves, x, y))(x, y)
+        loss, g_fb, saved, deltas, structured = jax.vmap(one)(x, y)
         sq = [None] * len(t.diff_index)  # per leaf, (chunk,)
+        for i, v in structured.items():
+            sq[i] = v
         grads = dict(g_fb)  # per-example gradients: the fallback leaves', and those a rule's norm forms anyway
         for j, i in enumerate(t.ruled):
             rule, leaf = t.rule(i), t.diff_leaf(leaves, i)
@@ -918,6 +944,13 @@ def _rules_clipped_sum(t: _Traced, params, xs, ys, clip_norm, weights, chunk):
                 out[i] = vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(_acc(leaf)) for di in d))[0]
             if i in fixed:
                 out[i] = out[i] + jnp.sum(c).astype(_acc(leaf)) * fixed[i].astype(_acc(leaf))
+        if structured:  # J_fᵀ(Σᵢ cᵢ Gᵢ): one matmul and the construction's VJP (`rules.composite_sums`)
+            m = len(t.ruled)
+            values = list(leaves) + [a[0] for a in jax.tree.leaves((x, y))]  # the construction reads no example
+            sums = rules.composite_sums(t.plan, values, saved[m:], deltas[m:], c,
+                                        skip=lambda comp: comp.structure is None)
+            for i, g in sums.items():
+                out[i] = g
         return out, loss, norms, sq
 
     if chunk is None:

@@ -223,15 +223,15 @@ def hypernet_loss(p, x, y):
 
 SLOW = pytest.mark.slow  # the same machinery as weight-norm and lora-merged, which stay in the quick subset
 #: name: (loss, params, x shape, the leaves that reach the loss only through the computed weight's VJP; the others
-#: of its construction keep a rule of their own: LoRA's W0 is added to A·B, the hypernetwork's last matrix is a
-#: dense layer on its hidden units)
+#: of its construction keep a rule of their own: the hypernetwork's last matrix is a dense layer on its hidden units;
+#: LoRA's W0 joins its structure, `rules.structured.Product`: its gradient is the merged weight's, from its factors)
 COMPUTED = {
     "weight-norm": (weight_norm_loss, lambda: {"g": 1 + 0.1 * normal(1, (1, 5)), "v": normal(2, (4, 5)),
                                               "b": normal(3, (5,)), "head": normal(4, (5, 2))}, (6, 4), ["g", "v"]),
     "spectral-norm": (spectral_norm_loss, lambda: {"w": normal(1, (4, 5)), "head": normal(4, (5, 2))}, (6, 4), ["w"]),
     "lora-merged": (lora_merged_loss, lambda: {"w0": normal(1, (4, 5)), "a": normal(2, (4, 2)),
                                                "b": normal(3, (2, 5)), "head": normal(4, (5, 2))}, (6, 3, 4),
-                    ["a", "b"]),
+                    ["a", "b", "w0"]),
     "hypernetwork": (hypernet_loss, lambda: {"z": normal(1, (3,)), "h1": normal(2, (3, 6)), "h2": normal(3, (6, 20)),
                                              "head": normal(4, (5, 2))}, (6, 4), ["h1", "z"]),
 }
@@ -247,3 +247,95 @@ def test_a_weight_computed_from_parameters_is_on_a_rule_and_exact(name):
     assert all(r["path"] == "rule" for r in rows), rows
     assert [r["leaf"] for r in rows if r["kind"] == "computed weight: dense"] == [f"['{k}']" for k in computed], rows
     _check_all(loss_fn, p, xs, ys, methods=("ghost",), rtol=1e-4)
+
+
+# ------------------------------------------------------------------ structured norms of computed weights
+
+
+def _wn(axis, g_shape):
+    def loss_fn(p, x, y):
+        w = p["g"] * p["v"] / jnp.linalg.norm(p["v"], axis=axis, keepdims=axis is not None)
+        return jnp.sum((jnp.tanh(x @ w) @ p["head"] - y) ** 2)
+
+    return loss_fn, {"g": 1 + 0.1 * normal(1, g_shape), "v": normal(2, (4, 5)), "head": normal(4, (5, 2))}
+
+
+def _spectral_stopped(p, x, y):
+    """Spectral normalization with the power iteration's u, v held constant (`stop_gradient`, as torch does)."""
+    u = jnp.ones(5) / jnp.sqrt(5.0)
+    for _ in range(2):
+        v = p["w"] @ u
+        v = v / jnp.linalg.norm(v)
+        u = p["w"].T @ v
+        u = u / jnp.linalg.norm(u)
+    u, v = lax.stop_gradient(u), lax.stop_gradient(v)
+    return jnp.sum((jnp.tanh(x @ (p["w"] / (v @ p["w"] @ u))) @ p["head"] - y) ** 2)
+
+
+def _lora_transposed(p, x, y):
+    """LoRA merged, used as `x @ W.T` over 3 tokens (the weight's factors along (columns, rows))."""
+    return jnp.sum((jnp.tanh(x @ (p["w0"] + p["a"] @ p["b"]).T).mean(0) @ p["head"] - y) ** 2)
+
+
+def _lora_scaled(p, x, y):
+    """LoRA as usually written: W0 + (α/r)·Aᵀ-stored A times B, `a` kept (R, I)."""
+    return jnp.sum((jnp.tanh(x @ (p["w0"] + 0.5 * (p["a"].T @ p["b"]))) @ p["head"] - y) ** 2)
+
+
+def _wn_literal(p, x, y):
+    """Weight normalization times a literal (w = 2·g·v/‖v‖)."""
+    w = 2.0 * (p["g"] * p["v"] / jnp.linalg.norm(p["v"], axis=0, keepdims=True))
+    return jnp.sum((jnp.tanh(x @ w) @ p["head"] - y) ** 2)
+
+
+def _mixed_columns(p, x, y):
+    """A per-column scale computed from the rows (‖row j‖ divides column j): not separable, so no structure."""
+    return jnp.sum((jnp.tanh(x @ (p["v"] / jnp.linalg.norm(p["v"], axis=1)[None, :])) @ p["head"] - y) ** 2)
+
+
+STRUCTURED = {
+    "weight-norm per column, g (5,)": (*_wn(0, (5,)), (6, 4), "scaled"),
+    "weight-norm per row": (*_wn(1, (4, 1)), (6, 4), "scaled"),
+    "weight-norm of the whole matrix": (*_wn(None, ()), (6, 3, 4), "scaled"),
+    "spectral-norm, u and v stopped": (_spectral_stopped, {"w": normal(1, (4, 5)), "head": normal(4, (5, 2))},
+                                       (6, 3, 4), "scaled"),
+    "lora-merged transposed": (_lora_transposed, {"w0": normal(1, (5, 4)), "a": normal(2, (5, 2)),
+                                                  "b": normal(3, (2, 4)), "head": normal(4, (5, 2))}, (6, 3, 4),
+                               "product"),
+    "lora-merged, alpha/r, A stored transposed": (_lora_scaled, {"w0": normal(1, (4, 5)), "a": normal(2, (2, 4)),
+                                                                "b": normal(3, (2, 5)), "head": normal(4, (5, 2))},
+                                                  (6, 4), "product"),
+    "weight-norm times a literal": (_wn_literal, _wn(0, (1, 5))[1], (6, 4), "scaled"),
+    "columns mixed": (_mixed_columns, {"v": normal(2, (4, 4)), "head": normal(4, (4, 2))}, (6, 4), None),
+}
+
+
+def _structures(loss_fn, p, x, y):
+    _, pl, _ = _plan(loss_fn, p, x, y)
+    return [str(c.structure) if c.structure is None else type(c.structure).__name__ for c in pl.composites]
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_structured_norms_are_exact_per_leaf(name):
+    """Each leaf's per-example norm by its construction's closed form (`rules.structured`) equals the loop's, and
+    grads, dots and clipped sums stay exact; a construction without one keeps the general path, exactly."""
+    loss_fn, p, x_shape, want_structure = STRUCTURED[name]
+    xs, ys = normal(7, x_shape), normal(8, (x_shape[0], 2))
+    bound = {"scaled": "BoundScaled", "product": "BoundProduct", None: "None"}[want_structure]
+    assert _structures(loss_fn, p, xs[0], ys[0]) == [bound]
+    want = _loop(loss_fn, p, xs, ys)
+    got = engine.per_example_layer_norms(loss_fn, p, xs, ys, method="ghost", chunk_size=4)
+    for (path, g) in jax.tree_util.tree_flatten_with_path(want)[0]:
+        expect = np.sqrt(np.sum(np.reshape(g, (g.shape[0], -1)) ** 2, axis=1))
+        np.testing.assert_allclose(got[jax.tree_util.keystr(path)], expect, rtol=1e-4, atol=1e-6)
+    _check_all(loss_fn, p, xs, ys, methods=("ghost",), rtol=1e-4)
+
+
+def test_the_benchmark_constructions_have_structures():
+    """Weight and spectral normalization (differentiated through the power iteration) and merged LoRA get a
+    closed form; the hypernetwork stays on the construction's VJP."""
+    got = {}
+    for name, (loss_fn, make, x_shape, _) in COMPUTED.items():
+        got[name] = _structures(loss_fn, make(), normal(7, x_shape)[0], normal(8, (2,)))
+    assert got == {"weight-norm": ["BoundScaled"], "spectral-norm": ["BoundScaled"], "lora-merged": ["BoundProduct"],
+                   "hypernetwork": ["None"]}

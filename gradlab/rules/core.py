@@ -315,6 +315,7 @@ class Composite:
     refs: tuple
     eqns: tuple
     rules: tuple
+    structure: object = None  # a bound `structured.Structure` form: norms without forming gradients, or None
 
     @property
     def kind(self) -> str:
@@ -323,9 +324,10 @@ class Composite:
     @property
     def why(self) -> str:
         ops = sorted({_op_name(e) for e in self.eqns} - SHAPE_OPS)
+        how = (f"norms by its structure ({self.structure.why})" if self.structure is not None else
+               "the gradient in the parameters is the construction's VJP of each example's gradient in the weight")
         return (f"a weight computed from {len(self.leaves)} parameter(s) and no example ({', '.join(ops)}): "
-                f"{'; '.join(r.why for r in self.rules)}; the gradient in the parameters is the construction's "
-                "VJP of each example's gradient in the weight")
+                f"{'; '.join(r.why for r in self.rules)}; {how}")
 
 
 #: Ops whose VJP in each operand is fixed (a sum, a broadcast, a cast, a reshape): a cotangent the same for every
@@ -457,18 +459,21 @@ def _composites(graph: Graph, walker, diff_refs: list, data_refs, rules: dict, f
         groups.append((leaves, refs))
     out = []
     for leaves, refs in groups:
-        comp = _composite(graph, walker, diff_refs, leaves, refs, producer, uses)
+        comp = _composite(graph, walker, diff_refs, leaves, refs, producer, uses, rules)
         if comp is None:
             continue
         for leaf in comp.leaves:
-            del fallback[leaf]
+            fallback.pop(leaf, None)
+            rules.pop(leaf, None)  # a ruled leaf its structure takes in (LoRA's W₀: its δ would be W's gradient)
         out.append(comp)
     return out
 
 
-def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
+def _composite(graph, walker, diff_refs, leaves, refs, producer, uses, rules=None):
     """The Composite of `leaves` through the computed weights `refs`, or None: every use of a leaf must be an
-    equation of the construction, and every computed weight must reach only layer sites (no penalty on it)."""
+    equation of the construction, and every computed weight must reach only layer sites (no penalty on it).
+    A structure (`registry.STRUCTURES`) may take in ruled leaves of `rules` used only by the construction
+    (W₀ in W₀ + A·B): they join the Composite's leaves."""
     need, todo = set(), list(refs)
     while todo:  # the equations computing `refs`, back to the leaves
         r = todo.pop()
@@ -488,17 +493,47 @@ def _composite(graph, walker, diff_refs, leaves, refs, producer, uses):
         if not found or not all(isinstance(f, Site) for f in found):
             return None
         ref_rules.append(_rule(-1, found))
-    return Composite(tuple(sorted(leaves)), tuple(refs), tuple(graph.eqns[k] for k in sorted(need)),
-                     tuple(ref_rules))
+    eqns = tuple(graph.eqns[k] for k in sorted(need))
+    structure = None
+    if len(refs) == 1 and _factored(ref_rules[0]):
+        leaf_of = {diff_refs[leaf]: leaf for leaf in leaves}
+        inside = {diff_refs[leaf]: leaf for leaf in (rules or {})
+                  if all(k is not None and k in need for k, _ in uses[diff_refs[leaf]])}
+        structure = next((b for st in registry.STRUCTURES if (b := st.match(graph, eqns, leaf_of, refs[0], inside))),
+                         None)
+        if structure is not None:
+            leaves = set(leaves) | set(structure.leaves)
+    return Composite(tuple(sorted(leaves)), tuple(refs), eqns, tuple(ref_rules), structure)
+
+
+def _factored(rule: Rule) -> bool:
+    """Whether a computed weight's gradient is one matrix Σₜ xₜ yₜᵀ in its own (rows, columns) layout: one
+    site with (a, δ) factors along them (`_layout_factors`), reached through transposes only."""
+    if len(rule.sites) != 1:
+        return False
+    site = rule.sites[0]
+    return bool(_orientation(site)) and not site.kind.ids and site.kind.token_axis == 0 and not _nonlinear(site.chain)
+
+
+def _layout_factors(site: Site, saved, delta, dtype):
+    """(x, y), `(T, I)` and `(T, O)`, with the site's per-example gradient Σₜ xₜ yₜᵀ in the weight's layout."""
+    a, d = _merged_factors(site, _acc(saved, dtype), delta.astype(dtype))
+    return (a, d) if _orientation(site) == "ad" else (d, a)
 
 
 def _construct(graph: Graph, comp: Composite, values: list, leaf_vals: list, refs: list) -> list:
     """The computed weights `comp.refs` from the leaves' values `leaf_vals` (the other inputs from `values`)."""
+    env = _construct_env(graph, comp, values, leaf_vals, refs)
+    return [env[r] for r in comp.refs]
+
+
+def _construct_env(graph: Graph, comp: Composite, values: list, leaf_vals: list, refs: list) -> dict:
+    """{ref: value} of every value of the construction (and the graph's inputs), from the leaves' `leaf_vals`."""
     env = dict(zip(graph.inputs, values))
     env.update(zip(refs, leaf_vals))
     for e in comp.eqns:
         env.update(zip(e.outs, _bind(e, [a.val if isinstance(a, Const) else env[a] for a in e.ins])))
-    return [env[r] for r in comp.refs]
+    return env
 
 
 def _formed_grad(rule: Rule, w, saved, delta):
@@ -515,13 +550,73 @@ def _formed_grad(rule: Rule, w, saved, delta):
     return weight_grad(rule, w, saved, delta)
 
 
-def composite_grads(pl: Plan, values: list, saved: list, delta: list) -> dict:
+def by_vjp(pl: Plan, comp: Composite) -> bool:
+    """Whether a composite's dots and clipped sums go through the construction's JVP and VJP without forming
+    per-example gradients (`composite_dots`, `composite_sums`): real parameters and weights (a complex
+    construction forms them, `composite_grads`)."""
+    refs = list(comp.refs) + [pl.refs[leaf] for leaf in comp.leaves]
+    return not any(jnp.issubdtype(pl.graph.avals[r].dtype, jnp.complexfloating) for r in refs)
+
+
+def _leaf_values(pl: Plan, comp: Composite, values: list) -> tuple:
+    refs = [pl.refs[leaf] for leaf in comp.leaves]
+    return refs, [values[pl.graph.inputs.index(r)] for r in refs]
+
+
+def composite_dots(pl: Plan, values: list, saved: list, delta: list, vs: dict):
+    """Σ over the leaves of the composites with `by_vjp` of ⟨one example's gradient, vs[leaf]⟩, real, float32 or
+    wider: ⟨J_fᵀ G, v⟩ = ⟨G, J_f v⟩, the construction's JVP at the leaves in the direction v (once per call, no
+    example in it) contracted with each computed weight's (a, δ) by `weight_dot`. Arguments as `composite_grads`."""
+    total, j = jnp.zeros((), jnp.float32), 0
+    for comp in pl.composites:
+        if not by_vjp(pl, comp):
+            j += len(comp.rules)
+            continue
+        refs, leaf_vals = _leaf_values(pl, comp, values)
+        tangents = [vs[leaf].astype(v.dtype) for leaf, v in zip(comp.leaves, leaf_vals)]
+        ws, ms = jax.jvp(lambda lv: _construct(pl.graph, comp, values, lv, refs), (leaf_vals,), (tangents,))
+        for rule, w, m in zip(comp.rules, ws, ms):
+            total = total + weight_dot(rule, m, saved[j], delta[j], w)
+            j += 1
+    return total
+
+
+def composite_sums(pl: Plan, values: list, saved: list, delta: list, c, skip=lambda comp: False) -> dict:
+    """{leaf: Σᵢ cᵢ·gᵢ} over a chunk for the leaves of the composites with `by_vjp` (and not `skip`), in float32 or
+    wider: Σᵢ cᵢ J_fᵀGᵢ = J_fᵀ(Σᵢ cᵢ Gᵢ), Σᵢ cᵢ Gᵢ being the VJP of each computed weight's op over the chunk with
+    cᵢ·δᵢ (one matmul, as for a ruled weight) and J_fᵀ the construction's VJP, once. `saved`, `delta`: as
+    `composite_grads`'s with the chunk's examples first; `c` `(chunk,)`."""
+    out, j = {}, 0
+    for comp in pl.composites:
+        if not by_vjp(pl, comp) or skip(comp):
+            j += len(comp.rules)
+            continue
+        refs, leaf_vals = _leaf_values(pl, comp, values)
+        ws, vjp = jax.vjp(lambda lv: _construct(pl.graph, comp, values, lv, refs), leaf_vals)
+        sums = []
+        for rule, w in zip(comp.rules, ws):
+            dtype = acc_dtype(w.dtype)
+            a, d = saved[j], delta[j]
+            _, op_vjp = jax.vjp(lambda wt: jax.vmap(lambda ai: apply_rule(rule, wt, ai))(a), w.astype(dtype))
+            sums.append(op_vjp(tuple((c.reshape((-1,) + (1,) * (di.ndim - 1)) * di).astype(dtype) for di in d))[0]
+                        .astype(w.dtype))
+            j += 1
+        for leaf, g in zip(comp.leaves, vjp(sums)[0]):
+            out[leaf] = g.astype(acc_dtype(g.dtype))
+    return out
+
+
+def composite_grads(pl: Plan, values: list, saved: list, delta: list, skip=lambda comp: False) -> dict:
     """{leaf: one example's gradient} for every leaf of `pl.composites`, in the leaf's dtype: each computed
     weight's per-example gradient by its rule (`weight_grad`), carried back to the leaves by the construction's
     VJP at their values. `values`: the graph's inputs; `saved`, `delta`: one group per computed weight, in the
-    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves')."""
+    order of `pl.composites` and their `refs` (as `run` returns them after the ruled leaves'). The composites
+    `skip(comp)` says are left out (a structure's norms: `composite_sq_norms`; dots: `composite_dots`)."""
     out, j = {}, 0
     for comp in pl.composites:
+        if skip(comp):
+            j += len(comp.rules)
+            continue
         refs = [pl.refs[leaf] for leaf in comp.leaves]
         leaf_vals = [values[pl.graph.inputs.index(r)] for r in refs]
         ws, vjp = jax.vjp(lambda lv: _construct(pl.graph, comp, values, lv, refs), leaf_vals)
@@ -531,6 +626,28 @@ def composite_grads(pl: Plan, values: list, saved: list, delta: list) -> dict:
             j += 1
         for leaf, g in zip(comp.leaves, vjp(gs)[0]):
             out[leaf] = g
+    return out
+
+
+def composite_sq_norms(pl: Plan, values: list, saved: list, delta: list) -> dict:
+    """{leaf: one example's squared gradient norm} for the leaves of the composites with a `structure`
+    (`structured.py`), from the computed weight's factors: no per-example gradient formed. Arguments as
+    `composite_grads`. Float32 (or wider), real."""
+    out, j = {}, 0
+    for comp in pl.composites:
+        if comp.structure is None:
+            j += len(comp.rules)
+            continue
+        refs = [pl.refs[leaf] for leaf in comp.leaves]
+        leaf_vals = {leaf: values[pl.graph.inputs.index(r)] for leaf, r in zip(comp.leaves, refs)}
+        dtype = acc_dtype(pl.graph.avals[comp.refs[0]].dtype)
+        x, y = _layout_factors(comp.rules[0].sites[0], saved[j][0], delta[j][0], dtype)
+
+        def env(lv, comp=comp, refs=refs):
+            return _construct_env(pl.graph, comp, values, [lv[leaf] for leaf in comp.leaves], refs)
+
+        out.update(comp.structure.sq_norms(env, leaf_vals, x, y))
+        j += 1
     return out
 
 

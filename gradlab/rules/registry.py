@@ -11,6 +11,7 @@ from gradlab.rules.conv import CONV
 from gradlab.rules.dense import DENSE
 from gradlab.rules.elementwise import ADDED, SCALE
 from gradlab.rules.embedding import EMBEDDING
+from gradlab.rules.structured import PRODUCT, SCALED
 
 KINDS: list[RuleKind] = [
     ADDED,
@@ -18,6 +19,12 @@ KINDS: list[RuleKind] = [
     DENSE,
     CONV,
     EMBEDDING,
+]
+
+#: Closed forms for the norms of weights computed from parameters (`structured.py`), tried in this order.
+STRUCTURES: list = [
+    PRODUCT,
+    SCALED,
 ]
 
 
