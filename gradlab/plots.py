@@ -138,16 +138,17 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     fig.for_each_yaxis(_power_ticks)
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
-    if big or half:
-        legend = fig.layout.legend
-        if legend.orientation == "h" and legend.y is not None and legend.y < 0:
-            # a legend below the plot goes to the figure's bottom edge, under room for the tick labels
-            # and the axis title's lines; at worst one entry per row in half of a 1024 px page
-            rows = sum(1 for t in fig.data if t.showlegend is not False and t.name)
-            legend_px = 28 * max(rows, 1)
-            fig.update_layout(legend=dict(yref="container", y=0, yanchor="bottom"),
-                              margin=dict(b=70 + 28 * x_lines + legend_px),
-                              height=(fig.layout.height or 450) + legend_px + 28 * (x_lines - 1))
+    legend = fig.layout.legend
+    if legend.orientation == "h" and legend.y is not None and legend.y < 0:
+        # a legend below the plot goes to the figure's bottom edge, under room for the tick labels and the axis
+        # title's lines (placed by hand it fell on the axis title); at worst one entry per row in half of a 1024 px
+        # page, about three in a full-width chart there
+        entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+        per_row = 1 if big or half else 3
+        legend_px = 28 * max(-(-entries // per_row), 1)
+        fig.update_layout(legend=dict(yref="container", y=0, yanchor="bottom"),
+                          margin=dict(b=70 + 28 * x_lines + legend_px),
+                          height=(fig.layout.height or 450) + legend_px + 28 * (x_lines - 1))
     return fig
 
 
