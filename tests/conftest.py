@@ -87,6 +87,17 @@ def assert_clean(at):
 
 
 @pytest.fixture
+def x64():
+    """Run one test in float64, then restore the previous setting."""
+    import jax  # here, not at the top: conftest sets JAX's environment before anything imports it
+
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", old)
+
+
+@pytest.fixture
 def page():
     return open_page
 

@@ -18,15 +18,6 @@ from gradlab.models import ModelSpec, build_model
 D, K = 3, 3
 
 
-@pytest.fixture
-def x64():
-    """Run one test in float64, then restore the previous setting."""
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", old)
-
-
 def softmax_loss(theta, x, y):
     """Softmax regression on a flat parameter vector θ = vec(W̃), W̃ of shape (D+1, K), x̃ = [x, 1]."""
     w = theta.reshape(D + 1, K)

@@ -24,14 +24,6 @@ from gradlab.models import ModelSpec, build_model
 from gradlab.ui import pages
 
 
-@pytest.fixture
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", old)
-
-
 def test_every_method_declares_the_protocol():
     """Names are URL codes, labels and short labels unique, controls declared on the page, cache keys complete."""
     keys = set(pages.control_keys())
