@@ -5,7 +5,6 @@ import dataclasses
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
