@@ -229,3 +229,13 @@ def test_ensemble_for_refuses_regression_and_odd_recipes():
     epoch = dataclasses.replace(f, experiment=f.experiment.replace(order="epoch"))
     with pytest.raises(ValueError, match="plain recipe"):
         record.ensemble_for(epoch, 4)
+
+
+def test_the_shape_annotations_hold():
+    beartype = pytest.importorskip("beartype")
+    jaxtyping = pytest.importorskip("jaxtyping")
+    check = lambda fn: jaxtyping.jaxtyped(typechecker=beartype.beartype)(fn)  # noqa: E731
+    masks = mz.paired_halves(6, 4)
+    assert check(mz.memorization)(masks.copy(), masks).value.shape == (6,)
+    with pytest.raises(Exception, match="M N|shape|dimension"):
+        check(mz.memorization)(masks[:, :5].copy(), masks)
