@@ -142,10 +142,12 @@ def test_memorization_agrees_with_brute_force_leave_one_out():
     assert len(idx) == 20 and oracle.mean() > 0.3  # the oracle is not comparing zeros
     se = np.sqrt(mem.se[idx] ** 2 + oracle_se ** 2)
     z = np.abs(mem.value[idx] - oracle) / np.maximum(se, 1e-9)
-    assert z.max() <= 3 and z.mean() <= 1.2, np.round(z, 2)
+    # |z| of 20 standard normals: mean 0.8, above 2 about once, above 3.5 with probability 1% (measured: max 2.7,
+    # mean 0.86, docs/record.md)
+    assert z.max() <= 3.5 and z.mean() <= 1.2 and np.sum(z > 2) <= 3, np.round(z, 2)
     # the same check rejects an estimator that forgets the OUT models (P[correct | in] alone)
     wrong = np.abs(mem.p_in[idx] - oracle) / np.maximum(se, 1e-9)
-    assert wrong.max() > 3
+    assert wrong.max() > 3.5 and wrong.mean() > 1.2
 
 
 # ---------------------------------------------------------------- the goals on digits
