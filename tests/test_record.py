@@ -14,7 +14,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from benchmarks.record import LOO_EXPERIMENT, leave_one_out_memorization, loo_indices
-from gradlab import costs, experiment, membership, memorization as mz, metrics, record
+from gradlab import costs, experiment, membership, memory, memorization as mz, metrics, record
 
 
 # ---------------------------------------------------------------- estimators against loops
@@ -168,6 +168,9 @@ def test_memorization_finds_the_flipped_labels(digits):
     assert roc_auc_score(f.data.flipped, mem) >= 0.9
     assert metrics.fraction_in_top(mem, f.data.flipped, 0.1) >= 0.8
     assert len(out) == mz.DEFAULT_MODELS and out.nbytes < 1_000_000
+    n, k = len(f.data.y_train), f.data.n_classes
+    assert out.nbytes - out.test_accuracy.nbytes == 10 * len(out) * n  # what memory.ensemble_bytes counts as kept
+    assert out.nbytes < memory.ensemble_bytes(4810, len(out), n, k, width=64) < memory.BUDGET_BYTES
 
 
 @pytest.mark.slow
