@@ -14,7 +14,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from benchmarks.record import LOO_EXPERIMENT, leave_one_out_memorization, loo_indices
-from gradlab import costs, experiment, membership, memory, memorization as mz, metrics, record
+from gradlab import costs, experiment, influence, membership, memory, memorization as mz, metrics, record
 
 
 # ---------------------------------------------------------------- estimators against loops
@@ -245,3 +245,15 @@ def test_the_shape_annotations_hold():
     assert check(mz.memorization)(masks.copy(), masks).value.shape == (6,)
     with pytest.raises(Exception, match="M N|shape|dimension"):
         check(mz.memorization)(masks[:, :5].copy(), masks)
+
+
+def test_self_influence_from_a_registered_method():
+    f = experiment.fit(experiment.Experiment(dataset="moons", model="linear", steps=20))
+    default, name = record.self_influence_of(f)
+    via, label = record.self_influence_of(f, "grad_dot")  # grad-dot's self-influence is ‖gᵢ‖² at the trained model
+    np.testing.assert_allclose(via, default, rtol=1e-5)
+    assert "‖" in name and label == influence.METHODS["grad_dot"].self_label
+    with pytest.raises(ValueError, match="no self-influence"):
+        record.self_influence_of(f, "grad_cosine")
+    with pytest.raises(ValueError, match="unknown method"):
+        record.self_influence_of(f, "nope")
