@@ -22,7 +22,7 @@ from scipy import stats
 from gradlab import costs, engine, ensemble, export, membership, privacy
 from gradlab.experiment import Fitted, init_model
 from gradlab.train import train_dp_sgd
-from gradlab.summary import norm_summary
+from gradlab.summary import SUBSET_SIZES, norm_summary
 
 #: The whole picture's quantities: column → what it is (an axis title). Every one is per training example. The loss
 #: is in the table but not here: at a fixed input a softmax's gradient norm is nearly a function of it (ρ ≈ 1 on the
@@ -69,6 +69,24 @@ def trajectory(f: Fitted, *, size: int | None = None) -> Trajectory:
 def trajectory_seconds(num_params: int, n: int, checkpoints: int, macs: int = 0) -> float:
     """Estimated CPU-seconds of `trajectory`: one norm summary per checkpoint (`costs.summary_seconds`)."""
     return checkpoints * costs.summary_seconds(num_params, n, macs)
+
+
+def trajectory_size(n: int, num_params: int, checkpoints: int, macs: int = 0, training_seconds: float = 0.0) -> int:
+    """How many of the `n` examples `trajectory` covers before a button: all when its estimate fits what
+    `costs.WORK_BUDGET_SECONDS` leaves after the training and the page (`costs.PAGE_SECONDS`), else the largest of
+    `summary.SUBSET_SIZES` that fits (at least the smallest), as `summary.summary_size` does for one checkpoint."""
+    left = costs.WORK_BUDGET_SECONDS - training_seconds - costs.PAGE_SECONDS
+    if trajectory_seconds(num_params, n, checkpoints, macs) <= left:
+        return n
+    fits = [m for m in SUBSET_SIZES if m < n and trajectory_seconds(num_params, m, checkpoints, macs) <= left]
+    return fits[-1] if fits else min(SUBSET_SIZES[0], n)
+
+
+def norms_over_training(f: Fitted, i: int) -> np.ndarray:
+    """Example `i`'s gradient norm at every checkpoint of `f.run`: `(K,)` (`engine.per_example_norms`)."""
+    d = f.data
+    xs, ys = d.x_train[i:i + 1], d.y_train[i:i + 1]
+    return np.asarray([float(engine.per_example_norms(f.loss_fn, m, xs, ys)[0]) for m in f.run.checkpoints])
 
 
 def clip_factor(norms, clip_norm: float) -> np.ndarray:
@@ -247,5 +265,6 @@ def exposure_seconds(num_params: int, n: int, *, steps: int, batch_size: int, m:
     return 2.0 + m * (0.15 + one) + m * costs.summary_seconds(num_params, n, macs) / 10
 
 
-__all__ = ["Exposure", "exposure", "exposure_seconds", "dp_settings", "QUANTITIES", "ENSEMBLE_QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds",
+__all__ = ["Exposure", "exposure", "exposure_seconds", "dp_settings", "QUANTITIES", "ENSEMBLE_QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
+           "norms_over_training", "halves",
            "clip_factor", "table", "helps_and_hurts", "rank_correlations", "strongest_relation"]

@@ -1,0 +1,30 @@
+"""AppTest: the Example record page (issue 43): its card from a link, the ensembles behind their button, the whole
+picture; and every page's way of opening the card."""
+
+from __future__ import annotations
+
+from conftest import FAST, assert_clean, open_page
+
+
+def metric(at, label):
+    return next(m.value for m in at.metric if m.label.startswith(label))
+
+
+def test_record_page_card_and_whole_picture():
+    at = open_page("record", **FAST)
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert at.number_input(key="example").value is None  # no card until an example is picked
+    assert at.selectbox(key="rec_x").value == "gradient norm"  # the cheap picture's strongest relation
+    at.number_input(key="example").set_value(5).run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert metric(at, "Label")
+    assert metric(at, "Clipped at C") in ("no",) or metric(at, "Clipped at C").startswith("yes")
+    assert not any(m.label == "Memorization" for m in at.metric)  # the ensemble waits for its button
+    at.button(key="run_record_ensembles").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    memo = [m.value for m in at.metric if m.label == "Memorization"]
+    assert len(memo) == 2  # as trained and DP-SGD, side by side
+    assert {"memorization", "LiRA score"} <= set(at.selectbox(key="rec_x").options)
