@@ -223,7 +223,6 @@ def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) 
     return fig
 
 
-@figure
 def norm_bins(norms: np.ndarray, *, log: bool = False, bins: int = 60) -> np.ndarray:
     """The `bins + 1` edges `norm_histogram` draws (on log10 of the norms when `log`): a click on a bar reads back
     its bin's index, and `norm_bin_members` the examples in it."""

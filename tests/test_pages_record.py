@@ -28,3 +28,28 @@ def test_record_page_card_and_whole_picture():
     memo = [m.value for m in at.metric if m.label == "Memorization"]
     assert len(memo) == 2  # as trained and DP-SGD, side by side
     assert {"memorization", "LiRA score"} <= set(at.selectbox(key="rec_x").options)
+
+
+def test_whole_picture_click_opens_the_card():
+    at = open_page("record", **FAST)
+    at.session_state["rec_pick"] = {"selection": {"points": [{"point_index": 3, "customdata": [11, 0, "x"]}]}}
+    at.run()
+    assert_clean(at)
+    assert at.number_input(key="example").value == 11
+    assert any(s.value.startswith("The card of example 11") for s in at.subheader)
+
+
+def test_norms_page_opens_the_card_from_a_top_k_row_and_a_histogram_bar():
+    at = open_page("norms", **FAST)
+    table = at.dataframe[0].value
+    at.session_state["norms_hist_pick"] = {"selection": {"points": [{"point_index": 0, "customdata": 0}]}}
+    at.run()
+    assert_clean(at)
+    links = at.get("page_link")
+    assert links and all(link.proto.page.endswith("record") or "record" in link.proto.page for link in links), \
+        [link.proto for link in links][:1]
+    at.session_state["norms_topk_pick"] = {"selection": {"rows": [1], "columns": [], "cells": []}}
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Example record"
+    assert at.session_state["example"] == int(table["example"].iloc[1])
