@@ -53,3 +53,17 @@ def test_norms_page_opens_the_card_from_a_top_k_row_and_a_histogram_bar():
     assert_clean(at)
     assert at.title[0].value == "Example record"
     assert at.session_state["example"] == int(table["example"].iloc[1])
+
+
+def test_geometry_arrow_opens_its_card():
+    at = open_page("geometry")
+    at.session_state["geo_pick"] = {"selection": {"points": [{"point_index": 4, "customdata": 4}]}}
+    at.run()
+    assert_clean(at)
+    link = next(link for link in at.get("page_link") if "record card" in link.proto.label)
+    assert link.proto.query_string in ("example=4&rec_set=line", "rec_set=line&example=4"), link.proto
+    at = open_page("record", rec_set="logistic", example=4)
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any(s.value.startswith("The card of example 4 (logistic)") for s in at.subheader)
+    assert metric(at, "Removing it moves the optimum by")

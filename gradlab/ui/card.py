@@ -21,10 +21,11 @@ def open_card(index: int) -> None:
     st.switch_page(PAGE, query_params={KEY: str(int(index))})
 
 
-def card_link(index: int, label: str | None = None) -> None:
-    """A link to example `index`'s card (`label` default "Open #index's record")."""
+def card_link(index: int, label: str | None = None, **params: str) -> None:
+    """A link to example `index`'s card (`label` default "Open the record of example i"); `params`: more of the
+    card page's controls (`rec_set="logistic"`: a Geometry problem's example)."""
     st.page_link(PAGE, label=label or f"Open the record of example {int(index)}", icon=":material/badge:",
-                 query_params={KEY: str(int(index))})
+                 query_params={KEY: str(int(index)), **params})
 
 
 def selected_row(event) -> int | None:

@@ -49,7 +49,7 @@ PAGES: tuple[Page, ...] = (
           "geo_t", "geo_remove")),
     # issue 43: one example from every page's side (its card, `?example=123`) and every example's quantities together
     Page("views/record.py", "Example record", ":material/badge:", "record",
-         ("example", "rec_c", "rec_eps", "rec_x", "rec_y")),
+         ("example", "rec_set", "rec_c", "rec_eps", "rec_x", "rec_y")),
     Page("views/lecture.py", "Lecture", ":material/school:", "lecture"),
     # GRADLAB_PRACTICE=off: a deployer who will not run visitors' code leaves the page out of the app
     *([Page("views/practice.py", "Practice", ":material/edit_note:", "practice", ("problem",))] if practice_enabled() else []),
