@@ -4,39 +4,37 @@ quantities side by side. No Streamlit.
 The cheap quantities come from one norm pass per checkpoint (`summary.norm_summary`) and one dot-product pass over
 the test set (`engine.per_example_dots`): the gradient norm over training, how clipping at C treats it, its loss and
 prediction, TracIn self-influence (Pruthi et al. 2020: Σ_t ‖∇ℓᵢ(θ_t)‖² over the checkpoints) and the test points
-its gradient helps or hurts most (grad-dot, ⟨∇ℓᵢ, ∇ℓ_test⟩). The ensemble's quantities, memorization (Feldman &
-Zhang 2020) and LiRA (Carlini et al. 2022), come from an ensemble trained on random halves
-(`gradlab.ensemble`), for the non-private model and for DP-SGD at an ε (`exposure`).
+its gradient helps or hurts most (grad-dot, ⟨∇ℓᵢ, ∇ℓ_test⟩). The ensembles' quantities, memorization (Feldman &
+Zhang 2020) and LiRA (Carlini et al. 2022), come from `gradlab.record` (`record.ensemble_for`, as trained and with
+DP-SGD at an ε; `record.per_example_table`), which this module's `table` joins.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
-import jax
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from gradlab import costs, engine, ensemble, export, membership, privacy
-from gradlab.experiment import Fitted, init_model
-from gradlab.train import train_dp_sgd
+from gradlab import costs, engine, record
+from gradlab.experiment import DP_SGD_DEFAULTS, Fitted
 from gradlab.summary import SUBSET_SIZES, norm_summary
 
-#: The whole picture's quantities: column → what it is (an axis title). Every one is per training example. The loss
-#: is in the table but not here: at a fixed input a softmax's gradient norm is nearly a function of it (ρ ≈ 1 on the
-#: default experiment), a relation by construction that would always be "the strongest".
+#: The whole picture's quantities: a column of `record.per_example_table` (or of `table`, without the ensembles) →
+#: what it is (an axis title). Every one is per training example; `record.strongest_relation` picks the default pair
+#: across the sources (`record.SOURCES`: the loss and ‖gᵢ‖ of one model rank alike by construction).
 QUANTITIES = {
-    "gradient norm": "gradient norm ‖gᵢ‖ (final model)",
-    "TracIn self-influence": "TracIn self-influence Σₜ‖gᵢ(θₜ)‖²",
-    "memorization": "memorization: P(correct | in) − P(correct | out)",
-    "LiRA score": "LiRA score (higher: more exposed)",
+    "grad_norm": "gradient norm ‖gᵢ‖ (final model)",
+    "loss": "loss ℓᵢ (final model)",
+    "tracin": "TracIn self-influence Σₜ‖gᵢ(θₜ)‖²",
+    "memorization": "memorization P(correct | in) − P(correct | out)",
+    "lira": "online LiRA score of the trained model (log Λ)",
+    "lira_member": "LiRA score as a member (log Λ)",
+    "memorization_dp": "memorization under DP-SGD",
+    "lira_member_dp": "LiRA score as a member, DP-SGD (log Λ)",
 }
-#: Quantities that need the ensemble (`exposure`); the others are cheap.
-ENSEMBLE_QUANTITIES = ("memorization", "LiRA score")
-#: Models in the default ensemble (complementary random halves: every example is OUT of half of them).
-ENSEMBLE_MODELS = 16
+#: Models in each ensemble (complementary random halves: every example is OUT of half of them).
+ENSEMBLE_MODELS = record.DEFAULT_MODELS
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -95,176 +93,42 @@ def clip_factor(norms, clip_norm: float) -> np.ndarray:
     return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
 
 
-def table(f: Fitted, t: Trajectory, *, clip_norm: float, exposure: Exposure | None = None) -> pd.DataFrame:
-    """One row per example of `t.index`: who it is (`export.example_columns`: the example, its row in the source),
-    its label, prediction, whether its label was flipped, and every quantity of `QUANTITIES` (the ensemble's when
-    `exposure` is given, else absent) plus the clipping factor at `clip_norm`."""
+def table(f: Fitted, t: Trajectory, *, clip_norm: float, outputs: record.EnsembleOutputs | None = None,
+          dp: record.EnsembleOutputs | None = None) -> pd.DataFrame:
+    """One row per training example (the whole picture): `record.per_example_table` of the ensembles `outputs` and
+    `dp` when given, else its cheap columns (who it is, label, prediction, loss, ‖gᵢ‖, clipping at `clip_norm`) over
+    the examples of `t`; either way with `tracin` (NaN off `t`'s subset) and `clip_factor` at `clip_norm`."""
     d = f.data
-    idx = t.index
-    classify = d.task == "classification"
-    name = (lambda c: d.class_names[int(c)]) if classify else (lambda v: float(v))
-    cols = {**export.example_columns(d, idx, features=0),
-            "label": [name(d.y_train[i]) for i in idx],
-            "prediction": [name(p) if np.isfinite(p) else None for p in np.asarray(t.predictions, np.float64)],
-            "flipped label": np.asarray(d.flipped[idx], bool),
-            "gradient norm": t.norms[-1], "loss": t.losses, "TracIn self-influence": t.tracin,
-            "clipping factor": clip_factor(t.norms[-1], clip_norm)}
-    if exposure is not None:
-        cols["memorization"] = exposure.memorization[idx]
-        cols["LiRA score"] = exposure.lira[idx]
-    return pd.DataFrame(cols)
-
-
-def helps_and_hurts(f: Fitted, i: int, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """The test points example `i`'s gradient helps and hurts most: grad-dot scores ⟨∇ℓᵢ, ∇ℓ_test⟩ at the final
-    model (a step on example i lowers a test loss when positive). **Returns** `(order (2k,) test indices: the k
-    it helps most, then the k it hurts most; scores (n_test,))`."""
-    d = f.data
-    g = engine.per_example_grads(f.loss_fn, f.model, d.x_train[i:i + 1], d.y_train[i:i + 1])
-    g = jax.tree.map(lambda a: a[0], g)
-    scores = np.asarray(engine.per_example_dots(f.loss_fn, f.model, d.x_test, d.y_test, g), np.float64)
-    order = np.argsort(-scores)
-    k = min(k, len(scores) // 2)
-    return np.concatenate([order[:k], order[::-1][:k]]), scores
-
-
-def rank_correlations(frame: pd.DataFrame, columns=None, *, confidence: float = 0.95) -> pd.DataFrame:
-    """Spearman's ρ of every pair of `columns` (default: the `QUANTITIES` in `frame`), with a `confidence` interval
-    from Fisher's z with Fieller et al.'s (1957) variance 1.06/(n − 3). **Returns** a DataFrame `x, y, ρ, low,
-    high, n`, strongest |ρ| first."""
-    columns = [c for c in (columns or QUANTITIES) if c in frame]
-    z = stats.norm.ppf(0.5 + confidence / 2)
-    rows = []
-    for a, b in itertools.combinations(columns, 2):
-        ok = np.isfinite(frame[a].to_numpy(np.float64)) & np.isfinite(frame[b].to_numpy(np.float64))
-        n = int(ok.sum())
-        if n < 4:
-            continue
-        rho = float(stats.spearmanr(frame[a][ok], frame[b][ok]).statistic)
-        if not np.isfinite(rho):
-            continue
-        half = z * np.sqrt(1.06 / (n - 3))
-        at = np.arctanh(np.clip(rho, -0.999999, 0.999999))
-        rows.append(dict(x=a, y=b, ρ=rho, low=float(np.tanh(at - half)), high=float(np.tanh(at + half)), n=n))
-    out = pd.DataFrame(rows, columns=["x", "y", "ρ", "low", "high", "n"])
-    return out.reindex(out["ρ"].abs().sort_values(ascending=False).index).reset_index(drop=True)
-
-
-def strongest_relation(correlations: pd.DataFrame) -> tuple[str, str] | None:
-    """The pair `(x, y)` with the largest |ρ| in `rank_correlations`' table (None when it is empty)."""
-    if correlations.empty:
-        return None
-    row = correlations.iloc[0]
-    return str(row["x"]), str(row["y"])
-
-# ---------------------------------------------------------------- the ensemble: memorization and LiRA
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Exposure:
-    """How exposed each of the N training examples is, from M models on random halves (`masks (M, N)`):
-    `memorization (N,)` = P(correct | in) − P(correct | out) over the models (Feldman & Zhang 2020), `lira (N,)` the
-    offline LiRA score of the target model (Carlini et al. 2022: its confidence φ against the models that left the
-    example out; `membership.lira_offline_scores`), `target_correct (N,)` bool, and for DP-SGD its σ, C and ε."""
-
-    masks: np.ndarray
-    memorization: np.ndarray
-    lira: np.ndarray
-    target_correct: np.ndarray
-    private: bool = False
-    epsilon: float = float("inf")
-    noise_multiplier: float = 0.0
-    clip_norm: float = float("inf")
-
-
-def halves(n: int, m: int, *, seed: int = 0) -> np.ndarray:
-    """`(m, n)` bool masks of ⌊n/2⌋ examples each, in complementary pairs (a random half, then the rest less one
-    example at random when n is odd), so every example is OUT of about half the models and the subsets share one
-    size (`ensemble.by_recipe` trains them in one vmapped scan)."""
-    rng = np.random.default_rng(seed)
-    h, masks = n // 2, []
-    while len(masks) < m:
-        order = rng.permutation(n)
-        masks += [np.isin(np.arange(n), order[:h]), np.isin(np.arange(n), order[h:2 * h])]
-    return np.stack(masks[:m])
-
-
-def _logits(f: Fitted, model, xs):
-    apply = model if f.predict_fn is None else (lambda x: f.predict_fn(model, x))
-    return jax.vmap(apply)(xs)
-
-
-def dp_settings(f: Fitted, epsilon: float, *, delta: float = 1e-5) -> tuple[float, float, int]:
-    """DP-SGD with the experiment's recipe at `epsilon`: `(q, σ, steps)` with q = batch/N and σ calibrated by the
-    RDP accountant (`privacy.noise_multiplier_for_epsilon`) over the recipe's steps."""
-    r = f.recipe
-    n = len(f.data.y_train)
-    q = min(1.0, r["batch_size"] / n)
-    steps = int(r["steps"])
-    sigma = privacy.noise_multiplier_for_epsilon(target_epsilon=epsilon, sample_rate=q, steps=steps, delta=delta)
-    return q, float(sigma), steps
-
-
-def exposure(f: Fitted, m: int = ENSEMBLE_MODELS, *, private: bool = False, epsilon: float = 4.0,
-             clip_norm: float = 1.0, delta: float = 1e-5, seed: int = 0, progress=None) -> Exposure:
-    """Memorization and LiRA for every training example from `m` models trained on complementary random halves
-    (`halves`) with the experiment's recipe (`ensemble.by_recipe`, all at once) or, with `private=True`,
-    with DP-SGD at `epsilon` (δ = `delta`, clipping at `clip_norm`; each half and the target, trained on all N, one
-    after another). The target is the experiment's model, or the DP-SGD model on all N.
-
-    **Raises** `ValueError` for a regression task (both read class confidences) or a model gradlab cannot train.
-    """
-    d = f.data
-    if d.task != "classification":
-        raise ValueError("memorization and LiRA score class confidences: choose a classification dataset")
-    if not f.trainable:
-        raise ValueError("the ensemble trains the model from an initialization: this served model has no init_fn")
     n = len(d.y_train)
-    xs, ys = np.asarray(d.x_train), np.asarray(d.y_train)
-    masks = halves(n, m, seed=seed)
-    init = init_model(f.experiment, d)
-    r = f.recipe
-    tick = (lambda i, total: progress(i / total, f"model {i} of {total}")) if progress else None
-    if private:
-        q, sigma, steps = dp_settings(f, epsilon, delta=delta)
-
-        def train_fn(x, y, s):
-            return train_dp_sgd(init, f.loss_fn, x, y, sample_rate=q, noise_multiplier=sigma, clip_norm=clip_norm,
-                                optimizer=r["optimizer"], lr=r["lr"], steps=steps, l2=r.get("l2", 0.0), seed=s,
-                                checkpoint_every=max(steps, 1)).final
-
-        target = train_fn(xs, ys, seed + m)
-        models = ensemble.subset_ensemble(ensemble.one_by_one(train_fn, xs, ys, range(seed, seed + m), progress=tick),
-                                          n, m, masks=masks)
-    else:
-        sigma, target = 0.0, f.model
-        trainer = ensemble.by_recipe(init, f.loss_fn, xs, ys, optimizer=r["optimizer"], lr=r["lr"], steps=r["steps"],
-                                     batch_size=r["batch_size"], l2=r.get("l2", 0.0), seed=seed)
-        models = ensemble.subset_ensemble(trainer, n, m, masks=masks)
-    jx = jax.numpy.asarray(xs)
-    logits = models.outputs(lambda model: _logits(f, model, jx))  # (M, N, K)
-    correct = np.argmax(logits, -1) == ys[None]
-    memo = (np.where(masks, correct, 0).sum(0) / np.maximum(masks.sum(0), 1)
-            - np.where(~masks, correct, 0).sum(0) / np.maximum((~masks).sum(0), 1))
-    shadow_conf = np.stack([membership.logit_confidence(lg, ys) for lg in logits])
-    target_logits = np.asarray(_logits(f, target, jx))
-    lira = membership.lira_offline_scores(membership.logit_confidence(target_logits, ys), shadow_conf, masks)
-    return Exposure(masks=masks, memorization=memo, lira=lira, target_correct=np.argmax(target_logits, -1) == ys,
-                    private=private, epsilon=epsilon if private else float("inf"), noise_multiplier=sigma,
-                    clip_norm=clip_norm if private else float("inf"))
+    if outputs is not None:
+        out = record.per_example_table(f, outputs, dp=dp, clip_norm=clip_norm)
+        out["tracin"] = np.nan
+        out.loc[t.index, "tracin"] = t.tracin
+        return out
+    idx = t.index
+    norms = np.asarray(t.norms[-1], np.float64)
+    out = pd.DataFrame({
+        "index": idx, "row": [d.row(i) for i in idx], "label": d.y_train[idx], "flipped": np.asarray(d.flipped[idx], bool),
+        "prediction": t.predictions, "loss": np.asarray(t.losses, np.float64), "grad_norm": norms,
+        "clip_factor": clip_factor(norms, clip_norm), "clipped": norms > clip_norm, "tracin": t.tracin})
+    out.attrs.update(clip_norm=float(clip_norm), row_label=d.row_label, models=0, epsilon=None)
+    return out if len(idx) == n else out.reset_index(drop=True)
 
 
-def exposure_seconds(num_params: int, n: int, *, steps: int, batch_size: int, m: int = ENSEMBLE_MODELS,
-                     private: bool = False, macs: int = 0) -> float:
-    """Estimated CPU-seconds of `exposure`: `m` trainings of the recipe on N/2 examples (one vmapped scan: its
-    compile once, 0.15 s of set-up per model), or with DP-SGD `m + 1` runs at the expected batch; then a forward
-    pass of every model over the N examples."""
-    if private:
-        return (m + 1) * (costs.dp_sgd_seconds(num_params, steps, batch_size, macs) + costs.MODEL_SETUP_SECONDS) + 2.0
+def ensembles_seconds(num_params: int, n: int, *, model: str, steps: int, batch_size: int, m: int = ENSEMBLE_MODELS,
+                      macs: int = 0) -> float:
+    """Estimated CPU-seconds of the card's two ensembles (`record.ensemble_for`, as trained and DP-SGD): `m` trainings
+    of the recipe on N/2 examples in one vmapped scan (compiled once, 0.15 s of set-up per model) and `m` DP-SGD runs
+    one after another with the DP clipping page's recipe for `model` (`memorization.dp_settings`: 200 steps of an
+    expected 256, or `experiment.DP_SGD_DEFAULTS`), then each model's forward pass over the N examples. Measured on
+    the default experiment (digits MLP, M = 32, 2 loaded cores): 6.6 + 14.4 CPU-s against 7.0 + 14.6 estimated."""
+    dp = {"expected_batch": 256, "steps": 200, **DP_SGD_DEFAULTS.get(model, {})}
     one = costs.training_seconds(num_params, steps, batch_size, macs) - 2.0
-    return 2.0 + m * (0.15 + one) + m * costs.summary_seconds(num_params, n, macs) / 10
+    public = 2.0 + m * (0.15 + one)
+    private = 2.0 + m * costs.dp_sgd_seconds(num_params, dp["steps"], min(dp["expected_batch"], n / 2), macs)
+    forward = 2 * m * n * num_params / costs.TRAIN_RATE
+    return public + private + forward
 
 
-__all__ = ["Exposure", "exposure", "exposure_seconds", "dp_settings", "QUANTITIES", "ENSEMBLE_QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
-           "norms_over_training", "halves",
-           "clip_factor", "table", "helps_and_hurts", "rank_correlations", "strongest_relation"]
+__all__ = ["QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
+           "norms_over_training", "clip_factor", "table", "ensembles_seconds"]

@@ -15,7 +15,8 @@ def test_record_page_card_and_whole_picture():
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     assert at.number_input(key="example").value is None  # no card until an example is picked
-    assert at.selectbox(key="rec_x").value == "gradient norm"  # the cheap picture's strongest relation
+    # the cheap picture opens on its strongest relation across sources: TracIn (every checkpoint) and the final model
+    assert {at.selectbox(key="rec_x").value, at.selectbox(key="rec_y").value} & {"tracin"}
     at.number_input(key="example").set_value(5).run()
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
@@ -27,7 +28,8 @@ def test_record_page_card_and_whole_picture():
     assert not at.error, [e.value for e in at.error]
     memo = [m.value for m in at.metric if m.label == "Memorization"]
     assert len(memo) == 2  # as trained and DP-SGD, side by side
-    assert {"memorization", "LiRA score"} <= set(at.selectbox(key="rec_x").options)
+    assert {"memorization", "lira_member", "memorization_dp", "lira_member_dp"} <= set(at.selectbox(key="rec_x").options)
+    assert len([m for m in at.metric if m.label == "LiRA score as a member"]) == 2
 
 
 def test_whole_picture_click_opens_the_card():

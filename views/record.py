@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import card, export, geometry, ui
+from gradlab import card, export, geometry, record, ui
 from gradlab.ui.figures import plots
 
 st.title("Example record")
@@ -74,192 +74,217 @@ def geometry_record(problem: str) -> None:
                      help=f"Retrained without it; the influence function predicts within {removed.error:.0%}.")
 
 
-if which != "training":
-    geometry_record(which)
-else:
+PICK = "rec_pick"
+M = card.ENSEMBLE_MODELS
+
+
+def trajectory_cost(exp, size, _fitted):
+    return card.trajectory_seconds(ui.num_params(exp), size, len(_fitted.run.checkpoints), ui.macs(exp))
+
+
+@ui.shared(label="Gradient norms at every checkpoint", cost=trajectory_cost)
+def trajectory(exp, size, _fitted):
+    return card.trajectory(_fitted, size=size)
+
+
+@ui.shared(label="Its gradient norm at every checkpoint")
+def norms_over_training(exp, i, _fitted):
+    return card.norms_over_training(_fitted, i)
+
+
+@ui.shared(label="Scoring the test points against its gradient")
+def test_dots(exp, i, _fitted):
+    return record.dots_with_test_points(_fitted, i)
+
+
+def ensembles_cost(exp, m, eps, c, _fitted):
+    r = _fitted.recipe
+    return card.ensembles_seconds(ui.num_params(exp), len(_fitted.data.y_train), model=exp.model, steps=r["steps"],
+                                  batch_size=r["batch_size"], m=m, macs=ui.macs(exp))
+
+
+@ui.shared(label="Every example's record")
+def whole_table(exp, size, clip_norm, m, eps, _fitted, _t, _outputs, _dp):
+    """`card.table` with the ensembles (their settings in the key: `m`, ε and C say which ones they are)."""
+    return card.table(_fitted, _t, clip_norm=clip_norm, outputs=_outputs, dp=_dp)
+
+
+@ui.shared(label="Training the ensembles", cost=ensembles_cost)
+def ensembles(exp, m, eps, c, _fitted, progress):
+    """The two ensembles of `m` models on random halves: the recipe as trained, and DP-SGD at (ε, C)."""
+    progress(0.0, "as trained")
+    public = record.ensemble_for(_fitted, m)
+    private = record.ensemble_for(_fitted, m, private=True, epsilon=eps, clip_norm=c,
+                                  progress=lambda done, total: progress(done / total, f"DP-SGD model {done} of {total}"))
+    return public, private
+
+
+
+def training_set_record() -> None:
+    """The card and the whole picture of the experiment's training set."""
     exp = ui.experiment()
     fitted = ui.fitted(exp)
     data = fitted.data
     n = len(data.y_train)
     classify = data.task == "classification"
     name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
-    K = len(fitted.run.checkpoints)
+    k_ckpt = len(fitted.run.checkpoints)
 
-
-    def trajectory_cost(exp, size, _fitted):
-        return card.trajectory_seconds(ui.num_params(exp), size, K, ui.macs(exp))
-
-
-    @ui.shared(label="Gradient norms at every checkpoint", cost=trajectory_cost)
-    def trajectory(exp, size, _fitted):
-        return card.trajectory(_fitted, size=size)
-
-
-    @ui.shared(label="Its gradient norm at every checkpoint")
-    def norms_over_training(exp, i, _fitted):
-        return card.norms_over_training(_fitted, i)
-
-
-    @ui.shared(label="Scoring the test points against its gradient")
-    def helps_and_hurts(exp, i, _fitted):
-        return card.helps_and_hurts(_fitted, i)
-
-
-    def ensemble_cost(exp, m, eps, c, _fitted):
-        p, mac = ui.num_params(exp), ui.macs(exp)
-        r = _fitted.recipe
-        return sum(card.exposure_seconds(p, n, steps=r["steps"], batch_size=r["batch_size"], m=m, private=private, macs=mac)
-                   for private in (False, True))
-
-
-    @ui.shared(label="Training the ensembles", cost=ensemble_cost)
-    def ensembles(exp, m, eps, c, _fitted, progress):
-        """Memorization and LiRA for the model as trained and for DP-SGD at ε: two ensembles of `m` models."""
-        public = card.exposure(_fitted, m, progress=lambda f, t: progress(f / 2, "as trained: " + t))
-        private = card.exposure(_fitted, m, private=True, epsilon=eps, clip_norm=c,
-                                progress=lambda f, t: progress(0.5 + f / 2, "DP-SGD: " + t))
-        return public, private
-
-
-    # ------------------------------------------------------------------ the controls (a click below picks the example)
-    PICK = "rec_pick"
+    # a click on the whole picture (previous run) picks the example before its control is drawn
     picked = ui.picked_index(st.session_state.get(PICK), n)
     if picked is not None and st.session_state.get("_rec_last_pick") != picked:
         st.session_state["example"] = picked
         st.session_state["_rec_last_pick"] = picked
 
-    size = card.trajectory_size(n, ui.num_params(exp), K, ui.macs(exp)) if not exp.source.brings_model else n
+    size = n if exp.source.brings_model else card.trajectory_size(n, ui.num_params(exp), k_ckpt, ui.macs(exp))
     t = trajectory(exp, size, fitted)
-    median_c = float(np.median(t.norms[-1]))
     c1, c2, c3 = st.columns([2, 1, 1])
     with c1:
-        example = ui.control(st.number_input, f"Training example (0 to {n - 1})", min_value=0, max_value=n - 1, value=None,
-                             step=1, key="example", placeholder="none: click a point in the whole picture below",
-                             help="Its position in the training set; the card names its row in the source too. Every page "
-                                  "opens this card: a histogram bar, a top-k row, a proponent, an exposed member.")
+        example = ui.control(st.number_input, f"Training example (0 to {n - 1})", min_value=0, max_value=n - 1,
+                             value=None, step=1, key="example", placeholder="none: click a point in the whole picture",
+                             help="Its position in the training set (the card names its row in the source too). Every "
+                                  "page opens this card: a norms histogram bar, a top-k row, a proponent, an exposed "
+                                  "member, a Geometry point.")
     with c2:
-        c_in = ui.control(st.number_input, "Clipping norm C", value=None, min_value=1e-12, format="%.4g", key="rec_c",
-                          placeholder=f"{median_c:.3g} (median ‖gᵢ‖)", help="Empty: the median per-example norm.")
-    clip_norm = median_c if c_in is None else float(c_in)
+        clip_norm = float(ui.control(st.number_input, "Clipping norm C", value=record.DP_CLIP_NORM, min_value=1e-6,
+                                     format="%.4g", step=0.1, key="rec_c",
+                                     help="Whether and how much each gradient is clipped, and the DP-SGD ensemble's C."))
     with c3:
-        eps = ui.control(st.number_input, "DP-SGD ε (δ = 1e-5)", value=4.0, min_value=0.1, max_value=100.0, step=0.5,
-                         key="rec_eps", help="The DP-SGD ensemble's privacy budget: σ calibrated over the run's steps.")
+        eps = float(ui.control(st.number_input, "DP-SGD ε (δ = 1e-5)", value=record.DP_EPSILON, min_value=0.1,
+                               max_value=100.0, step=0.5, key="rec_eps",
+                               help="The DP-SGD ensemble's privacy budget: σ calibrated for its runs."))
 
-    # ------------------------------------------------------------------ the ensembles: one button (never a link's work)
-    m = card.ENSEMBLE_MODELS
-    exposure = None
-    ens_slot = st.container()
-
-    # ------------------------------------------------------------------ the card
-    position = {int(v): j for j, v in enumerate(t.index)}  # example → its row in the trajectory (a subset for large sets)
-    with ens_slot:
-        if classify and fitted.trainable:
-            with ui.guard("The ensembles could not be trained"):
-                exposure = ui.on_request(ensembles, exp, m, float(eps), clip_norm, fitted, name="record_ensembles",
-                                         button=f"Memorization and LiRA: train {m} + {m + 1} DP-SGD models",
-                                         help="Two ensembles on random halves of the training set: the recipe as trained "
-                                              "and DP-SGD at ε. Shared by everyone on this server once trained.",
-                                         fix="Pick a smaller model or fewer training steps.")
-    public, private = exposure if exposure is not None else (None, None)
-    full = card.table(fitted, t, clip_norm=clip_norm, exposure=public)
+    # the ensembles: one button with its estimate, shared by the room once trained (never a link's work)
+    outputs = dp = None
+    if classify and fitted.trainable:
+        with ui.guard("The ensembles could not be trained"):
+            both = ui.on_request(ensembles, exp, M, eps, clip_norm, fitted, name="record_ensembles",
+                                 button=f"Memorization and LiRA: train {M} + {M} DP-SGD models",
+                                 help=f"Two ensembles on random halves of the training set: the recipe as trained and "
+                                      f"DP-SGD at ε = {eps:g}, C = {clip_norm:g}. Everyone on this server shares them.",
+                                 fix="Pick a smaller model or fewer training steps.")
+            outputs, dp = both if both is not None else (None, None)
+    elif not classify:
+        st.caption("Memorization and LiRA read a class label: they need a classification dataset.")
+    else:
+        ui.needs_training_loop("Memorization and LiRA")
+    full = (card.table(fitted, t, clip_norm=clip_norm) if outputs is None
+            else whole_table(exp, size, clip_norm, M, eps, fitted, t, outputs, dp))
+    rows = full.set_index("index", drop=False)
 
     if example is not None:
         i = int(example)
-        row_name, rows = fitted.source.row_ids(data)
-        st.subheader(f"The card of example {i} ({row_name} {rows[i]})")
+        row = rows.loc[i] if i in rows.index else None
+        st.subheader(f"The card of example {i} ({data.row_label} {data.row(i)})")
         left, right = st.columns([1, 2])
-        correct = None
         with left:
             if data.image_shape is not None:
-                ui.chart(plots.image_grid(data.raw(data.x_train[[i]]), [f"#{rows[i]}"], cols=1, image_shape=data.image_shape),
-                         filename=f"example {i}")
+                ui.chart(plots.image_grid(data.raw(data.x_train[[i]]), [f"#{data.row(i)}"], cols=1,
+                                          image_shape=data.image_shape), filename=f"example {i}")
             else:
                 feats = export.example_columns(data, [i])
-                st.dataframe(pd.DataFrame({k: [v[0]] for k, v in feats.items()}).T.rename(columns={0: "value"}),
-                             width="stretch")
+                ui.dataframe(pd.DataFrame({"value": [v[0] for v in feats.values()]}, index=list(feats)), width="stretch")
             mm = st.columns(2)
             mm[0].metric("Label", ui.inert(name(data.y_train[i])),
                          delta="flipped (planted)" if data.flipped[i] else None, delta_color="inverse", delta_arrow="off")
-            j = position.get(i)
-            if j is not None and np.isfinite(np.asarray(t.predictions, np.float64)[j]):
-                pred = t.predictions[j]
-                correct = (pred == data.y_train[i]) if classify else None
-                mm[1].metric("Prediction", ui.inert(name(pred)), delta=None if correct is None else ("correct" if correct else "wrong"),
-                             delta_color="normal" if correct else "inverse", delta_arrow="off")
-        with right:
-            with ui.guard("Its gradient norm over training could not be computed"):
-                own = norms_over_training(exp, i, fitted)
-                ui.chart(plots.norm_over_training(t.steps, own, t.norms, clip_norm=clip_norm, name=f"example {i}"))
-        with ui.guard("Its gradient norm over training could not be computed"):
+            if row is not None and np.isfinite(float(row["prediction"])):
+                good = classify and int(row["prediction"]) == int(data.y_train[i])
+                mm[1].metric("Prediction", ui.inert(name(row["prediction"])),
+                             delta=("correct" if good else "wrong") if classify else None,
+                             delta_color="normal" if good else "inverse", delta_arrow="off")
+        own = None
+        with right, ui.guard("Its gradient norm over training could not be computed"):
+            own = norms_over_training(exp, i, fitted)
+            ui.chart(plots.norm_over_training(t.steps, own, t.norms, clip_norm=clip_norm, name=f"example {i}"))
+        if own is not None:
             g = float(own[-1])
             kept = float(card.clip_factor([g], clip_norm)[0])
-            rank = float(np.mean(t.norms[-1] <= g))
             tracin = float(np.sum(np.square(own.astype(np.float64))))
             mt = st.columns(4)
-            mt[0].metric("Gradient norm ‖gᵢ‖", f"{g:.3g}", help=f"Larger than {rank:.0%} of the examples' (final model).")
+            mt[0].metric("Gradient norm ‖gᵢ‖", f"{g:.3g}",
+                         help=f"At the final model; larger than {np.mean(t.norms[-1] <= g):.0%} of the examples'.")
             mt[1].metric(f"Clipped at C = {clip_norm:.3g}?", "no" if kept >= 1 else f"yes: ×{kept:.2f}",
                          help="min(1, C/‖gᵢ‖): the share of its gradient DP-SGD keeps.")
-            mt[2].metric("TracIn self-influence", f"{tracin:.3g}",
-                         help=f"Σₜ‖gᵢ(θₜ)‖² over {K} checkpoints; larger than {np.mean(t.tracin <= tracin):.0%} of the examples'.")
-            mt[3].metric("Loss", f"{t.losses[j]:.3g}" if j is not None else "–")
+            mt[2].metric("TracIn self-influence", f"{tracin:.3g}", help=f"Σₜ‖gᵢ(θₜ)‖² over {k_ckpt} checkpoints; larger "
+                         f"than {np.mean(t.tracin <= tracin):.0%} of the examples'.")
+            mt[3].metric("Loss", f"{float(row['loss']):.3g}" if row is not None else "–")
 
-        st.markdown("**As trained vs DP-SGD**: memorization and LiRA need models trained without it (the button above).")
-        if exposure is not None:
-            dp_cols = st.columns(2)
-            for col, e, title in ((dp_cols[0], public, "As trained"),
-                                  (dp_cols[1], private, f"DP-SGD at ε = {private.epsilon:g} (σ = {private.noise_multiplier:.2f}, C = {private.clip_norm:.3g})")):
+        if outputs is not None:
+            st.markdown("**As trained and under DP-SGD**: how much it is remembered, and how well an attacker tells "
+                        "it was trained on.")
+            cols = st.columns(2)
+            sides = ((cols[0], "As trained", "memorization", "lira_member"),
+                     (cols[1], f"DP-SGD at ε = {dp.epsilon:g} (σ = {dp.noise_multiplier:.2f}, C = {dp.clip_norm:g})",
+                      "memorization_dp", "lira_member_dp"))
+            for col, title, mem, lira in sides:
                 with col.container(border=True):
                     st.markdown(f"**{title}**")
-                    em = st.columns(3)
-                    em[0].metric("Memorization", f"{e.memorization[i]:+.2f}",
-                                 help="P(correct | trained on it) − P(correct | not): 1 means only remembering gets it right.")
-                    em[1].metric("LiRA score", f"{e.lira[i]:+.2f}",
-                                 help=f"Higher: an attacker tells it was trained on. Above {np.mean(e.lira <= e.lira[i]):.0%} of the examples'.")
-                    em[2].metric("Target model", "correct" if e.target_correct[i] else "wrong")
+                    em = st.columns(2)
+                    em[0].metric("Memorization", f"{row[mem]:+.2f}", help=f"± {row[mem + '_se']:.2f} (standard error): "
+                                 "P(correct | trained on it) − P(correct | not), over the ensemble's models.")
+                    em[1].metric("LiRA score as a member", f"{row[lira]:+.2f}",
+                                 help="Online LiRA's log likelihood ratio when it was trained on (Carlini et al. 2022), "
+                                      f"mean over the models that had it: above {np.mean(full[lira] <= row[lira]):.0%} "
+                                      "of the examples'. Higher: an attacker tells more surely.")
+        elif classify:
+            st.caption("Memorization and LiRA need models trained without it: the button above.")
 
-        st.markdown("**The test points it helps and hurts most** (grad-dot: ⟨∇ℓᵢ, ∇ℓ_test⟩ at the final model; a step on it "
+        st.markdown("**The test points it helps and hurts most** (⟨gᵢ, g_test⟩ at the final model: a step on it "
                     "lowers the loss of those it helps)")
         with ui.guard("Its test points could not be scored"):
-            order, scores = helps_and_hurts(exp, i, fitted)
-            k = len(order) // 2
+            dots = test_dots(exp, i, fitted)
+            order = np.argsort(-dots, kind="stable")
+            k = min(5, len(dots) // 2)
+            shown = np.concatenate([order[:k], order[::-1][:k]])
             if data.image_shape is not None:
-                titles = [(f"{'helps' if r < k else 'hurts'} #{data.row(o, 'test')}", f"y={name(data.y_test[o])} {scores[o]:+.2g}")
-                          for r, o in enumerate(order)]
-                ui.chart(plots.image_grid(data.raw(data.x_test[order]), titles, cols=2 * k, image_shape=data.image_shape),
+                titles = [(f"{'helps' if r < k else 'hurts'} #{data.row(o, 'test')}", f"{dots[o]:+.2g}")
+                          for r, o in enumerate(shown)]
+                ui.chart(plots.image_grid(data.raw(data.x_test[shown]), titles, cols=2 * k, image_shape=data.image_shape),
                          filename=f"example {i} helps and hurts")
-            st.dataframe(pd.DataFrame({"": ["helps"] * k + ["hurts"] * k,
-                                       **export.example_columns(data, order, split="test", features=4),
-                                       "label": [name(data.y_test[o]) for o in order], "grad-dot": scores[order]}),
+            ui.dataframe(pd.DataFrame({"": ["helps"] * k + ["hurts"] * k,
+                                       **export.example_columns(data, shown, split="test", features=4),
+                                       "label": [name(data.y_test[o]) for o in shown], "⟨gᵢ, g_test⟩": dots[shown]}),
                          hide_index=True, width="stretch")
-
-        one = full[full["example"] == i]
-        if private is not None:
-            one = one.assign(**{"memorization, DP-SGD": private.memorization[i], "LiRA score, DP-SGD": private.lira[i]})
-        ui.download(f"gradlab_record_{exp.dataset}_example{i}", one, label="This card", key="record_card_download")
+        if row is not None:
+            ui.download(f"gradlab_record_{exp.dataset}_example{i}", full[full["index"] == i], label="This card",
+                        key="record_card_download")
 
     # ------------------------------------------------------------------ the whole picture
     st.header("The whole picture")
-    available = [q for q in card.QUANTITIES if q in full]
-    corr = card.rank_correlations(full, available)
-    strongest = card.strongest_relation(corr) or (available[0], available[-1])
+    available = [q for q in card.QUANTITIES if q in full and np.isfinite(full[q].to_numpy(np.float64)).sum() > 3]
+    corr = record.rank_correlations(full, available)
+    best = record.strongest_relation(corr)
+    pair = (best.a, best.b) if best is not None else (available[0], available[-1])
     p1, p2 = st.columns(2)
     with p1:
-        x_q = ui.control(st.selectbox, "x", available, index=available.index(strongest[0]), key="rec_x")
+        x_q = ui.choice(st.selectbox, "x", {q: card.QUANTITIES[q] for q in available}, "rec_x",
+                          index=available.index(pair[0]))
     with p2:
-        y_q = ui.control(st.selectbox, "y", available, index=available.index(strongest[1]), key="rec_y")
-    if exposure is None and classify:
-        st.caption("Memorization and LiRA join the picture once the ensembles are trained (the button above).")
-    sel = position.get(int(example)) if example is not None else None
-    ids = {**export.example_columns(data, t.index, features=0), "label": full["label"].tolist()}
-    rho = corr[((corr.x == x_q) & (corr.y == y_q)) | ((corr.x == y_q) & (corr.y == x_q))]
-    title = f"{y_q} against {x_q}" + (f": Spearman ρ = {rho.ρ.iloc[0]:+.2f}" if len(rho) else "")
+        y_q = ui.choice(st.selectbox, "y", {q: card.QUANTITIES[q] for q in available}, "rec_y",
+                          index=available.index(pair[1]))
+    if best is not None:
+        st.markdown(f"**Strongest relation across sources:** {best.text}.")
+    sel = (full.index[full["index"] == int(example)][0] if example is not None and (full["index"] == int(example)).any()
+           else None)
+    ids = {**export.example_columns(data, full["index"].to_numpy(), features=0),
+           "label": [name(v) for v in full["label"]]}
+    one = corr[((corr.a == x_q) & (corr.b == y_q)) | ((corr.a == y_q) & (corr.b == x_q))]
+    title = f"{y_q} against {x_q}" + (f": Spearman ρ = {one.rho.iloc[0]:+.2f}" if len(one) and np.isfinite(one.rho.iloc[0]) else "")
     ui.chart(plots.quantity_scatter(full[x_q].to_numpy(), full[y_q].to_numpy(), x_label=card.QUANTITIES[x_q],
-                                    y_label=card.QUANTITIES[y_q], flipped=full["flipped label"].to_numpy(), ids=ids,
+                                    y_label=card.QUANTITIES[y_q], flipped=full["flipped"].to_numpy(), ids=ids,
                                     selected=sel, title=title),
              on_select="rerun", selection_mode="points", key=PICK)
-    st.caption(f"Every training example{'' if len(t.index) == n else f' of a fixed random {len(t.index):,} of {n:,}'}; "
-               "click one to open its card. Red: the labels flipped on purpose (sidebar: label noise).")
-    st.dataframe(corr.rename(columns={"ρ": "Spearman ρ", "low": "95% CI low", "high": "95% CI high"}), hide_index=True,
-                 width="stretch", column_config={c: st.column_config.NumberColumn(format="%.2f")
-                                                 for c in ("Spearman ρ", "95% CI low", "95% CI high")})
+    st.caption(f"Every training example{'' if len(t.index) == n else f' (TracIn: a fixed random {len(t.index):,} of {n:,})'}; "
+               "click one to open its card. Red: the labels flipped on purpose (sidebar: label noise)."
+               + ("" if outputs is not None or not classify else " Memorization and LiRA join once the ensembles are trained."))
+    st.dataframe(corr.assign(a=corr.a.map(card.QUANTITIES), b=corr.b.map(card.QUANTITIES))
+                 .rename(columns={"a": "x", "b": "y", "rho": "Spearman ρ", "low": "95% CI low", "high": "95% CI high"}),
+                 hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.2f") for c in ("Spearman ρ", "95% CI low", "95% CI high")})
     ui.download(f"gradlab_record_{exp.dataset}_all", full, label="Every example's quantities", key="record_all_download")
+
+
+if which != "training":
+    geometry_record(which)
+else:
+    training_set_record()
