@@ -288,3 +288,32 @@ if which != "training":
     geometry_record(which)
 else:
     training_set_record()
+
+ui.code_panel(
+    """
+import jax, jax.numpy as jnp
+
+# loss(params, x, y): the loss of ONE example; checkpoints: the run's parameters, final the last of them
+
+def norm_of(params, x, y):                    # one example's gradient norm
+    g = jax.grad(loss)(params, x, y)
+    return jnp.sqrt(sum(jnp.sum(a ** 2) for a in jax.tree.leaves(g)))
+
+# example i at every checkpoint of the run (the engine streams all N at once, never N x P)
+norms_i = jnp.stack([norm_of(params, xs[i], ys[i]) for params in checkpoints])     # (K,)
+kept = jnp.minimum(1.0, C / norms_i[-1])      # clipping at C keeps this share of its gradient (1: not clipped)
+tracin_self = jnp.sum(norms_i ** 2)           # TracIn self-influence (Pruthi et al. 2020)
+
+# the test points it helps and hurts: <g_i, g_test> at the final model (a step on i lowers the loss where > 0)
+g_i = jax.grad(loss)(final, xs[i], ys[i])
+g_test = jax.vmap(jax.grad(loss), (None, 0, 0))(final, x_test, y_test)
+dots = sum(jnp.tensordot(a, b, b.ndim) for a, b in zip(jax.tree.leaves(g_test), jax.tree.leaves(g_i)))
+helps, hurts = jnp.argsort(-dots)[:5], jnp.argsort(dots)[:5]
+
+# memorization (Feldman & Zhang 2020) from M models on random halves: masks (M, N) which examples each model trained
+# on, correct (M, N) whether it gets each right; LiRA compares the trained model's confidence with the OUT models'
+p_in = (correct * masks).sum(0) / masks.sum(0)
+p_out = (correct * ~masks).sum(0) / (~masks).sum(0)
+memorization = p_in - p_out
+"""
+)
