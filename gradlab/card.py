@@ -116,18 +116,19 @@ def table(f: Fitted, t: Trajectory, *, clip_norm: float, outputs: record.Ensembl
 
 
 def ensembles_seconds(num_params: int, n: int, *, model: str, steps: int, batch_size: int, m: int = ENSEMBLE_MODELS,
-                      macs: int = 0) -> float:
+                      macs: int = 0, private: bool | None = None) -> float:
     """Estimated CPU-seconds of the card's two ensembles (`record.ensemble_for`, as trained and DP-SGD): `m` trainings
     of the recipe on N/2 examples in one vmapped scan (compiled once, 0.15 s of set-up per model) and `m` DP-SGD runs
     one after another with the DP clipping page's recipe for `model` (`memorization.dp_settings`: 200 steps of an
     expected 256, or `experiment.DP_SGD_DEFAULTS`), then each model's forward pass over the N examples. Measured on
-    the default experiment (digits MLP, M = 32, 2 loaded cores): 6.6 + 14.4 CPU-s against 7.0 + 14.6 estimated."""
+    the default experiment (digits MLP, M = 32, 2 loaded cores): 6.6 + 14.4 CPU-s against 7.0 + 14.6 estimated.
+    `private`: that ensemble's part only (None: both)."""
     dp = {"expected_batch": 256, "steps": 200, **DP_SGD_DEFAULTS.get(model, {})}
     one = costs.training_seconds(num_params, steps, batch_size, macs) - 2.0
     public = 2.0 + m * (0.15 + one)
-    private = 2.0 + m * costs.dp_sgd_seconds(num_params, dp["steps"], min(dp["expected_batch"], n / 2), macs)
-    forward = 2 * m * n * num_params / costs.TRAIN_RATE
-    return public + private + forward
+    dp_part = 2.0 + m * costs.dp_sgd_seconds(num_params, dp["steps"], min(dp["expected_batch"], n / 2), macs)
+    forward = m * n * num_params / costs.TRAIN_RATE
+    return {None: public + dp_part + 2 * forward, False: public + forward, True: dp_part + forward}[private]
 
 
 __all__ = ["QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
