@@ -23,7 +23,9 @@ ui.terms("per-example gradient", "self-influence", "LiRA", "ε and δ")
 
 SETS = {"training": "the experiment's training set (the sidebar's)",
         **{k: f"Geometry page: {v}" for k, v in geometry.PROBLEMS.items() if k != "scalar"}}
-with st.columns([1, 2])[0]:
+# one row of controls above the card: which examples, which one, C and ε
+controls = st.columns([1.1, 1.7, 1, 1])
+with controls[0]:
     which = ui.choice(st.selectbox, "Examples of", SETS, "rec_set")
 
 
@@ -46,8 +48,9 @@ def geometry_record(problem: str) -> None:
     """The card of one of the Geometry page's examples: a two-parameter model, so its input is a point, its
     gradient an arrow; no test set and no ensemble (the removal itself says what it does to the optimum)."""
     p = geometry.problem(problem)
-    example = ui.control(st.number_input, f"Example (0 to {p.n - 1})", min_value=0, max_value=p.n - 1, value=None,
-                         step=1, key="example", placeholder="none: click an arrow's point on the Geometry page")
+    with controls[1]:
+        example = ui.control(st.number_input, f"Example (0 to {p.n - 1})", min_value=0, max_value=p.n - 1, value=None,
+                             step=1, key="example", placeholder="none: click a point on the Geometry page")
     if example is None:
         st.info("Pick an example, or click a training point on the Geometry page and follow its link.")
         return
@@ -147,10 +150,10 @@ def training_set_record() -> None:
 
     size = n if exp.source.brings_model else card.trajectory_size(n, ui.num_params(exp), k_ckpt, ui.macs(exp))
     t = trajectory(exp, size, fitted)
-    c1, c2, c3 = st.columns([2, 1, 1])
+    _, c1, c2, c3 = controls
     with c1:
         example = ui.control(st.number_input, f"Training example (0 to {n - 1})", min_value=0, max_value=n - 1,
-                             value=None, step=1, key="example", placeholder="none: click a point in the whole picture",
+                             value=None, step=1, key="example", placeholder="none: click a point below",
                              help="Its position in the training set (the card names its row in the source too). Every "
                                   "page opens this card: a norms histogram bar, a top-k row, a proponent, an exposed "
                                   "member, a Geometry point.")
@@ -159,9 +162,9 @@ def training_set_record() -> None:
                                      format="%.4g", step=0.1, key="rec_c",
                                      help="Whether and how much each gradient is clipped, and the DP-SGD ensemble's C."))
     with c3:
-        eps = float(ui.control(st.number_input, "DP-SGD ε (δ = 1e-5)", value=record.DP_EPSILON, min_value=0.1,
+        eps = float(ui.control(st.number_input, "DP-SGD ε", value=record.DP_EPSILON, min_value=0.1,
                                max_value=100.0, step=0.5, key="rec_eps",
-                               help="The DP-SGD ensemble's privacy budget: σ calibrated for its runs."))
+                               help="The DP-SGD ensemble's privacy budget at δ = 1e-5: σ calibrated for its runs."))
 
     # the ensembles: one button with its estimate, shared by the room once trained (never a link's work)
     outputs = dp = None
@@ -184,7 +187,7 @@ def training_set_record() -> None:
     if example is not None:
         i = int(example)
         row = rows.loc[i] if i in rows.index else None
-        st.subheader(f"The card of example {i} ({data.row_label} {data.row(i)})")
+        st.subheader(f"The card of example {i} ({data.row_label} {data.row(i)} in the source)")
         left, right = st.columns([1, 2])
         with left:
             if data.image_shape is not None:
