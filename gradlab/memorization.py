@@ -25,7 +25,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Bool, Float
+from jaxtyping import Bool
 
 from gradlab import ensemble, experiment, privacy
 from gradlab.membership import logit_confidence

@@ -47,7 +47,7 @@ from gradlab.memorization import (DEFAULT_MODELS, DP_CLIP_NORM, DP_DELTA, DP_EPS
 from gradlab.metrics import Roc, roc
 
 __all__ = ["Record", "Relation", "ensemble_for", "EnsembleOutputs", "Memorization", "memorization", "lira_online",
-           "lira_offline", "lira_member", "attack_rocs", "ATTACKS", "FPRS", "self_influence_of", "per_example_table",
+           "lira_offline", "lira_member", "attack_rocs", "attack_summary", "ATTACKS", "FPRS", "self_influence_of", "per_example_table",
            "record_of", "dots_with_test_points", "rank_correlations", "strongest_relation", "COLUMNS", "CORRELATED", "SOURCES", "source_of", "DEFAULT_MODELS",
            "DP_EPSILON", "DP_DELTA", "DP_CLIP_NORM"]
 
@@ -110,6 +110,13 @@ def attack_rocs(outputs: EnsembleOutputs, *, global_variance: bool | None = None
            "lira_offline": lambda c, l, sc, si: lira_offline(c, sc, si, global_variance=global_variance),
            "loss": lambda c, l, sc, si: loss_attack_scores(l)}
     return {name: roc(*leave_one_model_out(fn, outputs.conf, outputs.losses, outputs.masks)) for name, fn in fns.items()}
+
+
+def attack_summary(rocs: dict[str, Roc], fprs: Sequence[float] = FPRS) -> pd.DataFrame:
+    """`attack_rocs`' ROCs as a table: one row per attack, its name (`ATTACKS`), `auc` and `tpr@{fpr}` for each of
+    `fprs` (the largest TPR at an FPR ≤ fpr, `Roc.tpr_at`)."""
+    return pd.DataFrame([{"attack": name, "label": ATTACKS.get(name, name), "auc": r.auc,
+                          **{f"tpr@{fpr:g}": r.tpr_at(fpr) for fpr in fprs}} for name, r in rocs.items()])
 
 
 def self_influence_of(fitted, method: Method | str | None = None) -> tuple[np.ndarray, str]:
