@@ -117,18 +117,14 @@ def table(f: Fitted, t: Trajectory, *, clip_norm: float, outputs: record.Ensembl
 
 def ensembles_seconds(num_params: int, n: int, *, model: str, steps: int, batch_size: int, m: int = ENSEMBLE_MODELS,
                       macs: int = 0, private: bool | None = None) -> float:
-    """Estimated CPU-seconds of the card's two ensembles (`record.ensemble_for`, as trained and DP-SGD): `m` trainings
-    of the recipe on N/2 examples in one vmapped scan (compiled once, 0.15 s of set-up per model) and `m` DP-SGD runs
-    one after another with the DP clipping page's recipe for `model` (`memorization.dp_settings`: 200 steps of an
-    expected 256, or `experiment.DP_SGD_DEFAULTS`), then each model's forward pass over the N examples. Measured on
-    the default experiment (digits MLP, M = 32, 2 loaded cores): 6.6 + 14.4 CPU-s against 7.0 + 14.6 estimated.
-    `private`: that ensemble's part only (None: both)."""
+    """Estimated CPU-seconds of the card's ensembles (`costs.record_ensemble_seconds`): the recipe's (`private` False),
+    DP-SGD's with the DP clipping page's recipe for `model` (200 steps of an expected 256, or
+    `experiment.DP_SGD_DEFAULTS`; `private` True), or both and the table (None: `costs.record_seconds`)."""
     dp = {"expected_batch": 256, "steps": 200, **DP_SGD_DEFAULTS.get(model, {})}
-    one = costs.training_seconds(num_params, steps, batch_size, macs) - 2.0
-    public = 2.0 + m * (0.15 + one)
-    dp_part = 2.0 + m * costs.dp_sgd_seconds(num_params, dp["steps"], min(dp["expected_batch"], n / 2), macs)
-    forward = m * n * num_params / costs.TRAIN_RATE
-    return {None: public + dp_part + 2 * forward, False: public + forward, True: dp_part + forward}[private]
+    kw = dict(models=m, steps=steps, batch_size=batch_size, dp_steps=dp["steps"], dp_batch=dp["expected_batch"], macs=macs)
+    if private is None:
+        return costs.record_seconds(num_params, n, **kw)
+    return costs.record_ensemble_seconds(num_params, n, private=private, **kw)
 
 
 __all__ = ["QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
