@@ -7,6 +7,10 @@ samples the RSS of the server and its children every 0.1 s. Prints the RSS after
 smallest Community Cloud instance (690 MB).
 
     python -m benchmarks.record_memory [--query "steps=50"]
+
+Measured on the 2-core machine (load ~20 from other work, 27 Nov 2026): the two ensembles in one gated run peaked at
+831 MB; as two gated runs (compiled programs dropped between them, `views/record.py`) 566 MB (the norms page 458,
+the record page's cheap card 458).
 """
 
 from __future__ import annotations
