@@ -33,6 +33,22 @@ QUANTITIES = {
     "memorization_dp": "memorization under DP-SGD",
     "lira_member_dp": "LiRA score as a member, DP-SGD (log Λ)",
 }
+#: Short names of `QUANTITIES` (titles, sentences, the correlation table).
+SHORT = {"grad_norm": "gradient norm", "loss": "loss", "tracin": "TracIn self-influence", "memorization": "memorization",
+         "lira": "LiRA score", "lira_member": "LiRA as a member", "memorization_dp": "memorization (DP-SGD)",
+         "lira_member_dp": "LiRA as a member (DP-SGD)"}
+#: Quantities one training run gives (its checkpoints and final model): they rank alike partly by construction (TracIn
+#: sums the same norms the final ‖gᵢ‖ is the last of), so the default pair is never two of them.
+ONE_RUN = frozenset({"grad_norm", "loss", "tracin", "self_influence", "confidence", "phi", "clip_factor"})
+
+
+def strongest_across(correlations: pd.DataFrame) -> record.Relation | None:
+    """`record.strongest_relation` of `correlations` (`record.rank_correlations`' table) less the pairs of two
+    `ONE_RUN` quantities (None when no pair is left)."""
+    keep = [not (a in ONE_RUN and b in ONE_RUN) for a, b in zip(correlations["a"], correlations["b"])]
+    return record.strongest_relation(correlations[keep])
+
+
 #: Models in each ensemble (complementary random halves: every example is OUT of half of them).
 ENSEMBLE_MODELS = record.DEFAULT_MODELS
 
@@ -127,5 +143,5 @@ def ensembles_seconds(num_params: int, n: int, *, model: str, steps: int, batch_
     return costs.record_ensemble_seconds(num_params, n, private=private, **kw)
 
 
-__all__ = ["QUANTITIES", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
+__all__ = ["QUANTITIES", "SHORT", "ONE_RUN", "strongest_across", "ENSEMBLE_MODELS", "Trajectory", "trajectory", "trajectory_seconds", "trajectory_size",
            "norms_over_training", "clip_factor", "table", "ensembles_seconds"]

@@ -924,7 +924,7 @@ def norm_over_training(steps, norms: np.ndarray, everyone: np.ndarray | None = N
     fig = go.Figure()
     if everyone is not None:
         q10, q50, q90 = np.percentile(np.asarray(everyone, np.float64), [10, 50, 90], axis=1)
-        fig.add_trace(go.Scatter(x=list(steps) + list(steps)[::-1], y=list(q90) + list(q10)[::-1], fill="toself",
+        fig.add_trace(go.Scatter(x=list(steps) + list(steps)[::-1], y=list(q90) + list(q10)[::-1], fill="toself", mode="lines",
                                  fillcolor="rgba(31,119,180,0.15)", line=dict(width=0), name="10–90% of examples",
                                  hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=steps, y=q50, mode="lines", name="median example", line=dict(color="#1f77b4", dash="dash")))

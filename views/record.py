@@ -10,9 +10,9 @@ from gradlab.ui.figures import plots
 
 st.title("Example record")
 ui.intro(
-    "Every page looks at the same training examples from one side: their gradient norms, how clipping treats them, "
-    "whom they influence, whether an attacker can tell they were trained on. Here they are **one story**: pick an "
-    "example (or click one on any page) for its **card**, and see every example's quantities **against each other**.",
+    "Every page looks at the training examples from one side: norms, clipping, influence, privacy. Here they are "
+    "**one story**: one example's **card** (click an example on any page), and every example's quantities **against "
+    "each other**.",
     "The card's gradient norm is the engine's at each checkpoint of the run; clipping is min(1, C/‖gᵢ‖) at C; "
     "**TracIn self-influence** is Σₜ‖gᵢ(θₜ)‖² over the checkpoints (Pruthi et al. 2020); the test points it helps "
     "or hurts are those whose gradient agrees or disagrees most with its own (grad-dot). **Memorization** "
@@ -225,7 +225,7 @@ def training_set_record() -> None:
                         "it was trained on.")
             cols = st.columns(2)
             sides = ((cols[0], "As trained", "memorization", "lira_member"),
-                     (cols[1], f"DP-SGD at ε = {dp.epsilon:g} (σ = {dp.noise_multiplier:.2f}, C = {dp.clip_norm:g})",
+                     (cols[1], f"DP-SGD at ε = {dp.epsilon:.3g} (σ = {dp.noise_multiplier:.2f}, C = {dp.clip_norm:g})",
                       "memorization_dp", "lira_member_dp"))
             for col, title, mem, lira in sides:
                 with col.container(border=True):
@@ -264,7 +264,7 @@ def training_set_record() -> None:
     st.header("The whole picture")
     available = [q for q in card.QUANTITIES if q in full and np.isfinite(full[q].to_numpy(np.float64)).sum() > 3]
     corr = record.rank_correlations(full, available)
-    best = record.strongest_relation(corr)
+    best = card.strongest_across(corr)
     pair = (best.a, best.b) if best is not None else (available[0], available[-1])
     p1, p2 = st.columns(2)
     with p1:
@@ -274,13 +274,18 @@ def training_set_record() -> None:
         y_q = ui.choice(st.selectbox, "y", {q: card.QUANTITIES[q] for q in available}, "rec_y",
                           index=available.index(pair[1]))
     if best is not None:
-        st.markdown(f"**Strongest relation across sources:** {best.text}.")
+        st.markdown(f"**The strongest relation across sources:** {card.SHORT[best.a]} and {card.SHORT[best.b]} rank "
+                    f"{'alike' if best.rho > 0 else 'in opposite orders'}, Spearman ρ = {best.rho:+.2f} (95% CI "
+                    f"{best.low:+.2f} to {best.high:+.2f}, {best.n:,} examples).")
+    else:
+        st.markdown("**No relation across sources yet:** the cheap quantities all come from one training run; "
+                    "memorization and LiRA (the button above) come from other models.")
     sel = (full.index[full["index"] == int(example)][0] if example is not None and (full["index"] == int(example)).any()
            else None)
     ids = {**export.example_columns(data, full["index"].to_numpy(), features=0),
            "label": [name(v) for v in full["label"]]}
     one = corr[((corr.a == x_q) & (corr.b == y_q)) | ((corr.a == y_q) & (corr.b == x_q))]
-    title = f"{y_q} against {x_q}" + (f": Spearman ρ = {one.rho.iloc[0]:+.2f}" if len(one) and np.isfinite(one.rho.iloc[0]) else "")
+    title = f"{card.SHORT[y_q]} against {card.SHORT[x_q]}" + (f": Spearman ρ = {one.rho.iloc[0]:+.2f}" if len(one) and np.isfinite(one.rho.iloc[0]) else "")
     ui.chart(plots.quantity_scatter(full[x_q].to_numpy(), full[y_q].to_numpy(), x_label=card.QUANTITIES[x_q],
                                     y_label=card.QUANTITIES[y_q], flipped=full["flipped"].to_numpy(), ids=ids,
                                     selected=sel, title=title),
@@ -288,7 +293,8 @@ def training_set_record() -> None:
     st.caption(f"Every training example{'' if len(t.index) == n else f' (TracIn: a fixed random {len(t.index):,} of {n:,})'}; "
                "click one to open its card. Red: the labels flipped on purpose (sidebar: label noise)."
                + ("" if outputs is not None or not classify else " Memorization and LiRA join once the ensembles are trained."))
-    st.dataframe(corr.assign(a=corr.a.map(card.QUANTITIES), b=corr.b.map(card.QUANTITIES))
+    st.dataframe(corr.drop(columns=["p"]).assign(a=corr.a.map(card.SHORT), b=corr.b.map(card.SHORT))
+                 .sort_values("rho", key=abs, ascending=False)
                  .rename(columns={"a": "x", "b": "y", "rho": "Spearman ρ", "low": "95% CI low", "high": "95% CI high"}),
                  hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.2f") for c in ("Spearman ρ", "95% CI low", "95% CI high")})
