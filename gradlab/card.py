@@ -123,11 +123,12 @@ def table(f: Fitted, t: Trajectory, *, clip_norm: float, outputs: record.Ensembl
         return out
     idx = t.index
     norms = np.asarray(t.norms[-1], np.float64)
+    row_label, row_ids = f.source.row_ids(d)  # each example's name in its source (an upload's CSV line, …)
     out = pd.DataFrame({
-        "index": idx, "row": [d.row(i) for i in idx], "label": d.y_train[idx], "flipped": np.asarray(d.flipped[idx], bool),
+        "index": idx, "row": np.asarray(row_ids)[idx], "label": d.y_train[idx], "flipped": np.asarray(d.flipped[idx], bool),
         "prediction": t.predictions, "loss": np.asarray(t.losses, np.float64), "grad_norm": norms,
         "clip_factor": clip_factor(norms, clip_norm), "clipped": norms > clip_norm, "tracin": t.tracin})
-    out.attrs.update(clip_norm=float(clip_norm), row_label=d.row_label, models=0, epsilon=None)
+    out.attrs.update(clip_norm=float(clip_norm), row_label=row_label, models=0, epsilon=None)
     return out if len(idx) == n else out.reset_index(drop=True)
 
 

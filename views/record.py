@@ -186,11 +186,12 @@ def training_set_record() -> None:
     if example is not None:
         i = int(example)
         row = rows.loc[i] if i in rows.index else None
-        st.subheader(f"The card of example {i} ({data.row_label} {data.row(i)} in the source)")
+        row_label, row_ids = fitted.source.row_ids(data)
+        st.subheader(f"The card of example {i} ({row_label} {row_ids[i]} in the source)")
         left, right = st.columns([1, 2])
         with left:
             if data.image_shape is not None:
-                ui.chart(plots.image_grid(data.raw(data.x_train[[i]]), [f"#{data.row(i)}"], cols=1,
+                ui.chart(plots.image_grid(data.raw(data.x_train[[i]]), [f"#{row_ids[i]}"], cols=1,
                                           image_shape=data.image_shape), filename=f"example {i}")
             else:
                 feats = export.example_columns(data, [i])
