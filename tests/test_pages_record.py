@@ -30,6 +30,9 @@ def test_record_page_card_and_whole_picture():
     assert len(memo) == 2  # as trained and DP-SGD, side by side
     assert {"memorization", "lira_member", "memorization_dp", "lira_member_dp"} <= set(at.selectbox(key="rec_x").options)
     assert len([m for m in at.metric if m.label == "LiRA score as a member"]) == 2
+    # the picture moves to the strongest relation across sources, which the ensembles bring
+    pair = {at.selectbox(key="rec_x").value, at.selectbox(key="rec_y").value}
+    assert pair & {"memorization", "lira", "lira_member", "memorization_dp", "lira_member_dp"}, pair
 
 
 def test_whole_picture_click_opens_the_card():

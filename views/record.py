@@ -267,6 +267,11 @@ def training_set_record() -> None:
     corr = record.rank_correlations(full, available)
     best = card.strongest_across(corr)
     pair = (best.a, best.b) if best is not None else (available[0], available[-1])
+    # the pair follows the strongest relation (it changes when the ensembles arrive) until a visitor picks another
+    shown = st.session_state.get("_rec_pair")
+    if shown is not None and shown != pair and (st.session_state.get("rec_x"), st.session_state.get("rec_y")) == shown:
+        st.session_state["rec_x"], st.session_state["rec_y"] = pair
+    st.session_state["_rec_pair"] = pair
     p1, p2 = st.columns(2)
     with p1:
         x_q = ui.choice(st.selectbox, "x", {q: card.QUANTITIES[q] for q in available}, "rec_x",
