@@ -3,6 +3,7 @@ picture; and every page's way of opening the card."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import FAST, assert_clean, open_page
 
 
@@ -72,3 +73,23 @@ def test_geometry_arrow_opens_its_card():
     assert not at.error, [e.value for e in at.error]
     assert any(s.value.startswith("The card of example 4 (logistic)") for s in at.subheader)
     assert metric(at, "Removing it moves the optimum by")
+
+
+@pytest.mark.slow  # the Influence page's first load (θ̂, TracIn, the solves) and the membership attack's models
+def test_influence_and_privacy_audit_open_the_card():
+    at = open_page("influence", dataset="moons", model="linear", **FAST)
+    assert_clean(at)
+    table = next(d.value for d in at.dataframe if "example" in d.value.columns)
+    at.session_state["infl_card_pick"] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Example record" and at.session_state["example"] == int(table["example"].iloc[0])
+
+    at = open_page("privacy_audit", **FAST, mia_pool=64, mia_steps=40, mia_shadows=2, mia_q=0.5)
+    at.button(key="run_mia").click().run()
+    assert_clean(at)
+    exposed = next(d.value for d in at.dataframe if "LiRA score, non-private" in d.value.columns)
+    at.session_state["mia_card_pick"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Example record" and at.session_state["example"] == int(exposed["example"].iloc[2])
