@@ -14,7 +14,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from benchmarks.record import LOO_EXPERIMENT, leave_one_out_memorization, loo_indices
-from gradlab import costs, experiment, membership, memorization as mz, metrics, record
+from gradlab import costs, experiment, influence, membership, memory, memorization as mz, metrics, record
 
 
 # ---------------------------------------------------------------- estimators against loops
@@ -142,10 +142,12 @@ def test_memorization_agrees_with_brute_force_leave_one_out():
     assert len(idx) == 20 and oracle.mean() > 0.3  # the oracle is not comparing zeros
     se = np.sqrt(mem.se[idx] ** 2 + oracle_se ** 2)
     z = np.abs(mem.value[idx] - oracle) / np.maximum(se, 1e-9)
-    assert z.max() <= 3 and z.mean() <= 1.2, np.round(z, 2)
+    # |z| of 20 standard normals: mean 0.8, above 2 about once, above 3.5 with probability 1% (measured: max 2.7,
+    # mean 0.86, docs/record.md)
+    assert z.max() <= 3.5 and z.mean() <= 1.2 and np.sum(z > 2) <= 3, np.round(z, 2)
     # the same check rejects an estimator that forgets the OUT models (P[correct | in] alone)
     wrong = np.abs(mem.p_in[idx] - oracle) / np.maximum(se, 1e-9)
-    assert wrong.max() > 3
+    assert wrong.max() > 3.5 and wrong.mean() > 1.2
 
 
 # ---------------------------------------------------------------- the goals on digits
@@ -166,6 +168,9 @@ def test_memorization_finds_the_flipped_labels(digits):
     assert roc_auc_score(f.data.flipped, mem) >= 0.9
     assert metrics.fraction_in_top(mem, f.data.flipped, 0.1) >= 0.8
     assert len(out) == mz.DEFAULT_MODELS and out.nbytes < 1_000_000
+    n, k = len(f.data.y_train), f.data.n_classes
+    assert out.nbytes - out.test_accuracy.nbytes == 10 * len(out) * n  # what memory.ensemble_bytes counts as kept
+    assert out.nbytes < memory.ensemble_bytes(4810, len(out), n, k, width=64) < memory.BUDGET_BYTES
 
 
 @pytest.mark.slow
@@ -195,8 +200,9 @@ def test_record_of_a_flipped_example_against_a_loop_of_grad(digits):
     i = int(np.flatnonzero(f.data.flipped)[0])
     r = record.record_of(f, i, table, k=3)
     x, y = jnp.asarray(f.data.x_train[i]), jnp.asarray(f.data.y_train[i])
-    flat = lambda a, b: ravel_pytree(eqx.filter(eqx.filter_grad(lambda m: f.loss_fn(m, a, b))(f.model),  # noqa: E731
-                                                eqx.is_inexact_array))[0]
+    # one example's gradient, flattened: a jitted jax.grad called once per example (a loop, not the engine)
+    flat = eqx.filter_jit(lambda a, b: ravel_pytree(eqx.filter(eqx.filter_grad(lambda m: f.loss_fn(m, a, b))(f.model),
+                                                               eqx.is_inexact_array))[0])
     g = np.asarray(flat(x, y), np.float64)
     assert r.grad_norm == pytest.approx(np.linalg.norm(g), rel=1e-4)
     assert r.clip_factor == pytest.approx(min(1.0, 1.0 / np.linalg.norm(g)), rel=1e-4) and r.clipped
@@ -239,3 +245,15 @@ def test_the_shape_annotations_hold():
     assert check(mz.memorization)(masks.copy(), masks).value.shape == (6,)
     with pytest.raises(Exception, match="M N|shape|dimension"):
         check(mz.memorization)(masks[:, :5].copy(), masks)
+
+
+def test_self_influence_from_a_registered_method():
+    f = experiment.fit(experiment.Experiment(dataset="moons", model="linear", steps=20))
+    default, name = record.self_influence_of(f)
+    via, label = record.self_influence_of(f, "grad_dot")  # grad-dot's self-influence is ‖gᵢ‖² at the trained model
+    np.testing.assert_allclose(via, default, rtol=1e-5)
+    assert "‖" in name and label == influence.METHODS["grad_dot"].self_label
+    with pytest.raises(ValueError, match="no self-influence"):
+        record.self_influence_of(f, "grad_cosine")
+    with pytest.raises(ValueError, match="unknown method"):
+        record.self_influence_of(f, "nope")
