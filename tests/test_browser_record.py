@@ -74,6 +74,7 @@ def test_the_card_opens_from_every_place_and_its_link_reproduces_it(page, browse
     # 2. Gradient norms: a histogram bar lists its examples; one opens the card
     visit(pg, f"{server}/norms?{FAST}")
     bars = pg.locator('[data-testid="stPlotlyChart"]').first.locator("g.point path")
+    bars.first.wait_for(timeout=120_000)  # Plotly draws after the script run ends
     tallest = max(range(bars.count()), key=lambda j: (bars.nth(j).bounding_box() or {"height": 0})["height"])
     bars.nth(tallest).click(force=True)
     links = pg.locator(".st-key-norms_bin_list a")
