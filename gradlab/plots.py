@@ -930,8 +930,10 @@ def norm_over_training(steps, norms: np.ndarray, everyone: np.ndarray | None = N
         fig.add_trace(go.Scatter(x=steps, y=q50, mode="lines", name="median example", line=dict(color="#1f77b4", dash="dash")))
     fig.add_trace(go.Scatter(x=steps, y=norms, mode="lines+markers", name=name, line=dict(color="#111111", width=3)))
     if clip_norm is not None:
-        fig.add_hline(y=clip_norm, line=dict(color=FLIPPED_COLOR, dash="dot"), annotation_text=f"C = {clip_norm:.3g}",
-                      annotation_position="top left")
+        fig.add_hline(y=clip_norm, line=dict(color=FLIPPED_COLOR, dash="dot"))
+        # on a log axis an annotation's y is log10 of the value (add_hline's own annotation took C as the exponent)
+        fig.add_annotation(x=0, xref="paper", y=float(np.log10(max(clip_norm, 1e-30))), yref="y", showarrow=False,
+                           text=f"C = {clip_norm:.3g}", xanchor="left", yanchor="bottom", font=dict(color=FLIPPED_COLOR))
     fig.update_yaxes(type="log")
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
     return style_figure(fig, "Its gradient norm over training", "training step (checkpoint)", "‖gᵢ‖ (log scale)", height=360)
