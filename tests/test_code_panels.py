@@ -75,7 +75,7 @@ def small():
     return dict(model=run.final, init=init, xs=xs, ys=ys, data=data)
 
 
-PAGES = ("norms", "equivalence", "performance", "dp_clipping", "privacy_audit", "influence", "geometry")
+PAGES = ("norms", "equivalence", "performance", "dp_clipping", "privacy_audit", "influence", "geometry", "record")
 
 
 def test_norms_panel(small):
@@ -206,3 +206,31 @@ def test_geometry_panel():
     close(ns["theta_star"], r.optimum, rtol=1e-3)
     close(ns["retrained"], r.retrained, rtol=1e-3)
     close(ns["predicted"], r.predicted, rtol=1e-3)
+
+
+def test_record_panel(small):
+    from gradlab import record
+
+    m, xs, ys, data = small["model"], small["xs"], small["ys"], small["data"]
+    checkpoints = [small["init"], m]
+    x_test, y_test = jnp.asarray(data.x_test[:32]), jnp.asarray(data.y_test[:32])
+    rng = np.random.default_rng(0)
+    masks = rng.random((6, 64)) < 0.5
+    masks[0], masks[1] = True, False  # every example in and out of some model
+    correct = rng.random((6, 64)) < 0.7
+    i, C = 5, 0.5
+    static = eqx.partition(m, eqx.is_array)[1]
+    arrays = [eqx.partition(c, eqx.is_array)[0] for c in checkpoints]  # the panel differentiates the arrays
+
+    def loss(params, x, y):
+        return cross_entropy(eqx.combine(params, static), x, y)
+
+    ns = run_panel("record", loss=loss, checkpoints=arrays, final=arrays[-1], xs=xs, ys=ys, i=i, C=C,
+                   x_test=x_test, y_test=y_test, correct=correct, masks=masks)
+    want = np.array([float(engine.per_example_norms(cross_entropy, c, xs[i:i + 1], ys[i:i + 1])[0]) for c in checkpoints])
+    close(ns["norms_i"], want)
+    assert float(ns["kept"]) == pytest.approx(min(1.0, C / want[-1]), rel=1e-5)
+    assert float(ns["tracin_self"]) == pytest.approx(float(np.sum(want ** 2)), rel=1e-4)
+    g = jax.tree.map(lambda a: a[0], engine.per_example_grads(cross_entropy, m, xs[i:i + 1], ys[i:i + 1]))
+    close(ns["dots"], engine.per_example_dots(cross_entropy, m, x_test, y_test, g))
+    close(ns["memorization"], record.memorization(correct, masks).value)

@@ -272,7 +272,12 @@ with ui.point("influence_proponents"):  # a lecture step opens on this block (gr
                  width="stretch")
 table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{METHODS[m_].short: v for m_, v in scores.items()}})
-ui.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
+shown = np.concatenate([props, opps])
+card_row = ui.selected_row(ui.dataframe(table.iloc[shown], hide_index=True, width="stretch", on_select="rerun",
+                                        selection_mode="single-row", key="infl_card_pick"))
+st.caption("Select a proponent or opponent to open its record card.")
+if card_row is not None:
+    ui.open_card(shown[card_row])
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
 # ------------------------------------------------------------------ the optimum the scores use
