@@ -16,17 +16,17 @@ from typing import Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import ensemble, experiment
+from gradlab import costs, engine, ensemble, experiment
 from gradlab.influence import evaluation
 from gradlab.influence.methods import METHODS, defaults
 from gradlab.influence.methods.tracin import tracin_run
 from gradlab.influence.methods.trak import TRAK_MODELS, TRAK_PROJ_DIM, trak_models, trak_scores
-from gradlab.influence.protocol import UNAVAILABLE, Context, Method, arrays
+from gradlab.influence.protocol import UNAVAILABLE, Context, Method, Work, arrays
 from gradlab.influence.solvers import Method as Solver
 from gradlab.influence.solvers import Minimum, minimize
 
 __all__ = ["TRAK_MODELS", "TRAK_PROJ_DIM", "arrays", "test_point", "optimum", "tracin_run", "trak_models",
-           "trak_scores", "context", "available", "prepare", "PointScores", "score_test_points",
+           "trak_scores", "context", "available", "work", "first_seconds", "prepare", "PointScores", "score_test_points",
            "self_influence_scores", "retraining_check", "LDSTable", "lds_table"]
 
 
@@ -63,6 +63,24 @@ def available(fitted) -> tuple[dict[str, Method], dict[str, str]]:
     """The methods that apply to `fitted` (`Method.applies`), in registry order, and `{name: why}` for the others."""
     why = {name: m.applies(fitted) for name, m in METHODS.items()}
     return {n: m for n, m in METHODS.items() if why[n] is None}, {n: w for n, w in why.items() if w is not None}
+
+
+def work(fitted) -> Work:
+    """The `Work` a method's cost is estimated from, for a fitted experiment (its recipe, checkpoints, forward
+    multiply-adds and optimizer)."""
+    exp, r = fitted.experiment, fitted.recipe
+    return Work(num_params=engine.num_params(fitted.model), n=len(fitted.data.y_train), n_test=len(fitted.data.y_test),
+                steps=int(r["steps"]), batch_size=int(r["batch_size"]),
+                macs=int(experiment.forward_macs(exp, fitted.data)), n_checkpoints=len(fitted.run.checkpoints),
+                sgd=exp.optimizer == "sgd" or exp.source.brings_model)
+
+
+def first_seconds(method: Method, w: Work, settings: Mapping, *, optimum_stored: bool = False) -> float:
+    """Estimated CPU-seconds of `method`'s first answer: its own `cost_seconds` plus, for a method that
+    `needs_optimum` while θ̂ is not yet stored, θ̂'s L-BFGS (`costs.optimum_seconds`). The page gates each method on
+    this, alone."""
+    share = costs.optimum_seconds(w.num_params, w.n) if method.needs_optimum and not optimum_stored else 0.0
+    return float(method.cost_seconds(w, settings)) + share
 
 
 def prepare(ctx: Context, method: Method):
