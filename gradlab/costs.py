@@ -134,9 +134,8 @@ def influence_page_seconds(num_params: int, n: int, *, steps: int, batch_size: i
 
 
 def optimum_seconds(num_params: int, n: int) -> float:
-    """Estimated CPU-seconds of θ̂: L-BFGS on mean ℓ + λ/2‖θ‖² over `n` examples, `OPTIMUM_ITERS` iterations (2 s of
-    set-up). Only the methods that need θ̂ (`Method.needs_optimum`) pay it."""
-    return 2.0 + OPTIMUM_ITERS * n * num_params / LBFGS_RATE
+    """Estimated CPU-seconds of θ̂: L-BFGS on mean ℓ + λ/2‖θ‖² over `n` examples, `OPTIMUM_ITERS` iterations. Only the methods that need θ̂ (`Method.needs_optimum`) pay it."""
+    return OPTIMUM_ITERS * n * num_params / LBFGS_RATE
 
 
 def inverse_hvp_seconds(num_params: int, n: int) -> float:

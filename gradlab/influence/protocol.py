@@ -70,7 +70,8 @@ class Control:
 class Work:
     """What the cost of a method depends on: `num_params` P, `n` training examples, `n_test` test points, the
     training recipe (`steps`, `batch_size`), `macs` (multiply-adds of one forward pass: convolutions), the run's
-    `n_checkpoints` and whether it trains with SGD (`sgd`: TracIn follows it, else it trains an SGD run)."""
+    `n_checkpoints`, whether it trains with SGD (`sgd`: TracIn follows it, else it trains an SGD run) and the
+    differentiable leaves' `shapes`."""
 
     num_params: int
     n: int
@@ -80,6 +81,8 @@ class Work:
     macs: int = 0
     n_checkpoints: int = 1
     sgd: bool = True
+    #: the differentiable leaves' shapes (a method that projects per layer counts its features from them)
+    shapes: tuple = ()
 
     def pass_seconds(self, n: int | None = None, *, setup: bool = True) -> float:
         """One streamed per-example pass over `n` examples (default: the training set), `costs.pass_seconds`

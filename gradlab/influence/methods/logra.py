@@ -107,9 +107,19 @@ class LoGra(Method):
 
     @staticmethod
     def _k(work: Work, settings) -> int:
-        """An upper bound on the feature count: the whole model when it is smaller, else k² per layer pair."""
+        """The feature count from the leaves' shapes (a matrix (O, I…) as min(I, k)·min(O, k), a leaf of at most
+        `engine.PROJECT_WHOLE_MAX` whole); without shapes, at most 8 layers' k² and 1,024 more."""
         side = int(settings["logra_k"])
-        return int(min(work.num_params, 8 * side * side + 1024))
+        if not work.shapes:
+            return int(min(work.num_params, 8 * side * side + 1024))
+        k = 0
+        for shape in work.shapes:
+            size = int(np.prod(shape))
+            if len(shape) >= 2:
+                k += min(size // shape[0], side) * min(shape[0], side)
+            else:
+                k += size if size <= engine.PROJECT_WHOLE_MAX else 1024
+        return k
 
     def cost_seconds(self, work, settings) -> float:
         k = self._k(work, settings)

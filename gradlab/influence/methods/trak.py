@@ -92,7 +92,7 @@ class Trak(Method):
         p, n, extra = work.num_params, work.n, int(settings["n_models"]) - 1
         ensemble = extra * (costs.optimum_seconds(p, n) + costs.training_seconds(p, work.steps, work.batch_size,
                                                                                    work.macs))
-        return ensemble + int(settings["n_models"]) * (work.pass_seconds() + costs.inverse_hvp_seconds(p, n))
+        return ensemble + work.pass_seconds() + costs.inverse_hvp_seconds(p, n)  # its kernel: about one solve's work
 
     def held_bytes(self, work, settings) -> int:
         p, k = int(work.num_params), proj_dim(settings, work.num_params)
