@@ -2,9 +2,10 @@
 Streamlit), looping over the registry `gradlab.influence.methods.METHODS`.
 
 One θ̂: `optimum` converges the objective the page names, mean ℓ + λ/2‖θ‖², warm-started from the trained model;
-every method that needs it (the influence function, TRAK, their self-influence and the retraining check) gets that
-same `Minimum` through its `Context`. Each method is prepared once (`prepare`: a TracIn run, a TRAK ensemble) and
-then scores any test points.
+every method that needs it (`Method.needs_optimum`: the influence function, TRAK, their self-influence and the
+retraining check) gets that same `Minimum` through its `Context`, converged on first use only. Each method is
+prepared once (`prepare`: a TracIn run, a TRAK ensemble, projected training features) and then scores any test
+points. `gate` says of each method whether its own first answer (θ̂ included where it needs it) fits the server.
 """
 
 from __future__ import annotations
