@@ -41,9 +41,9 @@ def _peak_mb() -> float:
     return float("nan")
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -90,10 +90,12 @@ def main() -> None:
     ctx = ifit.context(f, settings)
     d = f.data
     k_top = 8
+    out["rss_before_first_view_mb"] = round(_rss_mb())
     with Stage() as first:
         loss = np.asarray(losses.per_example_losses(f.loss_fn, f.model, d.x_test, d.y_test))  # the page's test summary
         pred = np.asarray(f.predict(f.model, d.x_test))
-        state = m.prepare(ctx)
+        with Stage() as prep:
+            state = m.prepare(ctx)
         rows = tuple(range(len(d.y_test))) if m.every_test_point(ctx) else (0,)
         got = ifit.score_test_points(ctx, rows, names=["logra"], states={"logra": state})
         all_scores = got.scores["logra"]
@@ -102,6 +104,7 @@ def main() -> None:
         props, opps = order[:k_top], order[::-1][:k_top]
         selfs = m.self_influence(ctx, state)
     out["first_view"] = {"cpu_s": round(first.cpu, 1), "wall_s": round(first.wall, 1), "peak_mb": round(_peak_mb()),
+                         "prepare_cpu_s": round(prep.cpu, 1), "rss_anon_mb": round(_rss_mb("RssAnon")),
                          "features": int(state.phi.shape[1]), "every_test_point": len(rows) > 1,
                          "scores_shape": list(all_scores.shape), "test_loss_0": float(loss[0]),
                          "proponents": props.tolist(), "opponents": opps.tolist(),
@@ -155,7 +158,9 @@ def main() -> None:
     print(f"train (the training button, not counted): {out['train']['cpu_s']} CPU-s, {out['train']['wall_s']} s wall")
     fv = out["first_view"]
     print(f"first view (cold store): {fv['cpu_s']} CPU-s, {fv['wall_s']} s wall; peak RSS {fv['peak_mb']} MB; "
-          f"{fv['features']} features per example; scores {fv['scores_shape']}")
+          f"{fv['features']} features per example; scores {fv['scores_shape']}; of which the features and kernel "
+          f"{fv['prepare_cpu_s']} CPU-s; RSS before {out['rss_before_first_view_mb']} MB, anonymous after "
+          f"{fv['rss_anon_mb']} MB")
     c = out["click"]
     print(f"each further test point: lookup {c['lookup_wall_s_max'] * 1e3:.1f} ms (max of {args.clicks}); from the "
           f"stored features {c['matvec_wall_s_median'] * 1e3:.0f} ms median, {c['matvec_wall_s_max'] * 1e3:.0f} ms max "

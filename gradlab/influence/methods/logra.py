@@ -48,13 +48,15 @@ KERNEL_RATE = 2e10
 @dataclasses.dataclass(frozen=True, eq=False)
 class Features:
     """A prepared model: the `projection` (`engine.projections`), the training features `phi (N, k)` float32, the
-    Cholesky factor `chol (k, k)` of ΦᵀΦ + λI (float64; None for `inner`), `ridge` λ and `self_influence (N,)`."""
+    Cholesky factor `chol (k, k)` of ΦᵀΦ + λI (float64; None for `inner`), `ridge` λ, `self_influence (N,)` and
+    the test set's features `test_phi (T, k)` (from the same pass: one compiled program for both)."""
 
     projection: tuple
     phi: np.ndarray
     chol: np.ndarray | None
     ridge: float
     self_influence: np.ndarray
+    test_phi: np.ndarray | None = None
 
 
 def features(ctx: Context, xs, ys, projection) -> np.ndarray:
@@ -63,11 +65,14 @@ def features(ctx: Context, xs, ys, projection) -> np.ndarray:
     return np.asarray(engine.per_example_projections(f.loss_fn, f.model, xs, ys, projection))
 
 
-def kernel(phi: np.ndarray) -> tuple[np.ndarray, float]:
+def kernel(phi: np.ndarray, block: int = 1024) -> tuple[np.ndarray, float]:
     """`(chol, λ)`: the lower Cholesky factor `(k, k)` float64 of ΦᵀΦ + λI, λ = `RIDGE` · tr(ΦᵀΦ)/k (1e-12 for a
-    zero Φ)."""
-    phi64 = np.asarray(phi, np.float64)
-    gram = phi64.T @ phi64
+    zero Φ). ΦᵀΦ is accumulated in float64 over blocks of rows (no float64 copy of Φ)."""
+    k = phi.shape[1]
+    gram = np.zeros((k, k))
+    for s in range(0, len(phi), block):
+        b = np.asarray(phi[s:s + block], np.float64)
+        gram += b.T @ b
     lam = max(RIDGE * float(np.trace(gram)) / max(gram.shape[0], 1), 1e-12)
     return scipy.linalg.cholesky(gram + lam * np.eye(gram.shape[0]), lower=True), lam
 
@@ -122,9 +127,8 @@ class LoGra(Method):
         return k
 
     def cost_seconds(self, work, settings) -> float:
-        k = self._k(work, settings)
-        test = work.pass_seconds(work.n_test) if work.n_test else 0.0
-        return work.pass_seconds() + test + (work.n + work.n_test) * k * k / KERNEL_RATE
+        k = self._k(work, settings)  # one pass over the training and the test set, the kernel, every test point
+        return work.pass_seconds(work.n + work.n_test) + (work.n + work.n_test) * k * k / KERNEL_RATE
 
     def click_seconds(self, work, settings) -> float:
         return 0.05 + work.n * self._k(work, settings) / KERNEL_RATE  # one projected gradient, one matvec
@@ -146,14 +150,18 @@ class LoGra(Method):
 
     def prepare(self, ctx: Context) -> Features:
         xs, ys = ctx.arrays()
+        d = ctx.fitted.data
         proj = self.projection(ctx)
-        phi = features(ctx, xs, ys, proj)
+        # the training and the test set in one pass: one compiled program, and a click never runs another
+        both = features(ctx, jnp.concatenate([xs, jnp.asarray(d.x_test, xs.dtype)]),
+                        jnp.concatenate([ys, jnp.asarray(d.y_test, ys.dtype)]), proj)
+        phi, test_phi = both[: len(ys)], both[len(ys):]
         if not np.all(np.isfinite(phi)):
             raise ValueError("the projected gradients are not finite at the trained model")
         if ctx.settings["logra_kernel"] == "after":
             chol, lam = kernel(phi)
-            return Features(proj, phi, chol, lam, leverage(phi, chol))
-        return Features(proj, phi, None, 0.0, np.sum(np.square(phi, dtype=np.float64), axis=1))
+            return Features(proj, phi, chol, lam, leverage(phi, chol), test_phi)
+        return Features(proj, phi, None, 0.0, np.sum(np.square(phi, dtype=np.float64), axis=1), test_phi)
 
     def every_test_point(self, ctx: Context) -> bool:
         d = ctx.fitted.data
@@ -168,6 +176,9 @@ class LoGra(Method):
                 f"by {how}. No re-converged θ̂.")
 
     def test_features(self, ctx: Context, state: Features, test_xs, test_ys):
+        x_test = ctx.fitted.data.x_test
+        if state.test_phi is not None and np.shape(test_xs) == np.shape(x_test) and np.array_equal(test_xs, x_test):
+            return state.test_phi  # the whole test set (every test point at once): computed with Φ
         return features(ctx, jnp.asarray(test_xs), jnp.asarray(test_ys), state.projection)
 
     def train_scores(self, ctx: Context, state: Features, feats):
@@ -175,7 +186,7 @@ class LoGra(Method):
         if state.chol is not None:
             feats = scipy.linalg.cho_solve((state.chol, True), feats.T).T  # (T, k): (ΦᵀΦ + λI)⁻¹φ(z)
         phi = np.asarray(state.phi)
-        return (phi @ feats.astype(phi.dtype).T).T  # (T, N), in the features' precision
+        return feats.astype(phi.dtype) @ phi.T  # (T, N), in the features' precision
 
     def scores(self, ctx: Context, state: Features, test_xs, test_ys) -> Scored:
         return Scored(np.asarray(self.train_scores(ctx, state, self.test_features(ctx, state, test_xs, test_ys))))
