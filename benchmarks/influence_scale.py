@@ -3,7 +3,8 @@
 method there (projected gradients at the checkpoint, `gradlab/influence/methods/logra.py`), from a cold store, in one
 process, at the library level.
 
-Stages (process CPU time from `resource.getrusage`, both cores, and wall time; the peak RSS is the process's VmHWM):
+Stages (process CPU time from `resource.getrusage`, both cores, and wall time; the peak RSS is the process's VmHWM,
+reset after training, once its garbage is collected and the heap trimmed, as `benchmarks.influence_memory` does):
 
 1. `train`: the model by its recipe (the page's separate training button; not part of the influence goal);
 2. `first view`: what the page computes after training for its default view: test losses and predictions, the
@@ -23,6 +24,8 @@ Stages (process CPU time from `resource.getrusage`, both cores, and wall time; t
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import resource
@@ -90,6 +93,11 @@ def main() -> None:
     ctx = ifit.context(f, settings)
     d = f.data
     k_top = 8
+    out["rss_after_train_mb"] = round(_rss_mb())
+    gc.collect()  # as a server between two requests: the training's garbage freed, the peak counted from here
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # resets VmHWM to the current RSS
     out["rss_before_first_view_mb"] = round(_rss_mb())
     with Stage() as first:
         loss = np.asarray(losses.per_example_losses(f.loss_fn, f.model, d.x_test, d.y_test))  # the page's test summary
@@ -159,7 +167,8 @@ def main() -> None:
     fv = out["first_view"]
     print(f"first view (cold store): {fv['cpu_s']} CPU-s, {fv['wall_s']} s wall; peak RSS {fv['peak_mb']} MB; "
           f"{fv['features']} features per example; scores {fv['scores_shape']}; of which the features and kernel "
-          f"{fv['prepare_cpu_s']} CPU-s; RSS before {out['rss_before_first_view_mb']} MB, anonymous after "
+          f"{fv['prepare_cpu_s']} CPU-s; RSS after training {out['rss_after_train_mb']} MB, trimmed "
+          f"{out['rss_before_first_view_mb']} MB, anonymous after "
           f"{fv['rss_anon_mb']} MB")
     c = out["click"]
     print(f"each further test point: lookup {c['lookup_wall_s_max'] * 1e3:.1f} ms (max of {args.clicks}); from the "
