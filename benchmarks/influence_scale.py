@@ -65,7 +65,7 @@ class Stage:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, default=None, help="projection per side (default: the method's)")
-    ap.add_argument("--kernel", default="after", choices=("after", "inner"))
+    ap.add_argument("--kernel", default=None, choices=("after", "inner"), help="default: the method's")
     ap.add_argument("--clicks", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -88,7 +88,9 @@ def main() -> None:
                    f"{len(f.data.y_test):,} test"
     out["train"] = {"cpu_s": round(train.cpu, 1), "wall_s": round(train.wall, 1), "peak_mb": round(_peak_mb())}
 
-    settings = {**defaults(), "logra_kernel": args.kernel, **({"logra_k": args.k} if args.k else {})}
+    settings = {**defaults(), **({"logra_kernel": args.kernel} if args.kernel else {}),
+                **({"logra_k": args.k} if args.k else {})}
+    out["settings"] = {"logra_k": settings["logra_k"], "logra_kernel": settings["logra_kernel"]}
     m = METHODS["logra"]
     ctx = ifit.context(f, settings)
     d = f.data
@@ -162,7 +164,7 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
     print(out["uptime"])
-    print(out["model"])
+    print(out["model"], out["settings"])
     print(f"train (the training button, not counted): {out['train']['cpu_s']} CPU-s, {out['train']['wall_s']} s wall")
     fv = out["first_view"]
     print(f"first view (cold store): {fv['cpu_s']} CPU-s, {fv['wall_s']} s wall; peak RSS {fv['peak_mb']} MB; "

@@ -10,11 +10,15 @@ P × k matrix nor N × P gradients.
 
 Scores of a test example z, high = proponent:
 
-- `after` (TRAK's after-kernel in the projected space): τ(z)ᵢ = φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φᵢ, Φ `(N, k)` the training
-  features, λ = `RIDGE` · tr(ΦᵀΦ)/k (a relative ridge: 10⁻³ of the mean eigenvalue, for directions no example
-  spans). Self-influence φᵢᵀ(ΦᵀΦ + λI)⁻¹φᵢ, the leverage score, in [0, 1).
-- `inner` (projected gradient dot product, LoGra's default): τ(z)ᵢ = ⟨φ(z), φᵢ⟩ ≈ ⟨∇ℓ(z), ∇ℓ(zᵢ)⟩
-  (Johnson–Lindenstrauss; exact where every side is no larger than k). Self-influence ‖φᵢ‖².
+- `inner` (the default; projected gradient dot product, LoGra's score without its curvature): τ(z)ᵢ = ⟨φ(z), φᵢ⟩ ≈
+  ⟨∇ℓ(z), ∇ℓ(zᵢ)⟩ (Johnson–Lindenstrauss; exact where every side is no larger than k). Self-influence ‖φᵢ‖².
+- `after` (TRAK's after-kernel in the projected space, one model at the checkpoint): τ(z)ᵢ = φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φᵢ,
+  Φ `(N, k)` the training features, λ = `RIDGE` · tr(ΦᵀΦ)/k (a relative ridge: 10⁻³ of the mean eigenvalue, for
+  directions no example spans). Self-influence φᵢᵀ(ΦᵀΦ + λI)⁻¹φᵢ, the leverage score, in [0, 1).
+
+LDS on the digits MLP (`python -m benchmarks.lds --only mlp`, M = 50, 32 test points): `inner` 0.279 ± 0.033 at
+k = 16 and 0.317 at k = 64 (there every side is ≤ 64: the exact gradient dot product's 0.317); `after` 0.164 ± 0.029
+at k = 16 or 64 (a single model's after-kernel at the checkpoint; TRAK averages an ensemble at θ̂: 0.680).
 
 The training features and the kernel's Cholesky factor are computed once per model and settings (`prepare`); a test
 point is then one projected gradient and one matrix-vector product. Units: `inner` loss² per parameter², `after`
@@ -101,11 +105,13 @@ class LoGra(Method):
                 help="Each layer's gradient (I × O) is projected to min(I, k) × min(O, k) features by two Gaussian "
                      "matrices, (aPa)ᵀ(δPd), never formed; biases are kept whole. Larger k: closer to the exact "
                      "gradients, more memory (N × features floats)."),
-        Control("logra_kernel", "infl_logra_kernel", "Kernel", "after", "select", ("after", "inner"),
+        Control("logra_kernel", "infl_logra_kernel", "Kernel", "inner", "select", ("inner", "after"),
                 fmt=lambda v: {"after": "TRAK after-kernel φᵀ(ΦᵀΦ + λI)⁻¹φᵢ",
                                "inner": "inner product ⟨φ, φᵢ⟩"}[v],
-                help="The after-kernel reweights directions by the training features' covariance (TRAK, one model); "
-                     f"λ = {RIDGE:g} × its mean eigenvalue. The inner product is the projected gradient dot product."),
+                help="The inner product is the projected gradient dot product (LoGra's score; the default: LDS 0.28 on "
+                     "the digits MLP at k = 16, the exact gradient dot product's 0.32 at k = 64). The after-kernel "
+                     "reweights directions by the training features' covariance (TRAK with one model, at the "
+                     f"checkpoint; λ = {RIDGE:g} × its mean eigenvalue): LDS 0.16 there."),
     )
     prepare_reads = ("logra_k", "logra_kernel")
     reads = ("logra_k", "logra_kernel")
