@@ -564,6 +564,13 @@ base = inf.minimize(loss, params, xs, ys, l2=lam, max_iter=500)      # base.grad
 g_test = jax.grad(loss)(params, x_test, y_test)
 grad_dot = engine.per_example_dots(loss, params, xs, ys, g_test)           # (N,)
 
+# projected gradients at the trained model, no θ̂ (LoGra, Choe et al. 2024): per layer (a Pa)ᵀ(δ Pd) from the rules'
+# a and δ, never the gradient; the training features once, then each test point is one matrix-vector product
+proj = engine.projections(loss, params, xs, ys, k_in=16, k_out=16)         # Gaussian Pa (I, 16), Pd (O, 16) per layer
+Phi = engine.per_example_projections(loss, params, xs, ys, proj)            # (N, k), streamed
+phi = engine.per_example_projections(loss, params, x_test[None], y_test[None], proj)[0]
+projected = Phi @ phi                                                       # (N,) ≈ grad_dot
+
 # TracIn (Pruthi et al. 2020): checkpoints after SGD steps, each weighted by the learning rate used there
 ckpts, lrs = inf.tracin_checkpoints(sgd_run)                               # the initialization is not one
 ckpts = [eqx.partition(c, eqx.is_array)[0] for c in ckpts]
