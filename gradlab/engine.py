@@ -21,6 +21,10 @@ matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take
 (aᵢ, δᵢ) give the norms, hence cᵢ = min(1, C/‖gᵢ‖), and then Σᵢ cᵢ·aᵢᵀδᵢ, one matmul per ruled op,
 with no second backward pass.
 
+`per_example_projections` gives each example's gradient under a fixed random projection (`projections`): a dense,
+convolution or embedding weight's part is (aPa)ᵀ(δPd) from the same (a, δ), a Kronecker-factored projection that
+never forms the gradient (LoGra; the influence features of `gradlab.influence.methods.logra`).
+
 On a small computation `per_example_norms`, `per_example_layer_norms` and `clipped_grad_sum` with
 `method="auto"` time both paths once per (loss_fn, shapes, N) and keep the faster (`AUTO_TIMING`): where a
 batch gradient takes under a millisecond, XLA's per-op cost, not the flops, decides.
