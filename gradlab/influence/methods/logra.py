@@ -177,9 +177,12 @@ class LoGra(Method):
         k = state.phi.shape[1]
         how = (f"TRAK's after-kernel (ΦᵀΦ + λI)⁻¹ with λ = {state.ridge:.2g}" if state.chol is not None
                else "their inner product")
-        return (f"Projected gradients at the trained model: {k:,} features per example "
-                f"(Kronecker-factored per layer, {', '.join(sorted({p.how for p in state.projection}))}), scored "
-                f"by {how}. No re-converged θ̂.")
+        count = {h: sum(p.how == h for p in state.projection) for h in ("kronecker", "whole", "dense")}
+        parts = [f"{count['kronecker']} weights projected as (aPa)ᵀ(δPd) from the layers' a and δ"]
+        parts += [f"{count['whole']} small leaves whole"] * bool(count["whole"])
+        parts += [f"{count['dense']} leaves by a dense Gaussian"] * bool(count["dense"])
+        return (f"Projected gradients at the trained model: {k:,} features per example ({'; '.join(parts)}), "
+                f"scored by {how}. No re-converged θ̂.")
 
     def test_features(self, ctx: Context, state: Features, test_xs, test_ys):
         x_test = ctx.fitted.data.x_test
