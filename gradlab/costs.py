@@ -133,6 +133,33 @@ def influence_page_seconds(num_params: int, n: int, *, steps: int, batch_size: i
             + trak_models * (lbfgs + training_seconds(num_params, steps, batch_size)))
 
 
+def optimum_seconds(num_params: int, n: int) -> float:
+    """Estimated CPU-seconds of θ̂: L-BFGS on mean ℓ + λ/2‖θ‖² over `n` examples, `OPTIMUM_ITERS` iterations. Only the methods that need θ̂ (`Method.needs_optimum`) pay it."""
+    return OPTIMUM_ITERS * n * num_params / LBFGS_RATE
+
+
+def inverse_hvp_seconds(num_params: int, n: int) -> float:
+    """Estimated CPU-seconds of one batch of inverse-HVP solves (H + δI)⁻¹v at θ̂: about 200 Hessian-vector
+    products over `n` examples."""
+    return 200 * n * num_params / LBFGS_RATE
+
+
+#: A streamed pass over the examples (dot products, norms, projected gradients) against a training step's work per
+#: example, and its set-up (tracing, compiling): measured on seed 003's SimpleCNN over the Fashion subset
+#: (`python -m benchmarks.influence_scale`).
+PASS_FACTOR = 0.8
+PASS_SETUP_SECONDS = 2.0
+
+
+def pass_seconds(num_params: int, n: int, macs: int = 0, *, setup: bool = True) -> float:
+    """Estimated CPU-seconds of one streamed per-example pass over `n` examples (`engine.per_example_dots`,
+    `per_example_norms`, `per_example_projections`): `PASS_SETUP_SECONDS` (with `setup`: compiling, once per process
+    and shape) plus per example `PASS_FACTOR` times a training step's work (`training_seconds`' rates; convolutions
+    by their multiply-adds `macs`)."""
+    per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return PASS_SETUP_SECONDS * setup + PASS_FACTOR * n * per_example
+
+
 def timing_seconds(num_params: int, cells, *, repeats: int) -> float:
     """Estimated CPU-seconds of the Performance page's sweep: for each `(approach, n)` cell, 0.5 s of compiling
     plus `repeats + 1` runs (the Python loop: 2 ms of dispatch per example; per-example approaches at

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax
@@ -22,7 +23,8 @@ import pytest
 
 from gradlab import audit, clipping, engine, equivalence, geometry, membership, metrics, privacy, train
 from gradlab.experiment import Experiment, init_model, load_data
-from gradlab.influence import evaluation, scores, solvers
+from gradlab.influence import METHODS, evaluation, scores, solvers
+from gradlab.influence.protocol import Context
 from gradlab.losses import cross_entropy
 
 VIEWS = Path(__file__).resolve().parents[1] / "views"
@@ -174,6 +176,12 @@ def test_influence_panel(small):
                    x_test=x_tests[0], y_test=y_tests[0], sgd_run=sgd_run, models=[eqx.filter(m, eqx.is_array)],
                    x_tests=x_tests, y_tests=y_tests, K=data.n_classes, M=4)
     close(ns["grad_dot"], scores.grad_dot(cross_entropy, m, xs, ys, x_tests[0], y_tests[0]))
+    # the page's projected gradients (inner product, k = 16 per side) are the panel's
+    fitted = SimpleNamespace(model=m, loss_fn=cross_entropy, data=SimpleNamespace(
+        x_train=xs, y_train=ys, x_test=x_tests[:1], y_test=y_tests[:1]))
+    ctx = Context(fitted, {"logra_k": 16, "logra_kernel": "inner"}, lambda: None)
+    logra = METHODS["logra"]
+    close(ns["projected"], logra.scores(ctx, logra.prepare(ctx), x_tests[:1], y_tests[:1]).values[0], rtol=1e-4)
     ckpts, lrs = scores.tracin_checkpoints(sgd_run)
     close(ns["tracin"], scores.tracin(cross_entropy, ckpts, lrs, xs, ys, x_tests[0], y_tests[0]))
     assert ns["base"].grad_norm < 1e-2  # L-BFGS near θ̂ (a ReLU network stalls at its kinks, ~4e-3 here)
