@@ -752,7 +752,7 @@ class LeafProjection(eqx.Module):
 
     `how`: "kronecker" (a dense, convolution or embedding weight: its gradient in the rule's factor layout
     G `(I, O)` becomes Paᵀ G Pd, `(k_in·k_out,)` row-major, i.e. (Pa ⊗ Pd)ᵀ vec(G), never forming G); "whole" (a
-    small leaf: its flat gradient, unprojected); "dense" (its flat gradient times a Gaussian `dense (size, k)`).
+    small leaf: its flat gradient, unprojected); "gaussian" (its flat gradient times a Gaussian `dense (size, k)`).
     `pa (I, k_in)`, `pd (O, k_out)`: a Gaussian matrix with N(0, 1/k) entries, or the identity where the side is no
     larger than k (exact). `name`: the leaf's name (`engine.leaf_names`); `features`: how many it contributes."""
 
@@ -839,7 +839,7 @@ def projections(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, k_in: int 
         elif leaf.size <= PROJECT_WHOLE_MAX:
             out.append(LeafProjection(name, "whole", int(leaf.size)))
         elif leaf.size * dense_dim <= PROJECT_DENSE_MAX:
-            out.append(LeafProjection(name, "dense", dense_dim, dense=_gauss(k, int(leaf.size), dense_dim)))
+            out.append(LeafProjection(name, "gaussian", dense_dim, dense=_gauss(k, int(leaf.size), dense_dim)))
         else:
             raise ValueError(f"parameter {name} ({leaf.size:,} values) has no (a, δ) factors to project, and a dense "
                              f"projection to {dense_dim} would hold {leaf.size * dense_dim:,} floats")

@@ -92,7 +92,7 @@ def test_a_large_leaf_without_factors_is_projected_densely_and_exactly():
     p = {"scale": jax.random.normal(jax.random.key(0), (1100,)), "w": jax.random.normal(jax.random.key(1), (1100, 2))}
     xs, ys = jax.random.normal(jax.random.key(2), (3, 1100)), jax.random.normal(jax.random.key(3), (3, 2))
     proj = engine.projections(loss, p, xs, ys, k_in=4, k_out=2, dense_dim=7)
-    assert [q.how for q in proj] == ["dense", "kronecker"]
+    assert [q.how for q in proj] == ["gaussian", "kronecker"]
     got = np.asarray(engine.per_example_projections(loss, p, xs, ys, proj))
     grads = [jax.grad(loss)(p, x, y) for x, y in zip(xs, ys)]
     want = np.stack([_explicit(proj, [g["scale"], g["w"]], {"['w']": lambda a: a}) for g in grads])

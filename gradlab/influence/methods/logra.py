@@ -177,10 +177,10 @@ class LoGra(Method):
         k = state.phi.shape[1]
         how = (f"TRAK's after-kernel (ΦᵀΦ + λI)⁻¹ with λ = {state.ridge:.2g}" if state.chol is not None
                else "their inner product")
-        count = {h: sum(p.how == h for p in state.projection) for h in ("kronecker", "whole", "dense")}
+        count = {h: sum(p.how == h for p in state.projection) for h in ("kronecker", "whole", "gaussian")}
         parts = [f"{count['kronecker']} weights projected as (aPa)ᵀ(δPd) from the layers' a and δ"]
         parts += [f"{count['whole']} small leaves whole"] * bool(count["whole"])
-        parts += [f"{count['dense']} leaves by a dense Gaussian"] * bool(count["dense"])
+        parts += [f"{count['gaussian']} leaves by a dense Gaussian"] * bool(count["gaussian"])
         return (f"Projected gradients at the trained model: {k:,} features per example ({'; '.join(parts)}), "
                 f"scored by {how}. No re-converged θ̂.")
 
