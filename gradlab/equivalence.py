@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine, memory
+from gradlab import costs, engine, memory
 from gradlab.params import split_params
 
 #: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by
@@ -38,10 +38,76 @@ MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
 #: (a `?model=cnn` link on Equivalence). Chunks of 4 keep it bounded (chunks of 16 peak ~180 MB over the baseline).
 FLOAT64_CHUNK = 4
 
-#: Largest model the hosted page compares (parameters). The 512×4 MLP (P = 826,378) over the 1437
-#: digits took more than 10 minutes on this 2-core machine; the 256×2 MLP (P = 85,002) and everything
-#: smaller take seconds. The page refuses from P before training (`ui.num_params`); the library has no limit.
-PAGE_MAX_PARAMS = 100_000
+#: The seed of the fixed random draw of examples a reduced comparison takes (`subset_indices`): the same rows for
+#: every visitor and checkpoint.
+SUBSET_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SubsetPlan:
+    """How many of a training set's examples the Equivalence page compares both ways on, and why.
+
+    `n` of `total` examples (all when `n == total`); `why`: `"all"`, `"memory"` (way (b)'s one gradient of the summed
+    float64 loss keeps every example's intermediates at once: `bytes_per_example` each, within `budget_bytes`) or
+    `"time"` (the estimate for more, `costs.equivalence_seconds`, passes `seconds_left`); `seconds`: the estimate for
+    `n`, `seconds_all` for every example."""
+
+    n: int
+    total: int
+    why: str
+    seconds: float
+    seconds_all: float
+    bytes_per_example: int
+    budget_bytes: int
+    seconds_left: float
+
+    @property
+    def reduced(self) -> bool:
+        return self.n < self.total
+
+
+def plan_subset(total: int, num_params: int, bytes_per_example: int, *, macs: int = 0,
+                seconds_left: float = float("inf"), budget_bytes: int = memory.BUDGET_BYTES) -> SubsetPlan:
+    """The most examples (of `total`) the comparison can take within `seconds_left` CPU-seconds and `budget_bytes`.
+
+    **Arguments** `total`: N; `num_params`: P; `bytes_per_example`: what one more example adds to way (b)'s float64
+    pass (`memory.example_bytes(..., itemsize=8)`); `macs`: the forward's multiply-adds (0: count P).
+
+    Way (a) streams its per-example gradients in chunks (`way_a`: at most `MAX_MATERIALIZED` floats), but way (b),
+    one gradient of the summed loss, keeps every example's intermediates for its backward pass: that bounds N by
+    memory; `costs.equivalence_seconds` bounds it by time. **Returns** a `SubsetPlan` with `n ≥ 1` (the identity
+    holds on any set of examples: one is a fair demonstration when nothing more fits)."""
+    total = int(total)
+    by_memory = total if bytes_per_example <= 0 else max(1, int(budget_bytes // bytes_per_example))
+    cost = lambda n: costs.equivalence_seconds(num_params, n, macs)  # noqa: E731
+    if cost(min(total, by_memory)) <= seconds_left:
+        by_time = total
+    else:
+        lo, hi = 1, min(total, by_memory)  # the largest n with cost(n) within the budget (cost grows with n)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if cost(mid) <= seconds_left else (lo, mid - 1)
+        by_time = lo
+    n = max(1, min(total, by_memory, by_time))
+    why = "all" if n == total else ("memory" if by_memory <= by_time else "time")
+    return SubsetPlan(n, total, why, cost(n), cost(total), int(bytes_per_example), int(budget_bytes),
+                      float(seconds_left))
+
+
+def subset_indices(total: int, n: int) -> np.ndarray:
+    """`n` of `range(total)`, ascending, drawn at random with `SUBSET_SEED`; all of them, in order, when `n ≥ total`."""
+    if n >= total:
+        return np.arange(total)
+    return np.sort(np.random.default_rng(SUBSET_SEED).choice(total, int(n), replace=False))
+
+
+def take(xs: Any, ys: Any, n: int) -> tuple[Any, Any]:
+    """`(xs, ys)` restricted to `subset_indices(N, n)`; the arrays themselves when `n ≥ N` (all examples)."""
+    total = engine.check_batch(xs, ys)
+    if n >= total:
+        return xs, ys
+    idx = subset_indices(total, n)
+    return jax.tree.map(lambda v: v[idx], (xs, ys))
 
 
 def scalar_loss(w, x, y):
