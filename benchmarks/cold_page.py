@@ -58,7 +58,8 @@ def visit(page_path: str, query: str, store: str | None = None, press: str | Non
             page.context.close()
             sampler.stop.set()
         browser.close()
-        return dict(server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
+        computes = [line for line in log.read_text().splitlines() if line.startswith("gradlab-compute ")]
+        return dict(computes=computes, server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
                     load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak)
 
 
@@ -68,6 +69,7 @@ def main(argv=None) -> None:
     ap.add_argument("--query", default="dataset=fashion&model=simple_cnn")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--show", help="print the page's lines containing this text")
+    ap.add_argument("--computes", action="store_true", help="print each computation's time and memory (server log)")
     ap.add_argument("--store", help="keep the results store in this folder (default: a fresh one per visit)")
     ap.add_argument("--press", help="after the link's first screen, press the button with this label (fills --store)")
     a = ap.parse_args(argv)
@@ -80,6 +82,9 @@ def main(argv=None) -> None:
               + f"; load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; {len(r['errors'])} error boxes", flush=True)
         for e in r["errors"]:
             print("    ERROR", e[:300])
+        if a.computes:
+            for line in r["computes"]:
+                print("    ", line[len("gradlab-compute "):])
         if a.show:
             for line in r["text"].splitlines():
                 if a.show.lower() in line.lower():

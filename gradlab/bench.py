@@ -120,11 +120,14 @@ def time_approach(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: An
 def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int],
           approaches: Iterable[str] = ("loop", "vmap", "batch", "norms"), *, repeats: int = 3,
           chunk_size: int | None = None, loop_max: int | None = None,
-          progress: Callable[[float, str], None] | None = None) -> list[Timing]:
+          progress: Callable[[float, str], None] | None = None,
+          between: Callable[[], None] | None = None) -> list[Timing]:
     """Time every approach at every batch size N (the first N examples of xs, ys).
 
     **Arguments** as `time_approach`, plus `sizes` (each 1 ≤ N ≤ len(xs)), `loop_max` (skip the
-    slow loop above this N; None = never skip), `progress(fraction, text)` called after each cell.
+    slow loop above this N; None = never skip), `progress(fraction, text)` called after each cell, `between()`
+    called between two cells (the Performance page returns memory there: `memory.release_memory`; every cell's shape
+    compiles anew, so a large model's programs need not pile up).
 
     **Returns** a list of `Timing`, in order of sizes then approaches.
 
@@ -145,6 +148,8 @@ def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int]
         sub = jax.tree.map(lambda v: v[:n], (xs, ys))
         if progress:
             progress(i / len(cells), f"{APPROACHES[a]} at N = {n}")
+        if between is not None and i:
+            between()
         out.append(time_approach(a, loss_fn, params, *sub, repeats=1 if a == "loop" else repeats,
                                  chunk_size=chunk_size))
     if progress:

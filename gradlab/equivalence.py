@@ -37,6 +37,14 @@ MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
 #: 256 examples took 16 s, 512 examples passed 2.5 GB, and all 1437 grew the server to 24 GB
 #: (a `?model=cnn` link on Equivalence). Chunks of 4 keep it bounded (chunks of 16 peak ~180 MB over the baseline).
 FLOAT64_CHUNK = 4
+#: ... and at most `MAX_MATERIALIZED // (FLOAT64_COPIES · P)` examples: on seed 003's SimpleCNN (P = 1.2 M) way (a) in
+#: float64 peaked 177 MB over its start at chunks of 3 and 110 MB at chunks of 1, in the same CPU time
+#: (benchmarks/RESULTS.md, "Equivalence on SimpleCNN"). Smaller models keep `FLOAT64_CHUNK`.
+FLOAT64_COPIES = 4
+
+#: Memory way (b)'s float64 intermediates may take in the Equivalence page's comparison (`plan_subset`): half the
+#: budget per computation, the rest for way (a)'s chunk of per-example gradients and the eight P-vectors of results.
+SUBSET_BUDGET_BYTES = memory.BUDGET_BYTES // 2
 
 #: The seed of the fixed random draw of examples a reduced comparison takes (`subset_indices`): the same rows for
 #: every visitor and checkpoint.
@@ -67,7 +75,7 @@ class SubsetPlan:
 
 
 def plan_subset(total: int, num_params: int, bytes_per_example: int, *, macs: int = 0,
-                seconds_left: float = float("inf"), budget_bytes: int = memory.BUDGET_BYTES) -> SubsetPlan:
+                seconds_left: float = float("inf"), budget_bytes: int = SUBSET_BUDGET_BYTES) -> SubsetPlan:
     """The most examples (of `total`) the comparison can take within `seconds_left` CPU-seconds and `budget_bytes`.
 
     **Arguments** `total`: N; `num_params`: P; `bytes_per_example`: what one more example adds to way (b)'s float64
@@ -216,9 +224,10 @@ def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = 
     params = engine.as_params(params)
     p = max(engine.num_params(params), 1)
     chunk = max(1, min(n, MAX_MATERIALIZED // p))
-    # see FLOAT64_CHUNK: float64 grouped convolutions (conv kernels are the leaves with ndim > 2)
+    # see FLOAT64_CHUNK: float64 grouped convolutions (conv kernels are the leaves with ndim > 2); a large model's
+    # expanded convolutions hold a few copies of the chunk's gradients besides: one example at a time (SimpleCNN)
     if any(getattr(v, "dtype", None) == jnp.float64 and v.ndim > 2 for v in jax.tree.leaves(params)):
-        chunk = min(chunk, FLOAT64_CHUNK)
+        chunk = min(chunk, FLOAT64_CHUNK, max(1, MAX_MATERIALIZED // (FLOAT64_COPIES * p)))
     total = _summed_per_example_grads(loss_fn, params, xs, ys, chunk)
     return jax.tree.map(lambda a: a / n, total) if reduction == "mean" else total
 
@@ -233,14 +242,18 @@ def _leaf_dict(params, tree) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.float64) for k, v in zip(names, jax.tree.leaves(tree))}
 
 
-def _ways(loss_fn, params, xs, ys, dtype) -> tuple[dict, dict, dict, dict]:
+def _ways(loss_fn, params, xs, ys, dtype, between=None) -> tuple[dict, dict, dict, dict]:
     """In `dtype`: way (a) summed and averaged, way (b) summed and averaged, as float64 leaf dicts.
-    Way (a) averaged is way (a) summed divided by N in `dtype`, as `way_a(reduction="mean")` does."""
+    Way (a) averaged is way (a) summed divided by N in `dtype`, as `way_a(reduction="mean")` does.
+    `between()` is called after way (a) (`compare_all`)."""
     p, x, y = _to(dtype, (params, xs, ys))
     a_sum = way_a(loss_fn, p, x, y, reduction="sum")
     n = engine.check_batch(xs, ys)
-    return (_leaf_dict(params, a_sum), _leaf_dict(params, jax.tree.map(lambda a: a / n, a_sum)),
-            _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="sum")),
+    a = (_leaf_dict(params, a_sum), _leaf_dict(params, jax.tree.map(lambda a: a / n, a_sum)))
+    del a_sum
+    if between is not None:
+        between()
+    return (*a, _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="sum")),
             _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="mean")))
 
 
@@ -266,18 +279,23 @@ def _comparison(params, n, reduction, w32, w64) -> Comparison:
     return Comparison(leaves, n, engine.num_params(params), reduction, a32, b32)
 
 
-def compare_all(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> tuple[dict[str, Comparison], "Scaling"]:
+def compare_all(loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
+                between: Callable[[], None] | None = None) -> tuple[dict[str, Comparison], "Scaling"]:
     """`compare` for both reductions and `mean_vs_sum`, from one pass of each way per precision.
 
     The expensive part, way (a)'s per-example gradients, runs once in float32 and once in float64;
-    the mean is the sum divided by N, as in `way_a`. **Arguments** as `compare`. **Returns**
+    the mean is the sum divided by N, as in `way_a`. **Arguments** as `compare`, and `between()`, called between
+    the passes (after each way (a) and after the float32 pass: the Equivalence page returns memory there,
+    `memory.release_memory`, so a large model's eight programs do not pile up). **Returns**
     `({"sum": Comparison, "mean": Comparison}, Scaling)`, equal to `compare(..., reduction=r)` and
     `mean_vs_sum(...)`. **Raises** as `compare`.
     """
     n = engine.check_batch(xs, ys)
-    w32 = _ways(loss_fn, params, xs, ys, jnp.float32)
+    w32 = _ways(loss_fn, params, xs, ys, jnp.float32, between)
+    if between is not None:
+        between()
     with jax.enable_x64(True):  # thread-local: other sessions keep float32
-        w64 = _ways(loss_fn, params, xs, ys, jnp.float64)
+        w64 = _ways(loss_fn, params, xs, ys, jnp.float64, between)
     return {r: _comparison(params, n, r, w32, w64) for r in ("sum", "mean")}, _scaling(n, *w32)
 
 

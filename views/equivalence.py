@@ -38,7 +38,8 @@ def comparison(exp, example, n, _fitted=None):
         return *equivalence.compare_all(loss, w, xs, ys), None
     f = _fitted
     xs, ys = equivalence.take(f.data.x_train, f.data.y_train, n)
-    return *equivalence.compare_all(f.loss_fn, f.model, xs, ys), equivalence.shapes(f.loss_fn, f.model, xs, ys)
+    return (*equivalence.compare_all(f.loss_fn, f.model, xs, ys, between=memory.release_memory),
+            equivalence.shapes(f.loss_fn, f.model, xs, ys))
 
 
 @ui.shared(label="Running the pitfalls")

@@ -114,7 +114,10 @@ def timings(workload, exp, approach, ns, repeats, loop_max, attempt, machine, _p
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s, measured=when)
             for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
-                                 progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"))]
+                                 progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"),
+                                 # each N compiles anew: a large model's programs must not pile up (the loop's one
+                                 # gradient is compiled once and kept)
+                                 between=None if approach == "loop" else memory.release_memory)]
 
 
 with ui.guard("The sweep does not fit this server's work budget", stop=True):
