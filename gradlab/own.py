@@ -387,7 +387,7 @@ def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=Non
     the array it came from: `x`, or `x_train` / `x_test`).
 
     **Raises** `OwnModelError` for an unreadable file, mismatched lengths, or labels that are not 0..K-1."""
-    row_label, source_rows = "index", None
+    row_label, source_rows, split = "index", None, ""
     if isinstance(data, (str, os.PathLike)):
         path = Path(data).expanduser()
         if path.suffix == ".csv":
@@ -415,6 +415,7 @@ def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=Non
         _same_length(x, y)
         rows = np.arange(len(y)) if source_rows is None else source_rows
         xtr, xte, ytr, yte, rtr, rte = train_test_split(x, y, rows, test_size=TEST_FRACTION, random_state=0)
+        split = f"train_test_split(x, y, test_size={TEST_FRACTION}, random_state=0)"
     else:
         raise OwnModelError(f"data has keys {sorted(arrays)}: give x and y, or x_train, y_train, x_test and y_test")
     _same_length(xtr, ytr)
@@ -437,7 +438,7 @@ def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=Non
     return Dataset(name=OWN, x_train=xtr, y_train=ytr, x_test=xte, y_test=yte, task=task, feature_names=names,
                    class_names=class_names, flipped=np.zeros(len(ytr), bool), y_train_clean=ytr,
                    image_shape=tuple(image_shape) if image_shape is not None else None,
-                   rows_train=rtr, rows_test=rte, row_label=row_label)
+                   rows_train=rtr, rows_test=rte, row_label=row_label, split=split)
 
 
 def _same_length(x, y) -> None:

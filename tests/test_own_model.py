@@ -413,3 +413,19 @@ def test_serve_accepts_streamlits_spelling_of_its_flags(capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     assert "test_size=0.2, random_state=0" in " ".join(capsys.readouterr().out.split())  # the 80/20 split, said
+
+
+def test_the_80_20_split_is_said_where_a_researcher_reads():
+    """Data without a test split is split by `train_test_split(x, y, test_size=0.2, random_state=0)`: the oracle is that
+    call itself; the dataset names it (the sidebar's caption shows it), and docs/own-model.md says it."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    d = own.as_dataset((x.astype(np.float32), y))
+    _, x_test, _, _ = train_test_split(x.astype(np.float32), y, test_size=0.2, random_state=0)
+    np.testing.assert_array_equal(d.x_test, x_test)
+    assert d.split == "train_test_split(x, y, test_size=0.2, random_state=0)"
+    given = own.as_dataset((x[:10], y[:10], x[10:15], y[10:15]))
+    assert given.split == ""  # a split of the user's own: nothing to say
+    assert "train_test_split(x, y, test_size=0.2, random_state=0)" in (ROOT / "docs" / "own-model.md").read_text()
