@@ -329,7 +329,7 @@ def _check_labels(loss_fn, predict_fn, params, data: Dataset, where: str) -> Non
         return
     top = int(max(data.y_train.max(), data.y_test.max() if len(data.y_test) else 0))
     fix = ("Labels must be the class ids 0..K-1 of a model with K outputs, as your loss indexes them: shift them "
-           f"(y - 1 for labels 1..K) or give the model more outputs.")
+           "(y - 1 for labels 1..K) or give the model more outputs.")
     if predict_fn is not None:
         try:
             shape = tuple(eqx.filter_eval_shape(predict_fn, params, data.x_train[0]).shape)

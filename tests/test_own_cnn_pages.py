@@ -3,7 +3,6 @@ and Performance as seed 003's SimpleCNN does: a declared subset, the loop and vm
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from conftest import assert_clean, open_page
 

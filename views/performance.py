@@ -90,8 +90,9 @@ cells = plan.cells
 skipped = []
 for a in approaches:
     if over := {n for m, n in plan.over_memory if m == a}:
-        fit = [n for n in sizes if n not in over]
-        skipped.append(f"{bench.APPROACHES[a]} above N = {max(fit)}" if fit else f"{bench.APPROACHES[a]} at every chosen N")
+        within = [n for n in sizes if n not in over]
+        skipped.append(f"{bench.APPROACHES[a]} above N = {max(within)}" if within
+                       else f"{bench.APPROACHES[a]} at every chosen N")
 if skipped:
     reduced = (f" So that every approach is on the figure, all of them are also timed at **N = {plan.reduced:,}**, the "
                f"largest N at which {', '.join(bench.APPROACHES[a] for a, ns in cells if ns == (plan.reduced,))} fits."
