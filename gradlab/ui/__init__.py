@@ -11,7 +11,7 @@
 Pages import `from gradlab import ui` and use the names re-exported here.
 """
 
-from gradlab.ui.cache import (data, fill_store_in_background, fitted, macs, num_examples, num_params, on_request, practice_wait,
+from gradlab.ui.cache import (data, equivalence_plan, fill_store_in_background, fitted, macs, num_examples, num_params, on_request, practice_wait,
                               requested, sandboxed, shared, summary_seconds, summary_size)
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
                               experiment_sidebar, follow_preset, preset_banner, preset_picker, remember_url,
@@ -25,7 +25,7 @@ from gradlab.ui.widgets import (chart, checkpoint_picker, choice, intro, code_pa
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
-    "apply_preset", "card_link", "chart", "data", "checkpoint_picker", "choice", "control", "code_panel", "dataframe", "download", "download_gradients",
+    "apply_preset", "card_link", "chart", "data", "equivalence_plan", "checkpoint_picker", "choice", "control", "code_panel", "dataframe", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "half_column", "inert", "intro",
     "macs", "needs_training_loop", "open_card", "selected_row", "practice_wait", "sandboxed", "num_examples", "num_params", "picked_index", "plotly_config", "point", "preset_banner", "preset_picker", "on_request", "requested",
     "summary_seconds", "summary_size",
