@@ -31,6 +31,12 @@ def test_record_page_card_and_whole_picture():
     assert len(memo) == 2  # as trained and DP-SGD, side by side
     assert {"memorization", "lira_member", "memorization_dp", "lira_member_dp"} <= set(at.selectbox(key="rec_x").options)
     assert len([m for m in at.metric if m.label == "LiRA score as a member"]) == 2
+    # the whole training set, side by side: mean memorization and LiRA's TPR at 0.1% FPR, as trained and under DP-SGD
+    for label in ("Mean memorization as trained", "Mean memorization under DP-SGD",
+                  "LiRA TPR at 0.1% FPR as trained", "LiRA TPR at 0.1% FPR under DP-SGD"):
+        assert metric(at, label)
+    attacks_table = next(d.value for d in at.dataframe if "TPR at 0.1% FPR" in d.value.columns)
+    assert len(attacks_table) == 6 and attacks_table["ROC AUC"].between(0, 1).all()  # 3 attacks x 2 ensembles
     # the picture moves to the strongest relation across sources, which the ensembles bring
     pair = {at.selectbox(key="rec_x").value, at.selectbox(key="rec_y").value}
     assert pair & {"memorization", "lira", "lira_member", "memorization_dp", "lira_member_dp"}, pair

@@ -125,10 +125,42 @@ def ensembles(exp, m, eps, c, _fitted):
 
 
 
+@ui.shared(label="Attacking every model of both ensembles")
+def attacks(exp, m, eps, c, _outputs, _dp):
+    """Each attack's AUC and TPR at FPR 0.1% and 1% on each ensemble (leave one model out), as trained and DP-SGD."""
+    return record.attack_summary(record.attack_rocs(_outputs)), record.attack_summary(record.attack_rocs(_dp))
+
+
 @ui.shared(label="Every example's record")
 def whole_table(exp, size, clip_norm, m, eps, _fitted, _t, _outputs, _dp):
     """`card.table` with the ensembles (their settings in the key: `m`, ε and C say which ones they are)."""
     return card.table(_fitted, _t, clip_norm=clip_norm, outputs=_outputs, dp=_dp)
+
+
+def dp_effect(exp, m, eps, clip_norm, outputs, dp, full) -> None:
+    """What DP-SGD does to the whole training set: mean memorization and the attacks' TPR at a low FPR, side by side."""
+    with ui.guard("The attacks could not be evaluated"):
+        public, private = attacks(exp, m, eps, clip_norm, outputs, dp)
+        st.markdown(f"**What DP-SGD at ε = {dp.epsilon:.3g} does to the whole training set** (each of the {m} models "
+                    "in turn the target, the others its shadows: Carlini et al. 2022's evaluation)")
+        cols = st.columns(4)
+        for col, (what, mem) in zip(cols[:2], (("as trained", "memorization"), ("under DP-SGD", "memorization_dp"))):
+            v = full[mem].to_numpy(np.float64)
+            col.metric(f"Mean memorization {what}", f"{np.nanmean(v):+.3f}",
+                       help=f"± {np.nanstd(v) / np.sqrt(np.isfinite(v).sum()):.3f} (standard error of the mean over "
+                            "examples). Feldman & Zhang 2020: P(correct | trained on it) − P(correct | not).")
+        lira = {k: t.set_index("attack").loc["lira_online"] for k, t in (("as trained", public), ("under DP-SGD", private))}
+        for col, (what, row) in zip(cols[2:], lira.items()):
+            col.metric(f"LiRA TPR at 0.1% FPR {what}", f"{row['tpr@0.001']:.1%}",
+                       help=f"Online LiRA (Carlini et al. 2022): AUC {row['auc']:.3f}, TPR at 1% FPR "
+                            f"{row['tpr@0.01']:.1%}. The loss-threshold attack's TPR at 0.1%: "
+                            + ", ".join(f"{t.set_index('attack').loc['loss', 'tpr@0.001']:.1%} {k}"
+                                        for k, t in (("as trained", public), ("under DP-SGD", private))) + ".")
+        table = pd.concat([public.assign(model="as trained"), private.assign(model=f"DP-SGD ε = {dp.epsilon:.3g}")])
+        ui.dataframe(table[["model", "label", "auc", "tpr@0.001", "tpr@0.01"]].rename(
+            columns={"label": "attack", "auc": "ROC AUC", "tpr@0.001": "TPR at 0.1% FPR", "tpr@0.01": "TPR at 1% FPR"}),
+            hide_index=True, width="stretch")
+        ui.download(f"gradlab_attacks_{exp.dataset}", table, label="Attacks on both ensembles", key="record_attacks_download")
 
 
 def training_set_record() -> None:
@@ -263,6 +295,8 @@ def training_set_record() -> None:
 
     # ------------------------------------------------------------------ the whole picture
     st.header("The whole picture")
+    if outputs is not None:
+        dp_effect(exp, M, eps, clip_norm, outputs, dp, full)
     available = [q for q in card.QUANTITIES if q in full and np.isfinite(full[q].to_numpy(np.float64)).sum() > 3]
     corr = record.rank_correlations(full, available)
     best = card.strongest_across(corr)
