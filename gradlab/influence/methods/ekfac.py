@@ -1,0 +1,136 @@
+"""An influence function at the trained checkpoint with Kronecker-factored curvature (EK-FAC, George et al. 2018;
+K-FAC, Martens & Grosse 2015), as Grosse et al. 2023 and Kronfluence compute it for large networks: no re-converged
+θ̂, the Hessian replaced by the damped Fisher F + δI, factored per layer from the rules' activations aᵢ and output
+gradients δᵢ (`gradlab.influence.curvature`). τ = (1/N) ∇ℓ(z)ᵀ(F + δI)⁻¹∇ℓ(zᵢ): the influence function's sign and
+scale (positive = proponent, the predicted rise of the test loss if zᵢ were removed)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradlab import losses, memory
+from gradlab.influence import curvature
+from gradlab.influence.protocol import Context, Control, Method, Scored
+
+#: The projection dimensions the page offers, and no projection (every factor exact).
+PROJ_DIMS = (64, 128, 256, 512, 1024, 2048)
+EXACT = "none (exact)"
+#: The default k: every layer of the digits MLP is exact; seed 003's SimpleCNN projects fc1's 9,216 inputs to 512.
+DEFAULT_K = "512"
+KINDS = {"ekfac": "EK-FAC (eigenvalue-corrected)", "kfac": "K-FAC (Kronecker eigenvalues)"}
+FISHERS = {"sampled": "true Fisher (labels sampled from the model)", "empirical": "empirical Fisher (dataset labels)"}
+#: CPU-seconds per (example × multiply-add of one forward pass) of one curvature pass (a forward, a backward, the
+#: factors' or the eigenbasis' products), and set-up (tracing, compiling three programs, the eigendecompositions):
+#: measured with `python -m benchmarks.ekfac_scale` (docs/influence.md).
+PASS_RATE = 1.0e9
+SETUP_SECONDS = 4.0
+
+
+def proj_dim(settings) -> int | None:
+    """The projection k a setting names; None for `EXACT`."""
+    return None if settings["ekfac_k"] == EXACT else int(settings["ekfac_k"])
+
+
+def model_outputs(fitted, xs):
+    """The model's outputs on `xs`: logits or log-probabilities `(N, K)` for classification, `(N,)` for
+    regression (in chunks of `losses.FORWARD_CHUNK`)."""
+    model = fitted.model
+    apply = model if fitted.predict_fn is None else (lambda x: fitted.predict_fn(model, x))
+    return jax.lax.map(apply, jnp.asarray(xs), batch_size=losses.FORWARD_CHUNK)
+
+
+def curvature_labels(fitted, fisher: str, seed: int):
+    """The labels the curvature's δ is taken at: the dataset's (`"empirical"`), or drawn from the model's predictive
+    distribution (`"sampled"`, `curvature.fisher_labels`)."""
+    ys = jnp.asarray(fitted.data.y_train)
+    if fisher == "empirical":
+        return ys
+    out = model_outputs(fitted, fitted.data.x_train)
+    return curvature.fisher_labels(jax.random.key(seed), out, fitted.data.task).astype(ys.dtype)
+
+
+class Ekfac(Method):
+    """Representation: a test example by (F + δI)⁻¹∇ℓ(z) (preconditioned per layer in its Kronecker eigenbasis), a
+    training example by its gradient at the trained model (streamed). Prepared state: the `curvature.Curvature`
+    (two streamed passes for EK-FAC, one for K-FAC), independent of δ."""
+
+    name, label, short = "ekfac", "Influence function, EK-FAC curvature (trained model, no θ̂)", "EK-FAC"
+    self_label, self_short = "EK-FAC influence ∇ℓᵢᵀ(F + δI)⁻¹∇ℓᵢ / N at the trained model", "EK-FAC"
+    controls = (
+        Control("ekfac_kind", "infl_ekfac_kind", "Curvature", "ekfac", "select", tuple(KINDS), fmt=KINDS.get,
+                help="**EK-FAC**: each layer's Kronecker eigenbasis Q_A ⊗ Q_S with the Fisher's own variance along "
+                     "each basis vector (one more pass). **K-FAC**: the Kronecker product's eigenvalues λ_A·λ_S."),
+        Control("ekfac_fisher", "infl_ekfac_fisher", "Fisher", "sampled", "select", tuple(FISHERS), fmt=FISHERS.get,
+                help="Which labels the curvature's output gradients are taken at. Sampled from the model's own "
+                     "predictions: the true Fisher, the Gauss–Newton matrix of cross-entropy (Kronfluence's default). "
+                     "The dataset's: the empirical Fisher, near zero on examples the model already fits."),
+        Control("ekfac_k", "infl_ekfac_k", "Projection k (per layer side)", DEFAULT_K, "slider",
+                (*map(str, PROJ_DIMS), EXACT),
+                help="A layer with more than k inputs (or outputs) first projects them to k by a fixed Gaussian "
+                     "matrix (LoGra), so its factor is k × k: seed 003's fc1 has 9,216 inputs, whose exact factor "
+                     "takes 340 MB. Layers of at most k keep their exact factors."),
+    )
+    prepare_reads = ("ekfac_kind", "ekfac_fisher", "ekfac_k")
+    reads = ("damping", "ekfac_kind", "ekfac_fisher", "ekfac_k")
+
+    def applies(self, fitted) -> str | None:
+        x, y = fitted.data.x_train[0], fitted.data.y_train[0]
+        try:
+            lay = curvature.layout(fitted.loss_fn, fitted.model, jnp.asarray(x), jnp.asarray(y))
+        except Exception as err:  # noqa: BLE001  a loss the tracer cannot follow
+            return f"its loss could not be traced for the layers' factors ({type(err).__name__})"
+        if not lay.sites:
+            return "the model has no dense or convolution layer whose weight the rules factor as activations ⊗ δ"
+        return None
+
+    def cost_seconds(self, num_params, n, settings, *, steps, batch_size) -> float:
+        passes = 2 if settings["ekfac_kind"] == "kfac" else 3  # factors, (correction), one scoring pass
+        return SETUP_SECONDS + passes * n * max(int(num_params), 1) * 3 / PASS_RATE
+
+    def held_bytes(self, num_params, settings, n_checkpoints) -> int:
+        # From P alone: the diagonal blocks and one preconditioned test vector (≤ 2P floats), and the factors
+        # as if each side were k (or, with no projection, as if the model were one square layer). `prepare`
+        # checks the exact bytes of the layers it finds (`curvature.Layout.held_bytes`).
+        p, k = int(num_params), proj_dim(settings)
+        side = int(np.sqrt(p)) if k is None else min(k, p)
+        return 4 * (2 * p + 3 * side * side)
+
+    def fix(self, num_params, settings, n_checkpoints) -> str:
+        return "Set the EK-FAC settings' **Projection k** to 512 or less."
+
+    def prepare(self, ctx: Context):
+        f, s = ctx.fitted, ctx.settings
+        xs, ys = ctx.arrays()
+        lay = curvature.layout(f.loss_fn, f.model, xs[0], ys[0], proj_dim=proj_dim(s))
+        k = proj_dim(s)
+        memory.check(f"{KINDS[s['ekfac_kind']]} factors", lay.held_bytes(),
+                     "Set the EK-FAC settings' **Projection k** lower" + (f" than {k}." if k else " (e.g. 512)."))
+        labels = curvature_labels(f, s["ekfac_fisher"], getattr(getattr(f, "experiment", None), "seed", 0))
+        return curvature.fit(lay, f.model, xs, labels, kind=s["ekfac_kind"], fisher=s["ekfac_fisher"])
+
+    def note(self, state) -> str | None:
+        lay = state.layout
+        proj = [s for s in lay.sites if s.k_in < s.inputs or s.k_out < s.outputs]
+        return (f"{KINDS[state.kind]} over {len(lay.sites)} layers ({FISHERS[state.fisher]}), at the trained model"
+                + (f"; {len(proj)} projected (LoGra)" if proj else "")
+                + (f"; {len(lay.diagonal)} leaves (biases, scales, …) with a diagonal curvature" if lay.diagonal else "")
+                + ".")
+
+    def scores(self, ctx: Context, state, test_xs, test_ys) -> Scored:
+        xs, ys = ctx.arrays()
+        damping = float(ctx.settings["damping"])
+        values = curvature.influence(state, ctx.fitted.model, xs, ys, test_xs, test_ys, damping=damping)
+        return Scored(np.asarray(values), caption=f"{KINDS[state.kind]} at the trained model, {FISHERS[state.fisher]}, "
+                                                  f"δ = {damping:g}: (1/N) ∇ℓ(z)ᵀ(F + δI)⁻¹∇ℓ(zᵢ).")
+
+    def self_influence(self, ctx: Context, state) -> np.ndarray:
+        xs, ys = ctx.arrays()
+        return np.asarray(curvature.self_influence(state, ctx.fitted.model, xs, ys,
+                                                   damping=float(ctx.settings["damping"])))
+
+
+METHOD = Ekfac()
+
+__all__ = ["METHOD", "Ekfac", "curvature_labels", "model_outputs", "proj_dim"]
