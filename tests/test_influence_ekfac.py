@@ -1,0 +1,245 @@
+"""EK-FAC and K-FAC curvature from the rules' factors (`gradlab.influence.curvature`, the `ekfac` method), against
+independent oracles in float64: activations and output gradients formed by hand (numpy im2col for the convolution),
+per-example gradients from a Python loop of `jax.grad`, the explicit empirical Fisher and its dense inverse, the
+dense EK-FAC formula, and the exact influence function at θ̂ on the digits MLP."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+import scipy.linalg
+from scipy.stats import spearmanr
+
+from gradlab.influence import curvature as cv
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------ toy models, written out so a, δ can be formed
+
+
+def mlp_loss(p, x, y):
+    """Cross-entropy of softmax(tanh(x W1 + b1) W2 + b2): two dense sites (W1 (I, H), W2 (H, K)), two biases."""
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    z = h @ p["w2"] + p["b2"]
+    return jax.nn.logsumexp(z) - z[y]
+
+
+def mlp_params(seed=0, i=6, h=5, k=3):
+    r = _rng(seed)
+    return {"w1": jnp.asarray(r.normal(size=(i, h)) / np.sqrt(i)), "b1": jnp.asarray(0.1 * r.normal(size=h)),
+            "w2": jnp.asarray(r.normal(size=(h, k)) / np.sqrt(h)), "b2": jnp.asarray(0.1 * r.normal(size=k))}
+
+
+def mlp_formed(p, xs, ys):
+    """Per example: [(a (1, I), δ (1, H)), (a (1, H), δ (1, K))], formed in numpy float64 by the chain rule."""
+    w1, b1, w2, b2 = (np.asarray(p[k], np.float64) for k in ("w1", "b1", "w2", "b2"))
+    out = []
+    for x, y in zip(np.asarray(xs, np.float64), np.asarray(ys)):
+        h = np.tanh(x @ w1 + b1)
+        z = h @ w2 + b2
+        q = np.exp(z - z.max())
+        q /= q.sum()
+        d2 = q - np.eye(len(z))[y]
+        d1 = (w2 @ d2) * (1 - h ** 2)
+        out.append([(x[None], d1[None]), (h[None], d2[None])])
+    return out
+
+
+def conv_loss(p, x, y):
+    """A 3×3 convolution (C=2 → O=4, padding 1, `lax.conv_general_dilated`, NCHW / OIHW) on a 5×5 image, tanh, a
+    dense head: sites `conv` (I = 2·9, O = 4, T = 25 positions) and `head`."""
+    z = lax.conv_general_dilated(x[None], p["conv"], (1, 1), ((1, 1), (1, 1)))[0]  # (4, 5, 5)
+    h = jnp.tanh(z + p["cb"][:, None, None])
+    out = h.reshape(-1) @ p["head"]
+    return jax.nn.logsumexp(out) - out[y]
+
+
+def conv_params(seed=0):
+    r = _rng(seed)
+    return {"conv": jnp.asarray(r.normal(size=(4, 2, 3, 3)) / 4), "cb": jnp.asarray(0.1 * r.normal(size=4)),
+            "head": jnp.asarray(r.normal(size=(100, 3)) / 10)}
+
+
+def conv_formed(p, xs, ys):
+    """Per example: [(patches (25, 18) in (C, kh, kw) order, δ (25, 4) at the conv's output), (h (1, 100), δ (1, 3))
+    of the head]: numpy im2col and forward pass; the conv's δ by `jax.grad` of the loss in an output perturbation
+    (no rules involved), the head's softmax − onehot."""
+    def loss_at(e, x, y):
+        z = lax.conv_general_dilated(x[None], p["conv"], (1, 1), ((1, 1), (1, 1)))[0] + e
+        h = jnp.tanh(z + p["cb"][:, None, None])
+        out = h.reshape(-1) @ p["head"]
+        return jax.nn.logsumexp(out) - out[y]
+
+    out = []
+    for x, y in zip(xs, ys):
+        xp = np.pad(np.asarray(x, np.float64), ((0, 0), (1, 1), (1, 1)))
+        patches = np.array([xp[:, r:r + 3, c:c + 3].ravel() for r in range(5) for c in range(5)])  # (25, 18)
+        d = np.asarray(jax.grad(loss_at)(jnp.zeros((4, 5, 5)), x, y), np.float64)              # (4, 5, 5)
+        z = np.einsum("tj,oj->ot", patches, np.asarray(p["conv"], np.float64).reshape(4, -1))  # (4, 25)
+        h = np.tanh(z + np.asarray(p["cb"], np.float64)[:, None]).reshape(-1)
+        out_ = h @ np.asarray(p["head"], np.float64)
+        q = np.exp(out_ - out_.max())
+        out.append([(patches, d.reshape(4, 25).T), (h[None], (q / q.sum() - np.eye(3)[y])[None])])
+    return out
+
+
+def _loop_grads(loss, p, xs, ys):
+    """Per-example gradients by a Python loop of `jax.grad`, {name: (N, *shape)} float64."""
+    rows = [jax.grad(loss)(p, x, y) for x, y in zip(xs, ys)]
+    return {k: np.stack([np.asarray(r[k], np.float64) for r in rows]) for k in p}
+
+
+def _mlp_data(n=40, seed=1, i=6, k=3):
+    r = _rng(seed)
+    return jnp.asarray(r.normal(size=(n, i))), jnp.asarray(r.integers(0, k, n))
+
+
+def _conv_data(n=12, seed=2):
+    r = _rng(seed)
+    return jnp.asarray(r.normal(size=(n, 2, 5, 5))), jnp.asarray(r.integers(0, 3, n))
+
+
+# ------------------------------------------------------------------ (1) the factors are the explicit sums
+
+
+def test_factors_are_the_explicit_sums_over_examples_and_tokens(x64):
+    """A = (1/N) Σₙ Σₜ aaᵀ and S = (1/N) Σₙ (1/T) Σₜ δδᵀ (KFC), with a and δ formed by hand, for a dense model (T = 1)
+    and a convolution (T = 25 positions, a = numpy patches); the biases' diagonal blocks are (1/N) Σₙ gₙ² from a loop
+    of jax.grad."""
+    for loss, p, (xs, ys), formed, names in (
+            (mlp_loss, mlp_params(), _mlp_data(), mlp_formed, ("w1", "w2")),
+            (conv_loss, conv_params(), _conv_data(), conv_formed, ("conv", "head"))):
+        lay = cv.layout(loss, p, xs[0], ys[0])
+        leaf_names = sorted(p)  # a dict's leaves in key order
+        assert [leaf_names[s.leaf] for s in lay.sites] == sorted(names)
+        A, S, D = cv.factors(lay, p, xs, ys)
+        per = formed(p, xs, ys)
+        order = [list(names).index(leaf_names[s.leaf]) for s in lay.sites]
+        for s, a_got, s_got, j in zip(lay.sites, A, S, order):
+            a_want = np.mean([a.T @ a for ex in per for a in [ex[j][0]]], axis=0)
+            s_want = np.mean([d.T @ d / d.shape[0] for ex in per for d in [ex[j][1]]], axis=0)
+            np.testing.assert_allclose(np.asarray(a_got)[0], a_want, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(np.asarray(s_got)[0], s_want, rtol=1e-10, atol=1e-12)
+            assert s.tokens == per[0][j][0].shape[0]
+        g = _loop_grads(loss, p, xs, ys)
+        assert [leaf_names[j] for j in lay.diagonal] == sorted(set(p) - set(names))
+        for j, d in zip(lay.diagonal, D):
+            np.testing.assert_allclose(d, np.mean(g[leaf_names[j]] ** 2, axis=0), rtol=1e-10, atol=1e-14)
+
+
+# ------------------------------------------------------------------ (2) exact where the Kronecker form is
+
+
+def one_layer_loss(p, x, y):
+    z = x @ p["w"]
+    return jax.nn.logsumexp(z) - z[y]
+
+
+def test_kfac_inverse_is_the_dense_inverse_where_the_kronecker_form_is_exact(x64):
+    """One dense layer, every example the same input x (labels differ): F = (1/N) Σ (x ⊗ δₙ)(x ⊗ δₙ)ᵀ = xxᵀ ⊗ S exactly,
+    so K-FAC's and EK-FAC's (F + δI)⁻¹g equal np.linalg.solve on the explicit empirical Fisher (from a loop of
+    jax.grad), and the scores (1/N) g_testᵀ(F + δI)⁻¹gₙ too."""
+    r = _rng(3)
+    p = {"w": jnp.asarray(r.normal(size=(4, 3)))}
+    x = r.normal(size=4)
+    xs, ys = jnp.asarray(np.tile(x, (9, 1))), jnp.asarray(r.integers(0, 3, 9))
+    g = _loop_grads(one_layer_loss, p, xs, ys)["w"].reshape(9, -1)  # factor layout = the weight's own (I, O)
+    fisher = g.T @ g / 9
+    test = r.normal(size=(2, 12))
+    lay = cv.layout(one_layer_loss, p, xs[0], ys[0])
+    for kind in ("kfac", "ekfac"):
+        curv = cv.fit(lay, p, xs, ys, kind=kind)
+        for damping in (1e-3, 0.5):
+            want = np.linalg.solve(fisher + damping * np.eye(12), test.T).T
+            got = cv.precondition(curv, [jnp.asarray(test.reshape(2, 4, 3))], damping)[0]
+            np.testing.assert_allclose(np.asarray(got).reshape(2, -1), want, rtol=1e-8, atol=1e-10)
+        tx, ty = jnp.asarray(r.normal(size=(2, 4))), jnp.asarray([0, 2])
+        gt = _loop_grads(one_layer_loss, p, tx, ty)["w"].reshape(2, -1)
+        want = gt @ np.linalg.solve(fisher + 0.1 * np.eye(12), g.T) / 9
+        np.testing.assert_allclose(cv.influence(curv, p, xs, ys, tx, ty, damping=0.1), want, rtol=1e-8, atol=1e-12)
+
+
+# ------------------------------------------------------------------ (3) EK-FAC's correction
+
+
+def test_ekfac_eigenvalues_are_the_fishers_diagonal_in_the_kronecker_eigenbasis(x64):
+    """Λ* = diag((Q_A ⊗ Q_S)ᵀ F (Q_A ⊗ Q_S)), F = (1/N) Σ vec(Gₙ)vec(Gₙ)ᵀ of each site from a loop of jax.grad, Q_A and
+    Q_S the eigenvectors of the explicit factors; on the MLP (T = 1) and the convolution (T = 25, the conv weight's
+    gradient in (C·kh·kw, O) layout)."""
+    for loss, p, (xs, ys), formed, names, as_factor in (
+            (mlp_loss, mlp_params(), _mlp_data(), mlp_formed, ("w1", "w2"), lambda g: g),
+            (conv_loss, conv_params(), _conv_data(), conv_formed, ("conv", "head"),
+             lambda g: g.reshape(g.shape[0], 4, -1).transpose(0, 2, 1) if g.ndim == 5 else g)):
+        lay = cv.layout(loss, p, xs[0], ys[0])
+        curv = cv.fit(lay, p, xs, ys, kind="ekfac")
+        grads = _loop_grads(loss, p, xs, ys)
+        per = formed(p, xs, ys)
+        leaf_names = sorted(p)
+        for s, eig in zip(lay.sites, curv.eig):
+            name = leaf_names[s.leaf]
+            j = list(names).index(name)
+            a = np.mean([ex[j][0].T @ ex[j][0] for ex in per], axis=0)
+            sm = np.mean([ex[j][1].T @ ex[j][1] / ex[j][1].shape[0] for ex in per], axis=0)
+            q = np.kron(np.linalg.eigh(a)[1], np.linalg.eigh(sm)[1])
+            gf = as_factor(grads[name]).reshape(len(xs), -1)
+            want = np.diag(q.T @ (gf.T @ gf / len(xs)) @ q).reshape(s.inputs, s.outputs)
+            np.testing.assert_allclose(np.asarray(eig)[0], want, rtol=1e-8, atol=1e-12)
+
+
+# ------------------------------------------------------------------ (4) the scores, densely
+
+
+def _dense_ekfac(p, xs, ys, k=None, p_in=None, p_out=None):
+    """EK-FAC (F + δI) as explicit matrices, float64, independent of the library: per site (in the projected space
+    when `p_in`/`p_out` are given) the factors from formed a and δ, their eigenvectors, Λ* from a loop of jax.grad;
+    biases diagonal. **Returns** `(features(grads) -> (n, F), blocks: [F_k])`, F's blocks in feature order."""
+    per = mlp_formed(p, xs, ys)
+    g = _loop_grads(mlp_loss, p, xs, ys)
+    n = len(xs)
+    mats = {}
+    for j, name in enumerate(("w1", "w2")):
+        pi = np.eye(p[name].shape[0]) if p_in is None or p_in[j] is None else np.asarray(p_in[j])[0]
+        po = np.eye(p[name].shape[1]) if p_out is None or p_out[j] is None else np.asarray(p_out[j])[0]
+        a = np.mean([pi.T @ ex[j][0].T @ ex[j][0] @ pi for ex in per], axis=0)
+        sm = np.mean([po.T @ ex[j][1].T @ ex[j][1] @ po for ex in per], axis=0)
+        q = np.kron(np.linalg.eigh(a)[1], np.linalg.eigh(sm)[1])
+        proj = lambda gr, pi=pi, po=po: np.einsum("ik,nio,ol->nkl", pi, gr, po).reshape(len(gr), -1)  # noqa: E731
+        f = proj(g[name])
+        lam = np.mean((f @ q) ** 2, axis=0)
+        mats[name] = (proj, q @ np.diag(lam) @ q.T)
+    for name in ("b1", "b2"):
+        mats[name] = (lambda gr: gr, np.diag(np.mean(g[name] ** 2, axis=0)))
+    order = sorted(p)
+
+    def features(grads):
+        return np.concatenate([mats[k][0](grads[k]) for k in order], axis=1)
+
+    blocks = [mats[k][1] for k in order]
+    return features, blocks
+
+
+@pytest.mark.parametrize("k", [None, 4])
+def test_ekfac_scores_and_self_influence_equal_the_dense_formula(x64, k):
+    """τ = (1/N) φ(z)ᵀ(F̃ + δI)⁻¹φ(zₙ) and self-influence (1/N) φₙᵀ(F̃ + δI)⁻¹φₙ with F̃ the EK-FAC matrix built densely
+    (block-diagonal over leaves), φ the gradient (k = None) or its LoGra projection P_inᵀ G P_out (k = 4: the MLP's
+    6 and 5 wide sides projected with the library's own P, the 3 classes kept), gradients from a loop of jax.grad."""
+    p = mlp_params()
+    xs, ys = _mlp_data()
+    tx, ty = _mlp_data(3, seed=9)
+    lay = cv.layout(mlp_loss, p, xs[0], ys[0], proj_dim=k)
+    curv = cv.fit(lay, p, xs, ys, kind="ekfac")
+    p_in, p_out = cv.projections(lay)
+    features, blocks = _dense_ekfac(p, xs, ys, k, p_in, p_out)
+    damping = 0.05
+    f = scipy.linalg.block_diag(*blocks) + damping * np.eye(sum(b.shape[0] for b in blocks))
+    phi, phi_t = features(_loop_grads(mlp_loss, p, xs, ys)), features(_loop_grads(mlp_loss, p, tx, ty))
+    want = phi_t @ np.linalg.solve(f, phi.T) / len(xs)
+    np.testing.assert_allclose(cv.influence(curv, p, xs, ys, tx, ty, damping=damping), want, rtol=1e-8, atol=1e-12)
+    want_self = np.einsum("nf,fn->n", phi, np.linalg.solve(f, phi.T)) / len(xs)
+    np.testing.assert_allclose(cv.self_influence(curv, p, xs, ys, damping=damping), want_self, rtol=1e-8)
