@@ -9,11 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 import scipy.linalg
+from jax import lax
 from scipy.stats import spearmanr
 
+from gradlab.experiment import Experiment, fit
+from gradlab.influence import METHODS
 from gradlab.influence import curvature as cv
+from gradlab.influence import fitted as ifit
 
 
 def _rng(seed):
@@ -76,11 +79,12 @@ def conv_formed(p, xs, ys):
         out = h.reshape(-1) @ p["head"]
         return jax.nn.logsumexp(out) - out[y]
 
+    grad = jax.jit(jax.grad(loss_at))
     out = []
     for x, y in zip(xs, ys):
         xp = np.pad(np.asarray(x, np.float64), ((0, 0), (1, 1), (1, 1)))
         patches = np.array([xp[:, r:r + 3, c:c + 3].ravel() for r in range(5) for c in range(5)])  # (25, 18)
-        d = np.asarray(jax.grad(loss_at)(jnp.zeros((4, 5, 5)), x, y), np.float64)              # (4, 5, 5)
+        d = np.asarray(grad(jnp.zeros((4, 5, 5)), x, y), np.float64)              # (4, 5, 5)
         z = np.einsum("tj,oj->ot", patches, np.asarray(p["conv"], np.float64).reshape(4, -1))  # (4, 25)
         h = np.tanh(z + np.asarray(p["cb"], np.float64)[:, None]).reshape(-1)
         out_ = h @ np.asarray(p["head"], np.float64)
@@ -91,7 +95,8 @@ def conv_formed(p, xs, ys):
 
 def _loop_grads(loss, p, xs, ys):
     """Per-example gradients by a Python loop of `jax.grad`, {name: (N, *shape)} float64."""
-    rows = [jax.grad(loss)(p, x, y) for x, y in zip(xs, ys)]
+    grad = jax.jit(jax.grad(loss))  # compiled once, called once per example
+    rows = [grad(p, x, y) for x, y in zip(xs, ys)]
     return {k: np.stack([np.asarray(r[k], np.float64) for r in rows]) for k in p}
 
 
@@ -243,3 +248,34 @@ def test_ekfac_scores_and_self_influence_equal_the_dense_formula(x64, k):
     np.testing.assert_allclose(cv.influence(curv, p, xs, ys, tx, ty, damping=damping), want, rtol=1e-8, atol=1e-12)
     want_self = np.einsum("nf,fn->n", phi, np.linalg.solve(f, phi.T)) / len(xs)
     np.testing.assert_allclose(cv.self_influence(curv, p, xs, ys, damping=damping), want_self, rtol=1e-8)
+
+
+# ------------------------------------------------------------------ (5) against the exact influence function
+
+
+def _extremes_spearman(exact, other, k=50):
+    """Spearman's ρ of two score vectors over the exact scores' top-k proponents and top-k opponents."""
+    idx = np.r_[np.argsort(-exact)[:k], np.argsort(exact)[:k]]
+    return spearmanr(exact[idx], other[idx])[0]
+
+
+@pytest.mark.slow
+def test_ekfac_ranks_proponents_and_opponents_as_the_exact_influence_function_on_digits():
+    """The digits MLP (`Experiment()`, 1,437 training examples), 8 test points: the ekfac method (sampled-label
+    Fisher, k = 512: every layer exact, at the TRAINED model, δ = 0.01) against the influence function at θ̂ with the
+    exact Hessian (the `influence` method): Spearman's ρ over the exact scores' 50 top proponents and 50 top
+    opponents is positive for every point and on average above the plain gradient dot product's. Measured: EK-FAC
+    0.39 to 0.76 (mean 0.54), grad-dot 0.31 to 0.65 (mean 0.44); EK-FAC at θ̂ itself 0.59 to 0.87 (δ = 0.01)."""
+    f = fit(Experiment())
+    ctx = ifit.context(f, {})
+    pts = [ifit.test_point(f, r) for r in range(8)]
+    txs, tys = jnp.stack([q[0] for q in pts]), jnp.stack([q[1] for q in pts])
+    exact = METHODS["influence"].scores(ctx, ctx.optimum(), txs, tys).values
+    dots = METHODS["grad_dot"].scores(ctx, None, txs, tys).values
+    ek = METHODS["ekfac"]
+    got = ek.scores(ctx, ek.prepare(ctx), txs, tys).values
+    rho = np.array([_extremes_spearman(a, b) for a, b in zip(exact, got)])
+    rho_dot = np.array([_extremes_spearman(a, b) for a, b in zip(exact, dots)])
+    print(f"Spearman (extremes) EK-FAC {np.round(rho, 2)} mean {rho.mean():.2f}; grad-dot mean {rho_dot.mean():.2f}")
+    assert np.all(rho > 0.2), rho
+    assert rho.mean() > rho_dot.mean(), (rho, rho_dot)
