@@ -158,8 +158,8 @@ def test_kfac_inverse_is_the_dense_inverse_where_the_kronecker_form_is_exact(x64
     fisher = g.T @ g / 9
     test = r.normal(size=(2, 12))
     lay = cv.layout(one_layer_loss, p, xs[0], ys[0])
-    for kind in ("kfac", "ekfac"):
-        curv = cv.fit(lay, p, xs, ys, kind=kind)
+    for corrected in (False, True):
+        curv = cv.fit(lay, p, xs, ys, corrected=corrected)
         for damping in (1e-3, 0.5):
             want = np.linalg.solve(fisher + damping * np.eye(12), test.T).T
             got = cv.precondition(curv, [jnp.asarray(test.reshape(2, 4, 3))], damping)[0]
@@ -182,7 +182,7 @@ def test_ekfac_eigenvalues_are_the_fishers_diagonal_in_the_kronecker_eigenbasis(
             (conv_loss, conv_params(), _conv_data(), conv_formed, ("conv", "head"),
              lambda g: g.reshape(g.shape[0], 4, -1).transpose(0, 2, 1) if g.ndim == 5 else g)):
         lay = cv.layout(loss, p, xs[0], ys[0])
-        curv = cv.fit(lay, p, xs, ys, kind="ekfac")
+        curv = cv.fit(lay, p, xs, ys)
         grads = _loop_grads(loss, p, xs, ys)
         per = formed(p, xs, ys)
         leaf_names = sorted(p)
@@ -238,7 +238,7 @@ def test_ekfac_scores_and_self_influence_equal_the_dense_formula(x64, k):
     xs, ys = _mlp_data()
     tx, ty = _mlp_data(3, seed=9)
     lay = cv.layout(mlp_loss, p, xs[0], ys[0], proj_dim=k)
-    curv = cv.fit(lay, p, xs, ys, kind="ekfac")
+    curv = cv.fit(lay, p, xs, ys)
     p_in, p_out = cv.projections(lay)
     features, blocks = _dense_ekfac(p, xs, ys, k, p_in, p_out)
     damping = 0.05

@@ -323,7 +323,7 @@ class Curvature:
     """A prepared Kronecker-factored curvature (`fit`): per site the maps into its eigenbasis `m_in (G, I, k_in)`
     = P_in Q_A and `m_out (G, O, k_out)` = P_out Q_S (Q alone when that side is not projected), the eigenvalues
     `eig (G, k_in, k_out)` (EK-FAC's corrected Λ*, or K-FAC's λ_A,i λ_S,j), and each diagonal leaf's mean squared
-    gradient `diag`; `n` examples; `kind` "ekfac" or "kfac"; `fisher` "empirical" or "sampled"; the factors
+    gradient `diag`; `n` examples it was estimated on; `corrected` (EK-FAC) or not (K-FAC); `fisher` which labels; the factors
     `a_factors`, `s_factors` (mean, projected) are kept for inspection."""
 
     layout: Layout
@@ -332,7 +332,7 @@ class Curvature:
     eig: tuple
     diag: tuple
     n: int
-    kind: str
+    corrected: bool
     fisher: str
     a_factors: tuple
     s_factors: tuple
@@ -375,15 +375,15 @@ def _eigh(m):
     return np.maximum(w, 0.0), q
 
 
-def fit(lay: Layout, params, xs, ys, *, kind: str = "ekfac", fisher: str = "empirical", seed: int = 0,
+def fit(lay: Layout, params, xs, ys, *, corrected: bool = True, fisher: str = "empirical", seed: int = 0,
         chunk_size: int | None = None) -> Curvature:
-    """The Kronecker-factored curvature of `params` on `xs`, `ys`: K-FAC (`kind="kfac"`, one pass: `factors`, then
-    the eigendecompositions) or EK-FAC (`"ekfac"`, George et al. 2018: one more pass for Λ*ᵢⱼ = (1/N) Σₙ
-    ((Q_Aᵀ Gₙ Q_S)ᵢⱼ)²). `fisher` only names which labels `ys` are (kept for captions).
+    """The Kronecker-factored curvature of `params` on `xs`, `ys`: EK-FAC (`corrected`, George et al. 2018: a second
+    pass for Λ*ᵢⱼ = (1/N) Σₙ ((Q_Aᵀ Gₙ Q_S)ᵢⱼ)²) or K-FAC (not `corrected`: one pass, `factors`, then the
+    eigendecompositions, Λᵢⱼ = λ_A,i λ_S,j). `fisher` only names which labels `ys` are (kept for captions); `seed`:
+    the projections' (`projections`).
 
-    **Returns** a `Curvature`. **Raises** `ValueError` for an unknown `kind`."""
-    if kind not in ("ekfac", "kfac"):
-        raise ValueError(f"kind must be 'ekfac' or 'kfac', got {kind!r}")
+    **Arguments** `lay` from `layout` (its `proj_dim` decides the projections); `xs (N, ...)`, `ys (N,)`.
+    **Returns** a `Curvature`. **Raises** as the engine for mismatched batches."""
     n = engine.check_batch(xs, ys)
     leaves = _array_leaves(params)
     p_in, p_out = projections(lay, seed)
@@ -397,10 +397,10 @@ def fit(lay: Layout, params, xs, ys, *, kind: str = "ekfac", fisher: str = "empi
         m_in.append(jnp.asarray(qa if pi is None else np.asarray(pi, np.float64) @ qa, dtype))
         m_out.append(jnp.asarray(qs if po is None else np.asarray(po, np.float64) @ qs, dtype))
         eig.append(jnp.asarray(wa[:, :, None] * ws[:, None, :], dtype))
-    if kind == "ekfac" and lay.sites:
+    if corrected and lay.sites:
         corrected = _correction_pass(lay, leaves, xs, ys, m_in, m_out, chunk)
         eig = [c / n for c in corrected]
-    return Curvature(lay, tuple(m_in), tuple(m_out), tuple(eig), tuple(d / n for d in D), n, kind, fisher,
+    return Curvature(lay, tuple(m_in), tuple(m_out), tuple(eig), tuple(d / n for d in D), n, corrected, fisher,
                      tuple(a / n for a in A), tuple(s / n for s in S))
 
 
@@ -451,7 +451,8 @@ def influence(curv: Curvature, params, train_xs, train_ys, test_xs, test_ys, *, 
 
 def self_influence(curv: Curvature, params, xs, ys, *, damping: float,
                    chunk_size: int | None = None) -> Float[Array, "N"]:
-    """(1/N) ∇ℓ(zₙ)ᵀ (F + δI)⁻¹ ∇ℓ(zₙ) for every training example, from its eigenbasis coordinates (the same
+    """(1/N) ∇ℓ(zₙ)ᵀ (F + δI)⁻¹ ∇ℓ(zₙ) for every training example of `xs (N, ...)`, `ys (N,)` (the curvature may
+    have been estimated on a subset of them), from its eigenbasis coordinates (the same
     projections as EK-FAC's correction) and its diagonal leaves' gradients: one streamed pass. **Returns** `(N,)`
     ≥ 0. **Raises** `ValueError` for δ < 0, or δ = 0 with a zero eigenvalue."""
     if damping < 0:
@@ -462,7 +463,7 @@ def self_influence(curv: Curvature, params, xs, ys, *, damping: float,
         raise ValueError("the curvature has a zero eigenvalue: use a damping δ > 0")
     out = _self_pass(curv.layout, _array_leaves(params), xs, ys, curv.m_in, curv.m_out, inv_eig, inv_diag,
                      _chunk(curv.layout, chunk_size))
-    return out / curv.n
+    return out / engine.check_batch(xs, ys)
 
 
 def fisher_labels(key, outputs, task: str):

@@ -6,6 +6,8 @@ scale (positive = proponent, the predicted rise of the test loss if zᵢ were re
 
 from __future__ import annotations
 
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,18 +21,31 @@ PROJ_DIMS = (64, 128, 256, 512, 1024, 2048)
 EXACT = "none (exact)"
 #: The default k: every layer of the digits MLP is exact; seed 003's SimpleCNN projects fc1's 9,216 inputs to 512.
 DEFAULT_K = "512"
+#: How many training examples the curvature is estimated on (a fixed random subset), and all of them.
+EXAMPLES = (500, 1000, 2000, 4000)
+ALL = "all"
+DEFAULT_EXAMPLES = "2000"
 KINDS = {"ekfac": "EK-FAC (eigenvalue-corrected)", "kfac": "K-FAC (Kronecker eigenvalues)"}
 FISHERS = {"sampled": "true Fisher (labels sampled from the model)", "empirical": "empirical Fisher (dataset labels)"}
-#: CPU-seconds per (example × multiply-add of one forward pass) of one curvature pass (a forward, a backward, the
-#: factors' or the eigenbasis' products), and set-up (tracing, compiling three programs, the eigendecompositions):
-#: measured with `python -m benchmarks.ekfac_scale` (docs/influence.md).
-PASS_RATE = 1.0e9
-SETUP_SECONDS = 4.0
+#: One curvature pass (a forward and a backward pass to the layers' outputs, then the factors' or the eigenbasis'
+#: products) per example, in (example × parameter) per CPU-second, and the set-up (tracing, compiling two programs,
+#: the eigendecompositions), CPU-seconds. From `python -m benchmarks.ekfac_scale` (docs/influence.md): seed 003's
+#: SimpleCNN (1.2 M parameters, 6,000 examples), EK-FAC at k = 512 in 81 CPU-s for two passes, i.e. 6.7 CPU-ms per
+#: example and pass (its 288 × 288 convolution factor, T·I² = 48 M multiply-adds per example, dominates); the digits
+#: MLP prepares in about 2.5 CPU-s, nearly all of it set-up. P is all the protocol gives: a convolution's cost per
+#: parameter is far above a dense layer's, so this rate is SimpleCNN's (an over-estimate for dense models).
+PASS_RATE = 1.8e8
+SETUP_SECONDS = 3.0
 
 
 def proj_dim(settings) -> int | None:
     """The projection k a setting names; None for `EXACT`."""
     return None if settings["ekfac_k"] == EXACT else int(settings["ekfac_k"])
+
+
+def examples(settings, n: int) -> int:
+    """How many of the `n` training examples the curvature is estimated on."""
+    return n if settings["ekfac_examples"] == ALL else min(n, int(settings["ekfac_examples"]))
 
 
 def model_outputs(fitted, xs):
@@ -49,6 +64,10 @@ def curvature_labels(fitted, fisher: str, seed: int):
         return ys
     out = model_outputs(fitted, fitted.data.x_train)
     return curvature.fisher_labels(jax.random.key(seed), out, fitted.data.task).astype(ys.dtype)
+
+
+#: `Ekfac.applies`' answer per fitted model, dropped with it.
+_APPLIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Ekfac(Method):
@@ -71,23 +90,38 @@ class Ekfac(Method):
                 help="A layer with more than k inputs (or outputs) first projects them to k by a fixed Gaussian "
                      "matrix (LoGra), so its factor is k × k: seed 003's fc1 has 9,216 inputs, whose exact factor "
                      "takes 340 MB. Layers of at most k keep their exact factors."),
+        Control("ekfac_examples", "infl_ekfac_n", "Examples for the curvature", DEFAULT_EXAMPLES, "slider",
+                (*map(str, EXAMPLES), ALL),
+                help="The factors and the eigenvalue correction are means over this many training examples (a fixed "
+                     "random subset; every example is still scored). Preparing costs two passes over them: on seed "
+                     "003's SimpleCNN about 13 CPU-ms per example (its 288-input convolution's factor dominates)."),
     )
-    prepare_reads = ("ekfac_kind", "ekfac_fisher", "ekfac_k")
-    reads = ("damping", "ekfac_kind", "ekfac_fisher", "ekfac_k")
+    prepare_reads = ("ekfac_kind", "ekfac_fisher", "ekfac_k", "ekfac_examples")
+    reads = ("damping", "ekfac_kind", "ekfac_fisher", "ekfac_k", "ekfac_examples")
 
     def applies(self, fitted) -> str | None:
+        try:
+            return _APPLIES[fitted]
+        except (KeyError, TypeError):
+            pass
         x, y = fitted.data.x_train[0], fitted.data.y_train[0]
         try:
             lay = curvature.layout(fitted.loss_fn, fitted.model, jnp.asarray(x), jnp.asarray(y))
+            why = None if lay.sites else ("the model has no dense or convolution layer whose weight the rules "
+                                          "factor as activations ⊗ output gradients")
         except Exception as err:  # noqa: BLE001  a loss the tracer cannot follow
-            return f"its loss could not be traced for the layers' factors ({type(err).__name__})"
-        if not lay.sites:
-            return "the model has no dense or convolution layer whose weight the rules factor as activations ⊗ δ"
-        return None
+            why = f"its loss could not be traced for the layers' factors ({type(err).__name__})"
+        try:
+            _APPLIES[fitted] = why  # traced once per fitted model (the page asks on every rerun)
+        except TypeError:
+            pass
+        return why
 
     def cost_seconds(self, num_params, n, settings, *, steps, batch_size) -> float:
-        passes = 2 if settings["ekfac_kind"] == "kfac" else 3  # factors, (correction), one scoring pass
-        return SETUP_SECONDS + passes * n * max(int(num_params), 1) * 3 / PASS_RATE
+        # the factors' pass and (EK-FAC) the correction's over the curvature's examples; the scoring pass is the
+        # page's shared streamed pass per method
+        passes = 1 if settings["ekfac_kind"] == "kfac" else 2
+        return SETUP_SECONDS + passes * examples(settings, n) * int(num_params) / PASS_RATE
 
     def held_bytes(self, num_params, settings, n_checkpoints) -> int:
         # From P alone: the diagonal blocks and one preconditioned test vector (≤ 2P floats), and the factors
@@ -107,13 +141,18 @@ class Ekfac(Method):
         k = proj_dim(s)
         memory.check(f"{KINDS[s['ekfac_kind']]} factors", lay.held_bytes(),
                      "Set the EK-FAC settings' **Projection k** lower" + (f" than {k}." if k else " (e.g. 512)."))
-        labels = curvature_labels(f, s["ekfac_fisher"], getattr(getattr(f, "experiment", None), "seed", 0))
-        return curvature.fit(lay, f.model, xs, labels, kind=s["ekfac_kind"], fisher=s["ekfac_fisher"])
+        seed = getattr(getattr(f, "experiment", None), "seed", 0)
+        labels = curvature_labels(f, s["ekfac_fisher"], seed)
+        m = examples(s, len(ys))
+        pick = np.sort(np.random.default_rng(seed).permutation(len(ys))[:m]) if m < len(ys) else np.arange(len(ys))
+        return curvature.fit(lay, f.model, xs[pick], labels[pick], corrected=s["ekfac_kind"] == "ekfac",
+                             fisher=s["ekfac_fisher"])
 
     def note(self, state) -> str | None:
         lay = state.layout
         proj = [s for s in lay.sites if s.k_in < s.inputs or s.k_out < s.outputs]
-        return (f"{KINDS[state.kind]} over {len(lay.sites)} layers ({FISHERS[state.fisher]}), at the trained model"
+        return (f"{KINDS['ekfac' if state.corrected else 'kfac']} over {len(lay.sites)} layers "
+                f"({FISHERS[state.fisher]}, estimated on {state.n:,} examples), at the trained model"
                 + (f"; {len(proj)} projected (LoGra)" if proj else "")
                 + (f"; {len(lay.diagonal)} leaves (biases, scales, …) with a diagonal curvature" if lay.diagonal else "")
                 + ".")
@@ -122,7 +161,7 @@ class Ekfac(Method):
         xs, ys = ctx.arrays()
         damping = float(ctx.settings["damping"])
         values = curvature.influence(state, ctx.fitted.model, xs, ys, test_xs, test_ys, damping=damping)
-        return Scored(np.asarray(values), caption=f"{KINDS[state.kind]} at the trained model, {FISHERS[state.fisher]}, "
+        return Scored(np.asarray(values), caption=f"{KINDS['ekfac' if state.corrected else 'kfac']} at the trained model, {FISHERS[state.fisher]}, "
                                                   f"δ = {damping:g}: (1/N) ∇ℓ(z)ᵀ(F + δI)⁻¹∇ℓ(zᵢ).")
 
     def self_influence(self, ctx: Context, state) -> np.ndarray:
