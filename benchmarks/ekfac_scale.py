@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import time
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
-
-from gradlab import memory
+from gradlab import engine, memory
 from gradlab.experiment import Experiment, fit
 from gradlab.influence import METHODS, curvature
 from gradlab.influence import fitted as ifit
@@ -76,7 +73,8 @@ def main() -> None:
     print(f"{exp.model} on {exp.dataset}: N = {len(f.data.y_train):,}, trained in {time.process_time() - t:.1f} CPU-s")
     method = METHODS["ekfac"]
     settings = {"ekfac_k": "none (exact)" if args.k == "none" else args.k,
-                "ekfac_kind": "kfac" if args.kfac else "ekfac", "ekfac_fisher": "empirical" if args.empirical else "sampled",
+                "ekfac_kind": "kfac" if args.kfac else "ekfac",
+                "ekfac_fisher": "empirical" if args.empirical else "sampled",
                 "ekfac_examples": args.examples}
     ctx = ifit.context(f, settings)
     xs, ys = ctx.arrays()
@@ -85,9 +83,10 @@ def main() -> None:
     lay = curvature.layout(f.loss_fn, f.model, xs[0], ys[0], proj_dim=None if args.k == "none" else int(args.k))
     for s in lay.sites:
         print(f"  leaf {s.leaf}: {s.inputs} × {s.outputs}, T = {s.tokens}; {s.k_in} × {s.k_out}")
-    print(f"  diagonal: {len(lay.diagonal)} leaves ({sum(int(jnp.prod(jnp.asarray(lay.leaf_shapes[j]))) for j in lay.diagonal):,} "
-          f"parameters)")
-    print(f"held: {memory.mb(lay.held_bytes())} at k = {args.k}; exact factors would hold {memory.mb(exact.held_bytes())} "
+    diag = sum(math.prod(lay.leaf_shapes[j]) for j in lay.diagonal)
+    print(f"  diagonal: {len(lay.diagonal)} leaves ({diag:,} parameters)")
+    print(f"held: {memory.mb(lay.held_bytes())} at k = {args.k}; exact factors would hold "
+          f"{memory.mb(exact.held_bytes())} "
           f"(budget {memory.mb(memory.BUDGET_BYTES)})")
     print(f"settings: {settings}")
     with Stage("prepare (factors + correction)"):
@@ -95,8 +94,8 @@ def main() -> None:
     if args.warm:
         with Stage("prepare again (compiled)"):
             state = method.prepare(ctx)
-    est = method.cost_seconds(sum(x.size for x in jax.tree.leaves(eqx.filter(f.model, eqx.is_inexact_array))),
-                              len(ys), {**ifit.context(f).settings, **settings}, steps=exp.steps, batch_size=exp.batch_size)
+    est = method.cost_seconds(engine.num_params(f.model), len(ys), ctx.settings, steps=exp.steps,
+                              batch_size=exp.batch_size)
     print(f"  (the method's estimate: {est:.1f} CPU-s; note: {method.note(state)})")
     pts = [ifit.test_point(f, r) for r in (0, 1)]
     for r, name in ((0, "score one test point (cold)"), (1, "score one test point (warm)")):

@@ -13,6 +13,7 @@ import scipy.linalg
 from jax import lax
 from scipy.stats import spearmanr
 
+from conftest import FAST, assert_clean, open_page
 from gradlab.experiment import Experiment, fit
 from gradlab.influence import METHODS
 from gradlab.influence import curvature as cv
@@ -200,13 +201,12 @@ def test_ekfac_eigenvalues_are_the_fishers_diagonal_in_the_kronecker_eigenbasis(
 # ------------------------------------------------------------------ (4) the scores, densely
 
 
-def _dense_ekfac(p, xs, ys, k=None, p_in=None, p_out=None):
+def _dense_ekfac(p, xs, ys, p_in=None, p_out=None):
     """EK-FAC (F + δI) as explicit matrices, float64, independent of the library: per site (in the projected space
     when `p_in`/`p_out` are given) the factors from formed a and δ, their eigenvectors, Λ* from a loop of jax.grad;
     biases diagonal. **Returns** `(features(grads) -> (n, F), blocks: [F_k])`, F's blocks in feature order."""
     per = mlp_formed(p, xs, ys)
     g = _loop_grads(mlp_loss, p, xs, ys)
-    n = len(xs)
     mats = {}
     for j, name in enumerate(("w1", "w2")):
         pi = np.eye(p[name].shape[0]) if p_in is None or p_in[j] is None else np.asarray(p_in[j])[0]
@@ -240,7 +240,7 @@ def test_ekfac_scores_and_self_influence_equal_the_dense_formula(x64, k):
     lay = cv.layout(mlp_loss, p, xs[0], ys[0], proj_dim=k)
     curv = cv.fit(lay, p, xs, ys)
     p_in, p_out = cv.projections(lay)
-    features, blocks = _dense_ekfac(p, xs, ys, k, p_in, p_out)
+    features, blocks = _dense_ekfac(p, xs, ys, p_in, p_out)
     damping = 0.05
     f = scipy.linalg.block_diag(*blocks) + damping * np.eye(sum(b.shape[0] for b in blocks))
     phi, phi_t = features(_loop_grads(mlp_loss, p, xs, ys)), features(_loop_grads(mlp_loss, p, tx, ty))
@@ -279,3 +279,20 @@ def test_ekfac_ranks_proponents_and_opponents_as_the_exact_influence_function_on
     print(f"Spearman (extremes) EK-FAC {np.round(rho, 2)} mean {rho.mean():.2f}; grad-dot mean {rho_dot.mean():.2f}")
     assert np.all(rho > 0.2), rho
     assert rho.mean() > rho_dot.mean(), (rho, rho_dot)
+
+
+@pytest.mark.slow
+def test_the_influence_page_picks_ekfac_by_its_url_code_and_shows_its_note():
+    """Wiring: `infl_method=ekfac` on the Influence page (digits softmax regression: one dense site, its bias
+    diagonal) ranks proponents under the method's label, shows its note and caption, and offers its controls."""
+    at = open_page("influence", **dict(FAST, model="linear", infl_trak_models=2))
+    at.selectbox(key="infl_method").set_value("ekfac")
+    at.run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any(h.value == f"Proponents and opponents: {METHODS['ekfac'].label}" for h in at.subheader)
+    notes = [i.value for i in at.info]
+    assert any("over 1 layer (" in v and "; 1 leaf (biases" in v for v in notes), notes
+    assert any("(1/N) ∇ℓ(z)ᵀ(F + δI)⁻¹∇ℓ(zᵢ)" in c.value for c in at.caption)
+    assert {"infl_ekfac_kind", "infl_ekfac_fisher", "infl_ekfac_k", "infl_ekfac_n"} <= {
+        w.key for w in [*at.selectbox, *at.select_slider]}

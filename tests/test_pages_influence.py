@@ -135,7 +135,7 @@ def test_influence_page_method_added_the_registry_way_end_to_end():
     assert not at.error, [e.value for e in at.error]
     assert any(h.value == "Proponents and opponents: Last-layer gradient dot product (representer kernel)"
                for h in at.subheader)
-    assert len(_metric(at, "ρ(last layer,")) == 4                 # against every other single-model method
+    assert len(_metric(at, "ρ(last layer,")) == 5                 # against every other single-model method
     assert 0.5 < float(_metric(at, "AUC · last layer")[0].value) <= 1.0
     at.select_slider(key="infl_lds_m").set_value(20)
     at.select_slider(key="infl_lds_t").set_value(16)
@@ -144,7 +144,7 @@ def test_influence_page_method_added_the_registry_way_end_to_end():
     assert_clean(at)
     lds = {m.label: float(m.value) for m in _metric(at, "LDS ·")}
     assert set(lds) == {"LDS · grad dot", "LDS · grad cosine", "LDS · TracIn", "LDS · influence function", "LDS · TRAK",
-                        "LDS · last layer"}
+                        "LDS · EK-FAC", "LDS · last layer"}
     assert lds["LDS · last layer"] > 0.2                          # far better than chance on a small MLP
     # a linear model: the method is not offered, and the page says why
     linear = open_page("influence", **dict(FAST, dataset="moons", model="linear"))

@@ -323,7 +323,8 @@ class Curvature:
     """A prepared Kronecker-factored curvature (`fit`): per site the maps into its eigenbasis `m_in (G, I, k_in)`
     = P_in Q_A and `m_out (G, O, k_out)` = P_out Q_S (Q alone when that side is not projected), the eigenvalues
     `eig (G, k_in, k_out)` (EK-FAC's corrected Λ*, or K-FAC's λ_A,i λ_S,j), and each diagonal leaf's mean squared
-    gradient `diag`; `n` examples it was estimated on; `corrected` (EK-FAC) or not (K-FAC); `fisher` which labels; the factors
+    gradient `diag`; `n` examples it was estimated on; `corrected` (EK-FAC) or not (K-FAC); `fisher` which labels; the
+    factors
     `a_factors`, `s_factors` (mean, projected) are kept for inspection."""
 
     layout: Layout

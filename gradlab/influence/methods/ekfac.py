@@ -150,18 +150,20 @@ class Ekfac(Method):
 
     def note(self, state) -> str | None:
         lay = state.layout
-        proj = [s for s in lay.sites if s.k_in < s.inputs or s.k_out < s.outputs]
-        return (f"{KINDS['ekfac' if state.corrected else 'kfac']} over {len(lay.sites)} layers "
+        n, d = len(lay.sites), len(lay.diagonal)
+        proj = sum(1 for s in lay.sites if s.k_in < s.inputs or s.k_out < s.outputs)
+        return (f"{KINDS['ekfac' if state.corrected else 'kfac']} over {n} layer{'s' * (n != 1)} "
                 f"({FISHERS[state.fisher]}, estimated on {state.n:,} examples), at the trained model"
-                + (f"; {len(proj)} projected (LoGra)" if proj else "")
-                + (f"; {len(lay.diagonal)} leaves (biases, scales, …) with a diagonal curvature" if lay.diagonal else "")
+                + (f"; {proj} projected (LoGra)" if proj else "")
+                + (f"; {d} {'leaves' if d != 1 else 'leaf'} (biases, scales, …) with a diagonal curvature" if d else "")
                 + ".")
 
     def scores(self, ctx: Context, state, test_xs, test_ys) -> Scored:
         xs, ys = ctx.arrays()
         damping = float(ctx.settings["damping"])
         values = curvature.influence(state, ctx.fitted.model, xs, ys, test_xs, test_ys, damping=damping)
-        return Scored(np.asarray(values), caption=f"{KINDS['ekfac' if state.corrected else 'kfac']} at the trained model, {FISHERS[state.fisher]}, "
+        kind = KINDS["ekfac" if state.corrected else "kfac"]
+        return Scored(np.asarray(values), caption=f"{kind} at the trained model, {FISHERS[state.fisher]}, "
                                                   f"δ = {damping:g}: (1/N) ∇ℓ(z)ᵀ(F + δI)⁻¹∇ℓ(zᵢ).")
 
     def self_influence(self, ctx: Context, state) -> np.ndarray:
