@@ -20,22 +20,25 @@ from gradlab.influence.protocol import Context, Control, Method, Scored
 PROJ_DIMS = (64, 128, 256, 512, 1024, 2048)
 EXACT = "none (exact)"
 #: The default k: every layer of the digits MLP is exact; seed 003's SimpleCNN projects fc1's 9,216 inputs to 512.
+#: The default examples: SimpleCNN's preparation within the 30 CPU-s a visitor's settings may cost (about 28).
 DEFAULT_K = "512"
 #: How many training examples the curvature is estimated on (a fixed random subset), and all of them.
 EXAMPLES = (500, 1000, 2000, 4000)
 ALL = "all"
-DEFAULT_EXAMPLES = "2000"
+DEFAULT_EXAMPLES = "1000"
 KINDS = {"ekfac": "EK-FAC (eigenvalue-corrected)", "kfac": "K-FAC (Kronecker eigenvalues)"}
 FISHERS = {"sampled": "true Fisher (labels sampled from the model)", "empirical": "empirical Fisher (dataset labels)"}
 #: One curvature pass (a forward and a backward pass to the layers' outputs, then the factors' or the eigenbasis'
-#: products) per example, in (example × parameter) per CPU-second, and the set-up (tracing, compiling two programs,
-#: the eigendecompositions), CPU-seconds. From `python -m benchmarks.ekfac_scale` (docs/influence.md): seed 003's
-#: SimpleCNN (1.2 M parameters, 6,000 examples), EK-FAC at k = 512 in 81 CPU-s for two passes, i.e. 6.7 CPU-ms per
-#: example and pass (its 288 × 288 convolution factor, T·I² = 48 M multiply-adds per example, dominates); the digits
-#: MLP prepares in about 2.5 CPU-s, nearly all of it set-up. P is all the protocol gives: a convolution's cost per
-#: parameter is far above a dense layer's, so this rate is SimpleCNN's (an over-estimate for dense models).
-PASS_RATE = 1.8e8
-SETUP_SECONDS = 3.0
+#: products) per example, in (example × parameter) per CPU-second; the set-up (tracing, compiling two programs, the
+#: sampled labels' forward pass, the eigendecompositions): `SETUP_SECONDS` plus P / `SETUP_RATE` CPU-seconds. From
+#: `python -m benchmarks.ekfac_scale` (docs/influence.md), seed 003's SimpleCNN (1.2 M parameters, 6,000 examples),
+#: EK-FAC at k = 512: 81 CPU-s on all 6,000 examples, 38 on 2,000, so 5.4 CPU-ms per example and pass (its 288 × 288
+#: convolution factor, T·I² = 48 M multiply-adds per example, dominates) and 16 CPU-s of set-up; the digits MLP
+#: prepares in about 2.5 CPU-s, nearly all set-up. P is all the protocol gives: a convolution costs far more per
+#: parameter than a dense layer, so the rate is SimpleCNN's (an over-estimate for dense models).
+PASS_RATE = 2.2e8
+SETUP_SECONDS = 2.0
+SETUP_RATE = 8e4
 
 
 def proj_dim(settings) -> int | None:
@@ -94,7 +97,7 @@ class Ekfac(Method):
                 (*map(str, EXAMPLES), ALL),
                 help="The factors and the eigenvalue correction are means over this many training examples (a fixed "
                      "random subset; every example is still scored). Preparing costs two passes over them: on seed "
-                     "003's SimpleCNN about 13 CPU-ms per example (its 288-input convolution's factor dominates)."),
+                     "003's SimpleCNN about 11 CPU-ms per example (its 288-input convolution's factor dominates)."),
     )
     prepare_reads = ("ekfac_kind", "ekfac_fisher", "ekfac_k", "ekfac_examples")
     reads = ("damping", "ekfac_kind", "ekfac_fisher", "ekfac_k", "ekfac_examples")
@@ -121,7 +124,8 @@ class Ekfac(Method):
         # the factors' pass and (EK-FAC) the correction's over the curvature's examples; the scoring pass is the
         # page's shared streamed pass per method
         passes = 1 if settings["ekfac_kind"] == "kfac" else 2
-        return SETUP_SECONDS + passes * examples(settings, n) * int(num_params) / PASS_RATE
+        return (SETUP_SECONDS + int(num_params) / SETUP_RATE
+                + passes * examples(settings, n) * int(num_params) / PASS_RATE)
 
     def held_bytes(self, num_params, settings, n_checkpoints) -> int:
         # From P alone: the diagonal blocks and one preconditioned test vector (≤ 2P floats), and the factors
