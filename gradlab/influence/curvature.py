@@ -83,21 +83,27 @@ class KronSite:
         return self.groups * (self.k_in ** 2 + self.k_out ** 2 + self.k_in * self.k_out) + proj
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
-    """A loss's Kronecker sites and diagonal leaves (`layout`). Hashable by identity: the compiled passes are
-    keyed on it."""
+    """A loss's Kronecker sites and diagonal leaves (`layout`): `sites` (`KronSite`s, in the plan's leaf order),
+    `diagonal` (differentiable leaf numbers with a diagonal block), `why` ((leaf number, why it is diagonal) pairs),
+    `leaf_shapes` (each differentiable leaf's shape), and the traced `graph` and rules `plan` the passes evaluate.
 
-    loss_fn: Any
-    treedef: Any
-    rest: Any
-    graph: Any
-    plan: Any
-    diff_index: tuple  # array-leaf index of each differentiable leaf
-    leaf_shapes: tuple  # each differentiable leaf's shape
-    sites: tuple  # KronSite, in the plan's (sorted) leaf order
-    diagonal: tuple  # differentiable leaf numbers with a diagonal block
-    why: tuple  # (leaf number, why it is diagonal)
+    Hashable by identity (the compiled passes are keyed on it). It pickles as what built it (the loss, the
+    parameters' shapes and one example's) and is traced again when unpickled, so a prepared `Curvature` can be
+    stored on disk; the results store sizes it as a small object (`__slots__`: the jaxpr is not walked)."""
+
+    __slots__ = ("loss_fn", "skeleton", "example", "proj_dim", "graph", "plan", "diff_index", "leaf_shapes", "sites",
+                 "diagonal", "why")
+
+    def __init__(self, **fields):
+        for name in self.__slots__:
+            object.__setattr__(self, name, fields[name])
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Layout is immutable")
+
+    def __reduce__(self):
+        return _build, (self.loss_fn, self.skeleton, self.example, self.proj_dim)
 
     def held_bytes(self, itemsize: int = 4) -> int:
         """Bytes the prepared curvature holds: each block's factors, eigenbasis, eigenvalues and projections, and
@@ -107,14 +113,12 @@ class Layout:
         return itemsize * (sum(s.factor_floats for s in self.sites) + diag) + 8 * 3 * largest
 
 
-def _flat(loss_fn, params):
-    arrays, rest = eqx.partition(params, eqx.is_array)
-    leaves, treedef = jax.tree.flatten(arrays)
+def _sds(a):
+    return jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
 
-    def flat(ls, x, y):
-        return loss_fn(eqx.combine(jax.tree.unflatten(treedef, ls), rest), x, y)
 
-    return flat, leaves, treedef, rest
+def _is_sds(a) -> bool:
+    return isinstance(a, jax.ShapeDtypeStruct)
 
 
 def _chain(site, w):
@@ -165,12 +169,21 @@ def layout(loss_fn, params, x, y, *, proj_dim: int | None = None) -> Layout:
     side wider than k is projected to k (LoGra); None: nothing is projected.
 
     **Returns** a `Layout`. **Raises** `ValueError` when nothing can be traced."""
-    params = engine.as_params(params)
-    flat, leaves, treedef, rest = _flat(loss_fn, params)
-    diff_index = tuple(i for i, a in enumerate(leaves) if eqx.is_inexact_array(a))
+    skeleton = jax.tree.map(lambda a: _sds(a) if eqx.is_array(a) else a, engine.as_params(params))
+    return _build(loss_fn, skeleton, (jax.tree.map(_sds, x), jax.tree.map(_sds, y)), proj_dim)
+
+
+def _build(loss_fn, skeleton, example, proj_dim) -> Layout:
+    """`layout` from the parameters' `skeleton` (their arrays as `jax.ShapeDtypeStruct`s) and one example's shapes."""
+    arrays, rest = eqx.partition(skeleton, _is_sds, is_leaf=_is_sds)
+    leaves, treedef = jax.tree.flatten(arrays, is_leaf=_is_sds)
+
+    def flat(ls, x, y):
+        return loss_fn(eqx.combine(jax.tree.unflatten(treedef, ls), rest), x, y)
+
+    diff_index = tuple(i for i, a in enumerate(leaves) if jnp.issubdtype(a.dtype, jnp.inexact))
     shapes = tuple(tuple(leaves[i].shape) for i in diff_index)
-    sds = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # noqa: E731
-    graph = rules.trace(flat, [sds(a) for a in leaves], jax.tree.map(sds, x), jax.tree.map(sds, y))
+    graph = rules.trace(flat, list(leaves), *example)
     data = graph.inputs[len(leaves):]
     refs = [graph.inputs[i] for i in diff_index]
     chosen = list(range(len(diff_index)))
@@ -202,8 +215,9 @@ def layout(loss_fn, params, x, y, *, proj_dim: int | None = None) -> Layout:
         k_out = o if proj_dim is None else min(o, int(proj_dim))
         sites.append(KronSite(j, site, groups, a_shape.shape[1], i, o, k_in, k_out))
     diagonal = tuple(j for j in range(len(diff_index)) if j not in chosen)
-    return Layout(loss_fn, treedef, rest, graph, pl, diff_index, shapes, tuple(sites), diagonal,
-                  tuple(sorted(why.items())))
+    return Layout(loss_fn=loss_fn, skeleton=skeleton, example=example, proj_dim=proj_dim, graph=graph, plan=pl,
+                  diff_index=diff_index, leaf_shapes=shapes, sites=tuple(sites), diagonal=diagonal,
+                  why=tuple(sorted(why.items())))
 
 
 def _stacked(site, aval):
