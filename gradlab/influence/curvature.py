@@ -103,7 +103,7 @@ class Layout:
         raise AttributeError("a Layout is immutable")
 
     def __reduce__(self):
-        return _build, (self.loss_fn, self.skeleton, self.example, self.proj_dim)
+        return _cached, (self.loss_fn, self.skeleton, self.example, self.proj_dim)
 
     def held_bytes(self, itemsize: int = 4) -> int:
         """Bytes the prepared curvature holds: each block's factors, eigenbasis, eigenvalues and projections, and
@@ -170,7 +170,27 @@ def layout(loss_fn, params, x, y, *, proj_dim: int | None = None) -> Layout:
 
     **Returns** a `Layout`. **Raises** `ValueError` when nothing can be traced."""
     skeleton = jax.tree.map(lambda a: _sds(a) if eqx.is_array(a) else a, engine.as_params(params))
-    return _build(loss_fn, skeleton, (jax.tree.map(_sds, x), jax.tree.map(_sds, y)), proj_dim)
+    return _cached(loss_fn, skeleton, (jax.tree.map(_sds, x), jax.tree.map(_sds, y)), proj_dim)
+
+
+#: The last `LAYOUTS` layouts built, by what built them: the same model, example shapes and k give the same
+#: `Layout` object, so the passes compiled for it are reused (a page preparing again, a state read from disk).
+LAYOUTS = 16
+_LAYOUTS: dict = {}
+
+
+def _cached(loss_fn, skeleton, example, proj_dim) -> Layout:
+    key = (loss_fn, *jax.tree.flatten(skeleton, is_leaf=_is_sds), *jax.tree.flatten(example), proj_dim)
+    key = tuple(tuple(k) if isinstance(k, list) else k for k in key)
+    try:
+        hash(key)
+    except TypeError:  # a leaf that is not hashable: build it every time
+        return _build(loss_fn, skeleton, example, proj_dim)
+    if key not in _LAYOUTS:
+        while len(_LAYOUTS) >= LAYOUTS:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = _build(loss_fn, skeleton, example, proj_dim)
+    return _LAYOUTS[key]
 
 
 def _build(loss_fn, skeleton, example, proj_dim) -> Layout:
