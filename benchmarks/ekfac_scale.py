@@ -10,7 +10,7 @@ Each stage prints process CPU-seconds (both cores), wall seconds and the rise of
 declares (`curvature.Layout.held_bytes`) against the exact (unprojected) factors'.
 
     python -m benchmarks.ekfac_scale                   # the method's defaults: k = 512, EK-FAC, sampled labels,
-                                                       # the curvature on 2,000 examples
+                                                       # the curvature on 1,000 examples
     python -m benchmarks.ekfac_scale --examples all --warm   # all 6,000, and once more compiled
     python -m benchmarks.ekfac_scale --k 256 --kfac    # another projection, K-FAC (no correction pass)
     python -m benchmarks.ekfac_scale --dataset digits --model mlp   # the digits MLP, every layer exact
@@ -28,6 +28,7 @@ from gradlab import engine, memory
 from gradlab.experiment import Experiment, fit
 from gradlab.influence import METHODS, curvature
 from gradlab.influence import fitted as ifit
+from gradlab.influence.methods import ekfac
 
 
 def _status() -> dict:
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--dataset", default="fashion")
     ap.add_argument("--model", default="simple_cnn")
     ap.add_argument("--k", default="512", help="projection k per layer side, or 'none' (exact factors)")
-    ap.add_argument("--examples", default="2000", help="examples the curvature is estimated on, or 'all'")
+    ap.add_argument("--examples", default=ekfac.DEFAULT_EXAMPLES, help="examples the curvature is estimated on, or 'all'")
     ap.add_argument("--kfac", action="store_true", help="K-FAC: no eigenvalue correction pass")
     ap.add_argument("--warm", action="store_true", help="prepare a second time (compiled: the computation alone)")
     ap.add_argument("--empirical", action="store_true", help="the dataset's labels instead of sampled ones")
