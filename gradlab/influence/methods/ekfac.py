@@ -121,11 +121,11 @@ class Ekfac(Method):
         return why
 
     def cost_seconds(self, num_params, n, settings, *, steps, batch_size) -> float:
-        # the factors' pass and (EK-FAC) the correction's over the curvature's examples; the scoring pass is the
-        # page's shared streamed pass per method
+        # the factors' pass and (EK-FAC) the correction's over the curvature's examples, and the self-influence pass
+        # over all n (the page computes every method's); the scoring pass is the page's shared one per method
         passes = 1 if settings["ekfac_kind"] == "kfac" else 2
         return (SETUP_SECONDS + int(num_params) / SETUP_RATE
-                + passes * examples(settings, n) * int(num_params) / PASS_RATE)
+                + (passes * examples(settings, n) + n) * int(num_params) / PASS_RATE)
 
     def held_bytes(self, num_params, settings, n_checkpoints) -> int:
         # From P alone: the diagonal blocks and one preconditioned test vector (≤ 2P floats), and the factors
