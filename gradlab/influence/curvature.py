@@ -77,10 +77,10 @@ class KronSite:
 
     @property
     def factor_floats(self) -> int:
-        """Floats the block keeps: Q_A, Q_S, Λ and the projections, per group."""
+        """Floats the block keeps: A and S, Q_A and Q_S, Λ, and the maps into the eigenbasis (P Q, where projected)."""
         proj = (self.inputs * self.k_in if self.k_in < self.inputs else 0) + (
             self.outputs * self.k_out if self.k_out < self.outputs else 0)
-        return self.groups * (self.k_in ** 2 + self.k_out ** 2 + self.k_in * self.k_out) + proj
+        return self.groups * (2 * self.k_in ** 2 + 2 * self.k_out ** 2 + self.k_in * self.k_out) + proj
 
 
 class Layout:
