@@ -20,7 +20,7 @@ from gradlab.influence.protocol import Context, Control, Method, Scored
 PROJ_DIMS = (64, 128, 256, 512, 1024, 2048)
 EXACT = "none (exact)"
 #: The default k: every layer of the digits MLP is exact; seed 003's SimpleCNN projects fc1's 9,216 inputs to 512.
-#: The default examples: SimpleCNN's preparation within the 30 CPU-s a visitor's settings may cost (about 28).
+#: The default examples: SimpleCNN's preparation within the 30 CPU-s a visitor's settings may cost (19 measured).
 DEFAULT_K = "512"
 #: How many training examples the curvature is estimated on (a fixed random subset), and all of them.
 EXAMPLES = (500, 1000, 2000, 4000)
@@ -31,14 +31,15 @@ FISHERS = {"sampled": "true Fisher (labels sampled from the model)", "empirical"
 #: One curvature pass (a forward and a backward pass to the layers' outputs, then the factors' or the eigenbasis'
 #: products) per example, in (example × parameter) per CPU-second; the set-up (tracing, compiling two programs, the
 #: sampled labels' forward pass, the eigendecompositions): `SETUP_SECONDS` plus P / `SETUP_RATE` CPU-seconds. From
-#: `python -m benchmarks.ekfac_scale` (docs/influence.md), seed 003's SimpleCNN (1.2 M parameters, 6,000 examples),
-#: EK-FAC at k = 512: 81 CPU-s on all 6,000 examples, 38 on 2,000, so 5.4 CPU-ms per example and pass (its 288 × 288
-#: convolution factor, T·I² = 48 M multiply-adds per example, dominates) and 16 CPU-s of set-up; the digits MLP
-#: prepares in about 2.5 CPU-s, nearly all set-up. P is all the protocol gives: a convolution costs far more per
-#: parameter than a dense layer, so the rate is SimpleCNN's (an over-estimate for dense models).
-PASS_RATE = 2.2e8
+#: `python -m benchmarks.ekfac_scale --warm` (docs/influence.md), seed 003's SimpleCNN (1.2 M parameters, 6,000
+#: examples), EK-FAC at k = 512 on 1,000 of them: 19.2 CPU-s cold, 10.2 compiled, so about 4.5 CPU-ms per example
+#: and pass (its 288 × 288 convolution factor, T·I² = 48 M multiply-adds per example, dominates) and 9 CPU-s of
+#: compiling; its self-influence over all 6,000 in 25.2 CPU-s. Estimate 45.6 CPU-s against 44.4 measured. The
+#: digits MLP prepares in about 2.5 CPU-s, nearly all set-up. P is all the protocol gives: a convolution costs far
+#: more per parameter than a dense layer, so the rate is SimpleCNN's (an over-estimate for dense models).
+PASS_RATE = 2.7e8
 SETUP_SECONDS = 2.0
-SETUP_RATE = 8e4
+SETUP_RATE = 1.5e5
 
 
 def proj_dim(settings) -> int | None:
@@ -103,7 +104,7 @@ class Ekfac(Method):
                 (*map(str, EXAMPLES), ALL),
                 help="The factors and the eigenvalue correction are means over this many training examples (a fixed "
                      "random subset; every example is still scored). Preparing costs two passes over them: on seed "
-                     "003's SimpleCNN about 11 CPU-ms per example (its 288-input convolution's factor dominates)."),
+                     "003's SimpleCNN about 9 CPU-ms per example (its 288-input convolution's factor dominates)."),
     )
     prepare_reads = ("ekfac_kind", "ekfac_fisher", "ekfac_k", "ekfac_examples")
     reads = ("damping", "ekfac_kind", "ekfac_fisher", "ekfac_k", "ekfac_examples")
