@@ -150,7 +150,7 @@ def _why_diagonal(pl, leaf, shape) -> str | None:
         return "used through a nonlinear function of itself"
     site = rule.sites[0]
     if site.kind.ids or not site.kind.layer:
-        return f"a {site.kind.name} use (no activation factor)"
+        return f"its use is of kind '{site.kind.name}', without activation ⊗ output-gradient factors"
     try:
         m = jax.eval_shape(lambda w: _to_factor(site, w), jax.ShapeDtypeStruct(shape, jnp.float32))
         jax.eval_shape(lambda a, d: site.kind.factors(site, a, d), site.saved,
