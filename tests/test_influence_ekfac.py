@@ -5,6 +5,9 @@ dense EK-FAC formula, and the exact influence function at θ̂ on the digits MLP
 
 from __future__ import annotations
 
+import pickle
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,10 +17,13 @@ from jax import lax
 from scipy.stats import spearmanr
 
 from conftest import FAST, assert_clean, open_page
+from gradlab import losses, memory, store
 from gradlab.experiment import Experiment, fit
-from gradlab.influence import METHODS
+from gradlab.influence import METHODS, methods
 from gradlab.influence import curvature as cv
 from gradlab.influence import fitted as ifit
+from gradlab.influence.protocol import Context
+from gradlab.models import SimpleCNN
 
 
 def _rng(seed):
@@ -296,3 +302,39 @@ def test_the_influence_page_picks_ekfac_by_its_url_code_and_shows_its_note():
     assert any("(1/N) ∇ℓ(z)ᵀ(F + δI)⁻¹∇ℓ(zᵢ)" in c.value for c in at.caption)
     assert {"infl_ekfac_kind", "infl_ekfac_fisher", "infl_ekfac_k", "infl_ekfac_n"} <= {
         w.key for w in [*at.selectbox, *at.select_slider]}
+
+
+def test_a_prepared_curvature_pickles_and_the_store_sizes_it_by_its_arrays():
+    """The results store keeps a prepared state in memory (sized by `store.nbytes`) and on disk (pickled): the Layout
+    pickles as what built it and comes back as the same object, so scores from the unpickled state are the same."""
+    p = mlp_params()
+    p = {k: jnp.asarray(v, jnp.float32) for k, v in p.items()}
+    xs, ys = _mlp_data()
+    xs = xs.astype(jnp.float32)
+    lay = cv.layout(mlp_loss, p, xs[0], ys[0])
+    curv = cv.fit(lay, p, xs, ys)
+    back = pickle.loads(pickle.dumps(curv))
+    assert back.layout is lay
+    arrays = sum(np.asarray(a).nbytes for group in (curv.m_in, curv.m_out, curv.eig, curv.diag, curv.a_factors,
+                                                     curv.s_factors) for a in group)
+    assert arrays <= store.nbytes(curv) < arrays + 4096
+    np.testing.assert_array_equal(cv.influence(back, p, xs, ys, xs[:2], ys[:2], damping=0.1),
+                                  cv.influence(curv, p, xs, ys, xs[:2], ys[:2], damping=0.1))
+
+
+def test_exact_factors_of_seed_003s_fc1_are_refused_with_the_fix():
+    """SimpleCNN's fc1 (9,216 inputs): with no projection `prepare` refuses before any pass (its A alone is 9,216²
+    floats, over the compute budget) and names the control; at k = 512 the layout holds about 27 MB."""
+    model = SimpleCNN((28, 28), 10, key=jax.random.key(0))
+    r = _rng(0)
+    data = SimpleNamespace(x_train=r.normal(size=(4, 784)).astype(np.float32), y_train=np.arange(4),
+                           task="classification")
+    fitted = SimpleNamespace(model=model, loss_fn=losses.cross_entropy, data=data, predict_fn=None)
+    ek = METHODS["ekfac"]
+    settings = {**methods.defaults(), "ekfac_k": "none (exact)"}
+    with pytest.raises(memory.OverBudget, match="Projection k"):
+        ek.prepare(Context(fitted, settings, lambda: None))
+    lay = cv.layout(losses.cross_entropy, model, jnp.asarray(data.x_train[0]), 0, proj_dim=512)
+    assert [(s.inputs, s.outputs, s.k_in, s.k_out) for s in lay.sites] == [
+        (9, 32, 9, 32), (288, 64, 288, 64), (9216, 128, 512, 128), (128, 10, 128, 10)]
+    assert 20 * memory.MB < lay.held_bytes() < 40 * memory.MB
