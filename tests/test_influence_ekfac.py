@@ -156,7 +156,7 @@ def one_layer_loss(p, x, y):
 def test_kfac_inverse_is_the_dense_inverse_where_the_kronecker_form_is_exact(x64):
     """One dense layer, every example the same input x (labels differ): F = (1/N) Σ (x ⊗ δₙ)(x ⊗ δₙ)ᵀ = xxᵀ ⊗ S exactly,
     so K-FAC's and EK-FAC's (F + δI)⁻¹g equal np.linalg.solve on the explicit empirical Fisher (from a loop of
-    jax.grad), and the scores (1/N) g_testᵀ(F + δI)⁻¹gₙ too."""
+    jax.grad), at δ = 0 its pseudo-inverse (np.linalg.pinv), and the scores (1/N) g_testᵀ(F + δI)⁻¹gₙ too."""
     r = _rng(3)
     p = {"w": jnp.asarray(r.normal(size=(4, 3)))}
     x = r.normal(size=4)
@@ -171,6 +171,10 @@ def test_kfac_inverse_is_the_dense_inverse_where_the_kronecker_form_is_exact(x64
             want = np.linalg.solve(fisher + damping * np.eye(12), test.T).T
             got = cv.precondition(curv, [jnp.asarray(test.reshape(2, 4, 3))], damping)[0]
             np.testing.assert_allclose(np.asarray(got).reshape(2, -1), want, rtol=1e-8, atol=1e-10)
+        # δ = 0: F is singular (A = xxᵀ has rank 1, S annihilates the all-ones output direction); the pseudo-inverse
+        got = cv.precondition(curv, [jnp.asarray(test.reshape(2, 4, 3))], 0.0)[0]
+        np.testing.assert_allclose(np.asarray(got).reshape(2, -1), test @ np.linalg.pinv(fisher, rcond=1e-10),
+                                   rtol=1e-6, atol=1e-8)
         tx, ty = jnp.asarray(r.normal(size=(2, 4))), jnp.asarray([0, 2])
         gt = _loop_grads(one_layer_loss, p, tx, ty)["w"].reshape(2, -1)
         want = gt @ np.linalg.solve(fisher + 0.1 * np.eye(12), g.T) / 9

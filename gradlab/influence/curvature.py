@@ -452,11 +452,21 @@ def fit(lay: Layout, params, xs, ys, *, corrected: bool = True, fisher: str = "e
                      tuple(a / n for a in A), tuple(s / n for s in S))
 
 
+def _inverse(e, damping: float):
+    """1 / (e + δ) elementwise; at δ = 0 the pseudo-inverse: 0 where e ≤ 10 ε max(e) (a Fisher is singular along
+    directions no gradient takes: softmax outputs sum to one, so S has a zero eigenvalue)."""
+    if damping > 0:
+        return 1.0 / (e + damping)
+    tiny = 10 * jnp.finfo(e.dtype).eps * jnp.max(e, initial=0.0)
+    return jnp.where(e > tiny, 1.0 / jnp.where(e > tiny, e, 1.0), 0.0)
+
+
 def precondition(curv: Curvature, grads: list, damping: float) -> list:
     """(F + δI)⁻¹ g for T gradients given as a list over the differentiable leaves of `(T, *leaf)` arrays (as
     `engine.per_example_grads` gives them, flattened to leaves): per site g → factor layout G, then
     M_in [(M_inᵀ G M_out) / (Λ + δ)] M_outᵀ, back to the leaf's layout; per diagonal leaf g / (D + δ). With a
-    projection this is Pᵀ-then-P: the influence is LoGra's, in the projected space.
+    projection this is Pᵀ-then-P: the influence is LoGra's, in the projected space. At δ = 0 a zero eigenvalue
+    (or a zero diagonal entry) is skipped: the pseudo-inverse.
 
     **Returns** the list of preconditioned leaves, `(T, *leaf)`. **Raises** `ValueError` for δ < 0."""
     if damping < 0:
@@ -467,12 +477,12 @@ def precondition(curv: Curvature, grads: list, damping: float) -> list:
         g = grads[s.leaf]
         fwd = functools.partial(_to_factor, s.site)
         G = jax.vmap(fwd)(g.astype(e.dtype))  # (T, G, I, O)
-        c = jnp.einsum("gik,tgio,gol->tgkl", mi, G, mo) / (e + damping)
+        c = jnp.einsum("gik,tgio,gol->tgkl", mi, G, mo) * _inverse(e, damping)
         V = jnp.einsum("gik,tgkl,gol->tgio", mi, c, mo)
         back = jax.linear_transpose(fwd, jax.ShapeDtypeStruct(g.shape[1:], e.dtype))
         out[s.leaf] = jax.vmap(lambda v: back(v)[0])(V).astype(g.dtype)
     for j, d in zip(lay.diagonal, curv.diag):
-        out[j] = (grads[j] / (d + damping)).astype(grads[j].dtype)
+        out[j] = (grads[j] * _inverse(d, damping)).astype(grads[j].dtype)
     return out
 
 
@@ -502,13 +512,11 @@ def self_influence(curv: Curvature, params, xs, ys, *, damping: float,
     """(1/N) ∇ℓ(zₙ)ᵀ (F + δI)⁻¹ ∇ℓ(zₙ) for every training example of `xs (N, ...)`, `ys (N,)` (the curvature may
     have been estimated on a subset of them), from its eigenbasis coordinates (the same
     projections as EK-FAC's correction) and its diagonal leaves' gradients: one streamed pass. **Returns** `(N,)`
-    ≥ 0. **Raises** `ValueError` for δ < 0, or δ = 0 with a zero eigenvalue."""
+    ≥ 0; at δ = 0 the pseudo-inverse (`_inverse`). **Raises** `ValueError` for δ < 0."""
     if damping < 0:
         raise ValueError(f"damping must be ≥ 0, got {damping}")
-    inv_eig = [1.0 / (e + damping) for e in curv.eig]
-    inv_diag = [1.0 / (d + damping) for d in curv.diag]
-    if not all(bool(jnp.all(jnp.isfinite(w))) for w in inv_eig + inv_diag):
-        raise ValueError("the curvature has a zero eigenvalue: use a damping δ > 0")
+    inv_eig = [_inverse(e, damping) for e in curv.eig]
+    inv_diag = [_inverse(d, damping) for d in curv.diag]
     out = _self_pass(curv.layout, _array_leaves(params), xs, ys, curv.m_in, curv.m_out, inv_eig, inv_diag,
                      _chunk(curv.layout, chunk_size))
     return out / engine.check_batch(xs, ys)
