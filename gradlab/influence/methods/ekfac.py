@@ -20,9 +20,9 @@ from gradlab.influence.protocol import Context, Control, Method, Scored
 PROJ_DIMS = (64, 128, 256, 512, 1024, 2048)
 EXACT = "none (exact)"
 #: The default k: every layer of the digits MLP is exact; seed 003's SimpleCNN projects fc1's 9,216 inputs to 512.
-#: The default examples: SimpleCNN's preparation within the 30 CPU-s a visitor's settings may cost (19 measured).
 DEFAULT_K = "512"
-#: How many training examples the curvature is estimated on (a fixed random subset), and all of them.
+#: How many training examples the curvature is estimated on (a fixed random subset), and all of them. The default:
+#: SimpleCNN's preparation within the 30 CPU-s a visitor's settings may cost (19 measured).
 EXAMPLES = (500, 1000, 2000, 4000)
 ALL = "all"
 DEFAULT_EXAMPLES = "1000"
@@ -53,7 +53,7 @@ def examples(settings, n: int) -> int:
 
 
 #: Examples per step of the sampled labels' forward pass: seed 003's SimpleCNN holds about 1 MB of activations per
-#: example, so `losses.FORWARD_CHUNK` (64) measured ~190 MB above the process here.
+#: example; `losses.FORWARD_CHUNK` (64) over all 6,000 examples measured ~30 MB more at a compiled preparation's peak.
 FORWARD_CHUNK = 8
 
 
