@@ -22,7 +22,7 @@ from typing import Callable, Iterable, TypeVar
 
 import jax
 
-from gradlab import engine, escape
+from gradlab import engine, escape, jaxprs
 from gradlab.train import dp_buffer_size
 
 log = logging.getLogger("gradlab")
@@ -60,6 +60,23 @@ def per_example_grads_bytes(n: int, num_params: int, *, itemsize: int = 4) -> in
     """Bytes to materialize N per-example gradients of P parameters with `vmap(grad)`:
     N × P × itemsize, times `XLA_COPIES` for XLA's working copies."""
     return int(n) * int(num_params) * itemsize * XLA_COPIES
+
+
+def example_bytes(loss_fn: Callable, params, xs, ys, *, itemsize: int = 4) -> int:
+    """Bytes one more example adds to a batched pass of `loss_fn` (one gradient of the summed loss keeps about this
+    much per example for its backward pass): what `vmap(loss_fn)` computes at two examples minus at one
+    (`jaxprs.value_count`: parameter-only values do not grow with the batch), times `itemsize`. Traced, not run.
+
+    **Arguments** `loss_fn(params, x, y)`, `params`, `xs`, `ys` as the engine's (at least one example); `itemsize`:
+    4 (float32) or 8 (float64). **Returns** bytes; seed 003's SimpleCNN: 366,504 values (1.47 MB in float32, the
+    +1.3 MB per example its batch gradient's peak memory grows by; 2.9 MB in float64, measured +2.7 MB:
+    benchmarks/RESULTS.md, "Equivalence on SimpleCNN"), the digits MLP 321."""
+    def count(k):
+        part = jax.tree.map(lambda v: v[:k], (xs, ys))
+        return jaxprs.value_count(lambda x, y: jax.vmap(lambda a, b: loss_fn(params, a, b))(x, y), *part)
+
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    return int(itemsize) * (max(count(2) - count(1), 0) if n >= 2 else count(1))
 
 
 def training_bytes(num_params: int, n_checkpoints: int) -> int:
@@ -111,6 +128,22 @@ def dp_sgd_bytes(n: int, sample_rate: float, num_params: int, *, n_features: int
     p, m = int(num_params), dp_buffer_size(n, sample_rate)
     chunk = XLA_COPIES * max(engine.CHUNK_BYTES, 4 * p)
     return 4 * (DP_SGD_VECTORS + int(checkpoints)) * p + chunk + 4 * (int(n) + m) * int(n_features)
+
+
+#: Parameter-sized float32 vectors each model of a vmapped ensemble holds while it trains: its parameters, gradient,
+#: Adam's two moments and the update (`ensemble.train_stacked`).
+ENSEMBLE_VECTORS = 5
+
+
+def ensemble_bytes(num_params: int, models: int, n: int, n_classes: int, *, batch_size: int = 128,
+                   width: int = 0) -> int:
+    """Bytes of the record's ensemble (`memorization.ensemble_for`, the recipe's: M models trained at once): M ×
+    `ENSEMBLE_VECTORS` P-vectors, each model's minibatch activations (`batch_size` × `width` floats, × `XLA_COPIES`),
+    the M × N × K logits of its evaluation and the `(M, N)` outputs kept (losses, φ: 4 bytes; correct, mask: 1). A
+    DP-SGD ensemble trains one model at a time (`dp_sgd_bytes`)."""
+    m, p = int(models), int(num_params)
+    return (4 * ENSEMBLE_VECTORS * m * p + 4 * XLA_COPIES * m * int(batch_size) * int(width)
+            + 4 * m * int(n) * int(n_classes) + 10 * m * int(n))
 
 
 def dp_checkpoint_every(n: int, sample_rate: float, num_params: int, steps: int, *, n_features: int = 0,

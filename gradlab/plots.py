@@ -223,17 +223,40 @@ def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) 
     return fig
 
 
+def norm_bins(norms: np.ndarray, *, log: bool = False, bins: int = 60) -> np.ndarray:
+    """The `bins + 1` edges `norm_histogram` draws (on log10 of the norms when `log`): a click on a bar reads back
+    its bin's index, and `norm_bin_members` the examples in it."""
+    v = _log10(norms) if log else np.asarray(norms, np.float64)
+    return np.histogram_bin_edges(v[np.isfinite(v)], bins=bins)
+
+
+def norm_bin_members(norms: np.ndarray, b: int, *, log: bool = False, bins: int = 60) -> np.ndarray:
+    """Positions in `norms` of the examples in bar `b` of `norm_histogram(norms, log=log)` (ascending by norm)."""
+    edges = norm_bins(norms, log=log, bins=bins)
+    v = _log10(norms) if log else np.asarray(norms, np.float64)
+    where = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, len(edges) - 2)  # the last edge is in the last bin
+    members = np.flatnonzero(where == int(b))
+    return members[np.argsort(np.asarray(norms)[members])]
+
+
 @figure
 def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray | None = None, bins: int = 60) -> go.Figure:
-    """Histogram of per-example gradient norms; flipped-label examples stacked in red when given."""
-    v = _log10(norms) if log else np.asarray(norms)
+    """Histogram of per-example gradient norms; flipped-label examples stacked in red when given. Bars on the fixed
+    bins of `norm_bins`, each bar's `customdata` its bin's index (a click opens the examples in it:
+    `norm_bin_members`)."""
+    v = _log10(norms) if log else np.asarray(norms, np.float64)
+    edges = norm_bins(norms, log=log, bins=bins)
+    centers, widths = (edges[1:] + edges[:-1]) / 2, np.diff(edges)
     fig = go.Figure()
-    if flipped is not None and np.any(flipped):
-        fig.add_histogram(x=v[~flipped], name="clean label", nbinsx=bins, marker_color="#1f77b4")
-        fig.add_histogram(x=v[flipped], name="flipped label", nbinsx=bins, marker_color=FLIPPED_COLOR)
-        fig.update_layout(barmode="stack")
-    else:
-        fig.add_histogram(x=v, name="examples", nbinsx=bins, marker_color="#1f77b4")
+    groups = ([("clean label", ~flipped, "#1f77b4"), ("flipped label", flipped, FLIPPED_COLOR)]
+              if flipped is not None and np.any(flipped) else [("examples", np.ones(len(v), bool), "#1f77b4")])
+    lo, hi = (lambda a: 10**a, lambda a: 10**a) if log else (lambda a: a, lambda a: a)
+    for name, mask, color in groups:
+        counts, _ = np.histogram(v[mask], bins=edges)
+        fig.add_bar(x=centers, y=counts, width=widths, name=name, marker_color=color, customdata=np.arange(len(centers)),
+                    hovertext=[f"{lo(a):.3g} to {hi(b):.3g}" for a, b in zip(edges[:-1], edges[1:])],
+                    hovertemplate="‖g‖ %{hovertext}: %{y} examples (click to list them)<extra>" + name + "</extra>")
+    fig.update_layout(barmode="stack", bargap=0, clickmode="event+select")
     if log:
         _decades(fig, v)
     return style_figure(fig, "Distribution of per-example gradient norms",
@@ -889,3 +912,56 @@ def lds_bars(names: list[str], means, per_test: list, *, m: int) -> go.Figure:
     fig.update_yaxes(range=[-1, 1.1])
     return style_figure(fig, f"Linear datamodeling score over {m} models trained on random halves",
                    "attribution method", "Spearman ρ(predicted, actual output)", height=420)
+
+
+# ---------------------------------------------------------------- the per-example record (issue 43)
+
+@figure
+def norm_over_training(steps, norms: np.ndarray, everyone: np.ndarray | None = None, *, clip_norm: float | None = None,
+                       name: str = "this example") -> go.Figure:
+    """One example's gradient norm at each checkpoint (`steps (K,)`, `norms (K,)`), beside the median and the 10–90%
+    band of every example's (`everyone (K, n)`) and the clipping norm C as a line."""
+    fig = go.Figure()
+    if everyone is not None:
+        q10, q50, q90 = np.percentile(np.asarray(everyone, np.float64), [10, 50, 90], axis=1)
+        fig.add_trace(go.Scatter(x=list(steps) + list(steps)[::-1], y=list(q90) + list(q10)[::-1], fill="toself", mode="lines",
+                                 fillcolor="rgba(31,119,180,0.15)", line=dict(width=0), name="10–90% of examples",
+                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=steps, y=q50, mode="lines", name="median example", line=dict(color="#1f77b4", dash="dash")))
+    fig.add_trace(go.Scatter(x=steps, y=norms, mode="lines+markers", name=name, line=dict(color="#111111", width=3)))
+    if clip_norm is not None:
+        fig.add_hline(y=clip_norm, line=dict(color=FLIPPED_COLOR, dash="dot"))
+        # on a log axis an annotation's y is log10 of the value (add_hline's own annotation took C as the exponent)
+        fig.add_annotation(x=0, xref="paper", y=float(np.log10(max(clip_norm, 1e-30))), yref="y", showarrow=False,
+                           text=f"C = {clip_norm:.3g}", xanchor="left", yanchor="bottom", font=dict(color=FLIPPED_COLOR))
+    fig.update_yaxes(type="log")
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return style_figure(fig, "Its gradient norm over training", "training step (checkpoint)", "‖gᵢ‖ (log scale)", height=360)
+
+
+@figure
+def quantity_scatter(x: np.ndarray, y: np.ndarray, *, x_label: str, y_label: str, flipped: np.ndarray | None = None,
+                     ids: dict | None = None, selected: int | None = None, title: str = "") -> go.Figure:
+    """Two per-example quantities against each other for every training example (`x, y (n,)`), planted flipped
+    labels in red, the example at position `selected` circled; each point's `customdata[0]` is its example (a click
+    reads it back). Both axes on a log scale when their values are positive and span over two decades."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    custom, who = _identified(ids, len(x))
+    custom = np.asarray(custom, dtype=object)
+    flipped = np.zeros(len(x), bool) if flipped is None else np.asarray(flipped, bool)
+    fig = go.Figure()
+    for name, mask, color in (("clean label", ~flipped, "#1f77b4"), ("flipped label (planted)", flipped, FLIPPED_COLOR)):
+        if mask.any():
+            fig.add_trace(go.Scattergl(x=x[mask], y=y[mask], mode="markers", name=name, customdata=custom[mask].tolist(),
+                                       marker=dict(color=color, size=7, opacity=0.7),
+                                       hovertemplate=who + f"<br>{escape.plotly(x_label, template=True)} %{{x:.3g}}"
+                                       f"<br>{escape.plotly(y_label, template=True)} %{{y:.3g}}<extra></extra>"))
+    if selected is not None and 0 <= selected < len(x):
+        fig.add_trace(go.Scatter(x=[x[selected]], y=[y[selected]], mode="markers", name="this example",
+                                 marker=dict(size=18, color="rgba(0,0,0,0)", line=dict(color="#111111", width=3)),
+                                 hoverinfo="skip"))
+    for axis, v in (("x", x), ("y", y)):
+        if np.all(v[np.isfinite(v)] > 0) and np.nanmax(v) > 100 * np.nanmin(v):
+            fig.update_layout(**{f"{axis}axis_type": "log"})
+    fig.update_layout(legend=dict(orientation="h", y=-0.2), clickmode="event+select")
+    return style_figure(fig, title, x_label, y_label, height=460)

@@ -14,7 +14,7 @@ import numpy as np
 
 from gradlab import memory
 from gradlab.influence import curvature
-from gradlab.influence.protocol import Context, Control, Method, Scored
+from gradlab.influence.protocol import Context, Control, Method, Scored, Work
 
 #: The projection dimensions the page offers, and no projection (every factor exact).
 PROJ_DIMS = (64, 128, 256, 512, 1024, 2048)
@@ -29,15 +29,16 @@ DEFAULT_EXAMPLES = "1000"
 KINDS = {"ekfac": "EK-FAC (eigenvalue-corrected)", "kfac": "K-FAC (Kronecker eigenvalues)"}
 FISHERS = {"sampled": "true Fisher (labels sampled from the model)", "empirical": "empirical Fisher (dataset labels)"}
 #: One curvature pass (a forward and a backward pass to the layers' outputs, then the factors' or the eigenbasis'
-#: products) per example, in (example × parameter) per CPU-second; the set-up (tracing, compiling two programs, the
-#: sampled labels' forward pass, the eigendecompositions): `SETUP_SECONDS` plus P / `SETUP_RATE` CPU-seconds. From
+#: products) per example, against a plain streamed pass's (`Work.pass_seconds`, `costs.pass_seconds`: convolutions by
+#: their multiply-adds); the set-up (tracing, compiling two programs, the sampled labels' forward pass, the
+#: eigendecompositions): `SETUP_SECONDS` plus P / `SETUP_RATE` CPU-seconds. From
 #: `python -m benchmarks.ekfac_scale --warm` (docs/influence.md), seed 003's SimpleCNN (1.2 M parameters, 6,000
 #: examples), EK-FAC at k = 512 on 1,000 of them: 19.2 CPU-s cold, 10.2 compiled, so about 4.5 CPU-ms per example
 #: and pass (its 288 × 288 convolution factor, T·I² = 48 M multiply-adds per example, dominates) and 9 CPU-s of
-#: compiling; its self-influence over all 6,000 in 25.2 CPU-s. Estimate 45.6 CPU-s against 44.4 measured. The
-#: digits MLP prepares in about 2.5 CPU-s, nearly all set-up. P is all the protocol gives: a convolution costs far
-#: more per parameter than a dense layer, so the rate is SimpleCNN's (an over-estimate for dense models).
-PASS_RATE = 2.7e8
+#: compiling; its self-influence over all 6,000 in 25.2 CPU-s; a plain pass is estimated at 1.9 CPU-ms per example.
+#: First answer (prepare, a cold test point, self-influence) estimated 59 CPU-s against 65 measured. The digits MLP
+#: prepares in about 2.5 CPU-s, nearly all set-up.
+PASS_FACTOR = 2.3
 SETUP_SECONDS = 2.0
 SETUP_RATE = 1.5e5
 
@@ -127,23 +128,39 @@ class Ekfac(Method):
             pass
         return why
 
-    def cost_seconds(self, num_params, n, settings, *, steps, batch_size) -> float:
-        # the factors' pass and (EK-FAC) the correction's over the curvature's examples, and the self-influence pass
-        # over all n (the page computes every method's); the scoring pass is the page's shared one per method
+    def cost_seconds(self, work: Work, settings) -> float:
+        # set-up, the factors' pass and (EK-FAC) the correction's over the curvature's examples, one test point's
+        # scoring pass, and the self-influence pass over all n (the page computes every method's)
         passes = 1 if settings["ekfac_kind"] == "kfac" else 2
-        return (SETUP_SECONDS + int(num_params) / SETUP_RATE
-                + (passes * examples(settings, n) + n) * int(num_params) / PASS_RATE)
+        curvature_pass = PASS_FACTOR * work.pass_seconds(1, setup=False)  # per example
+        return (SETUP_SECONDS + int(work.num_params) / SETUP_RATE + work.pass_seconds()
+                + (passes * examples(settings, work.n) + work.n) * curvature_pass)
 
-    def held_bytes(self, num_params, settings, n_checkpoints) -> int:
-        # From P alone: the diagonal blocks and one preconditioned test vector (≤ 2P floats), and the factors
-        # as if each side were k (or, with no projection, as if the model were one square layer). `prepare`
-        # checks the exact bytes of the layers it finds (`curvature.Layout.held_bytes`).
-        p, k = int(num_params), proj_dim(settings)
-        side = int(np.sqrt(p)) if k is None else min(k, p)
-        return 4 * (2 * p + 3 * side * side)
+    def held_bytes(self, work: Work, settings) -> int:
+        # From the leaves' shapes: a matrix (O, I…) as one site I × O, each side over k projected (its P·Q kept),
+        # A, S, Q_A, Q_S, Λ, and numpy's float64 eigendecomposition of the largest factor; a vector diagonal. Without
+        # shapes, from P alone: the factors as if each side were k (unprojected: one square layer of P weights).
+        # `prepare` checks the exact bytes of the layers it finds (`curvature.Layout.held_bytes`).
+        p, k = int(work.num_params), proj_dim(settings)
+        if not work.shapes:
+            side = int(np.sqrt(p)) if k is None else min(k, p)
+            return 4 * (2 * p + 3 * side * side)
+        floats, largest = p, 0  # one preconditioned test vector
+        for shape in work.shapes:
+            size = int(np.prod(shape))
+            if len(shape) < 2:
+                floats += size
+                continue
+            o, i = int(shape[0]), size // int(shape[0])
+            ki, ko = (i, o) if k is None else (min(i, k), min(o, k))
+            floats += 2 * ki * ki + 2 * ko * ko + ki * ko + (i * ki if ki < i else 0) + (o * ko if ko < o else 0)
+            largest = max(largest, ki, ko)
+        return 4 * floats + 8 * 3 * largest * largest
 
-    def fix(self, num_params, settings, n_checkpoints) -> str:
-        return "Set the EK-FAC settings' **Projection k** to 512 or less."
+    def fix(self, work: Work, settings) -> str:
+        fits = [d for d in PROJ_DIMS if self.held_bytes(work, {**settings, "ekfac_k": str(d)}) <= memory.BUDGET_BYTES]
+        return (f"Set the EK-FAC settings' **Projection k** to {fits[-1]} or less." if fits
+                else "Use a smaller model for EK-FAC.")
 
     def prepare(self, ctx: Context):
         f, s = ctx.fitted, ctx.settings
