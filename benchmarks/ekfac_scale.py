@@ -24,7 +24,7 @@ import math
 import os
 import time
 
-from gradlab import engine, memory
+from gradlab import memory
 from gradlab.experiment import Experiment, fit
 from gradlab.influence import METHODS, curvature
 from gradlab.influence import fitted as ifit
@@ -95,9 +95,10 @@ def main() -> None:
     if args.warm:
         with Stage("prepare again (compiled)"):
             state = method.prepare(ctx)
-    est = method.cost_seconds(engine.num_params(f.model), len(ys), ctx.settings, steps=exp.steps,
-                              batch_size=exp.batch_size)
-    print(f"  (the method's estimate: {est:.1f} CPU-s; note: {method.note(state)})")
+    w = ifit.work(f)
+    print(f"  (the method's estimate of its first answer, preparing + a cold test point + self-influence: "
+          f"{method.cost_seconds(w, ctx.settings):.1f} CPU-s; held: {memory.mb(method.held_bytes(w, ctx.settings))}; "
+          f"note: {method.note(state)})")
     pts = [ifit.test_point(f, r) for r in (0, 1)]
     for r, name in ((0, "score one test point (cold)"), (1, "score one test point (warm)")):
         with Stage(name):
