@@ -6,7 +6,7 @@ exports and the self-influence section loop over this table, in its order (the f
 
 from __future__ import annotations
 
-from gradlab.influence.methods import grad_cosine, grad_dot, influence, last_layer, logra, trak, tracin
+from gradlab.influence.methods import ekfac, grad_cosine, grad_dot, influence, last_layer, logra, trak, tracin
 from gradlab.influence.protocol import Control, Method
 
 #: The registry: name (the URL code) -> method, in the page's order.
@@ -15,6 +15,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     grad_cosine.METHOD,
     tracin.METHOD,
     influence.METHOD,
+    ekfac.METHOD,
     trak.METHOD,
     last_layer.METHOD,
     logra.METHOD,
