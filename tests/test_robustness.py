@@ -167,8 +167,8 @@ def test_a_link_over_the_work_budget_is_refused_before_training(monkeypatch):
 def test_influence_and_performance_links_over_the_work_budget_are_refused(monkeypatch):
     """A wide network on Influence (θ̂ by L-BFGS over every example: about 110 CPU-s): the influence function is
     refused with its estimate, before any L-BFGS, and the page opens on a method at the trained checkpoint that fits
-    (issue 40: each method gated on its own cost). Performance's costliest link is estimated at about 30 CPU-s, so its
-    check is shown here under a 5-CPU-s budget (the default sweep is about 8)."""
+    (issue 40: each method gated on its own cost). Performance under a 5-CPU-s budget (the default sweep is about 8)
+    runs a reduced sweep and says which sizes it left out, never an error (issue 40: a reduced setting that fits)."""
     from conftest import assert_clean, open_page
 
     from gradlab import costs
@@ -182,9 +182,9 @@ def test_influence_and_performance_links_over_the_work_budget_are_refused(monkey
     monkeypatch.setattr(costs, "WORK_BUDGET_SECONDS", 5.0)
     perf = open_page("performance", perf_repeats=3, seed=4242)  # timings are stored on disk: settings no other test times
     assert_clean(perf)
-    text = " ".join(e.value for e in perf.error)
-    assert "CPU-seconds" in text and "sweep" in text.lower(), text
-    assert not perf.metric
+    assert not perf.error, [e.value for e in perf.error]
+    said = " ".join(i.value for i in perf.info)
+    assert "left out" in said and "CPU-seconds" in said, said
 
 
 CRAFTED_SELECTIONS = [

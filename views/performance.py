@@ -102,8 +102,8 @@ if skipped:
 if plan.over_time:
     st.info(f"N = {', '.join(f'{n:,}' for n in plan.over_time)} left out: with "
             f"{'it' if len(plan.over_time) == 1 else 'them'} the sweep would take more than the "
-            f"{link_seconds:.0f} CPU-seconds a link may spend on it on this shared server (compiling each approach for "
-            f"each N included; this one, about {plan.seconds:.0f}). Pick fewer approaches or batch sizes to time "
+            f"{link_seconds:.2g} CPU-seconds a link may spend on it on this shared server (compiling each approach for "
+            f"each N included; this one, about {plan.seconds:.2g}). Pick fewer approaches or batch sizes to time "
             f"{'it' if len(plan.over_time) == 1 else 'them'}.", icon=":material/timer:")
 
 
