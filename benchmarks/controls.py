@@ -45,10 +45,18 @@ def change(page, key: str) -> str:
         if not field.input_value():
             field.fill("1")
             field.press("Enter")
-        elif up.count() and up.first.is_enabled():
+        elif up.count() and up.first.is_visible() and up.first.is_enabled():
             up.first.click()
-        else:
+        elif down.count() and down.first.is_visible() and down.first.is_enabled():
             down.first.click()
+        else:  # a narrow column hides the step buttons: the keyboard steps, Enter commits
+            field.focus()
+            field.press("ArrowUp")
+            field.press("Enter")
+            page.wait_for_timeout(150)
+            if _value(page, key) == before:
+                field.press("ArrowDown")
+                field.press("Enter")
     elif inner("stSlider") or block.locator('input[type="range"]').count():
         kind = "slider"  # react-aria's slider: a hidden range input takes the keys
         knob = block.locator('input[type="range"]').first
