@@ -143,8 +143,8 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, x_chars)) if ax.title.text else None)
     fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
     x_lines = max((ax.title.text or "").count("<br>") + 1 for ax in fig.select_xaxes())
-    fig.for_each_xaxis(_power_ticks)
-    fig.for_each_yaxis(_power_ticks)
+    fig.for_each_xaxis(lambda ax: _power_ticks(ax, fig, "x"))
+    fig.for_each_yaxis(lambda ax: _power_ticks(ax, fig, "y"))
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
     # a colour bar's ticks and title as the axes' (Plotly's default 12 px, and its title touched the top tick)
@@ -192,10 +192,29 @@ def _legend_rows(names: list[str], size: int, width: int) -> int:
     return rows
 
 
-def _power_ticks(ax) -> None:
+def _power_ticks(ax, fig: go.Figure, letter: str) -> None:
     """A log axis labelled only at powers of ten, written 10⁻³ (not "2 3 4 5" inside a decade)."""
-    if ax.type == "log":
-        ax.update(exponentformat="power", minorloglabels="none")
+    if ax.type != "log":
+        return
+    ax.update(exponentformat="power", minorloglabels="none")
+    if ax.range is not None or ax.autorange is False:
+        return
+    # an axis whose data spans less than a decade (one batch size timed) shows the powers of ten around it: inside
+    # one decade Plotly labelled every half unit, "2.5 3 3.5 4", 18 px labels over one another on a projector (issue 41)
+    name = ax.plotly_name.replace("axis", "")  # "x", "x2", …: as the traces name their axes
+    values = []
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) == name and getattr(trace, letter, None) is not None:
+            try:
+                values += [float(v) for v in np.ravel(np.asarray(getattr(trace, letter), dtype=object)) if v is not None]
+            except (TypeError, ValueError):  # categories
+                return
+    values = [v for v in values if np.isfinite(v) and v > 0]
+    if values and np.log10(max(values)) - np.log10(min(values)) < 1:
+        lo, hi = np.floor(np.log10(min(values))), np.ceil(np.log10(max(values)))
+        if hi - lo < 1:
+            lo, hi = lo - 0.5, hi + 0.5
+        ax.update(range=[float(lo) - 0.05, float(hi) + 0.05])
 
 
 #: The house's subscripted symbols, written plainly in the builders and typeset after escaping (Plotly's `<sub>`):
