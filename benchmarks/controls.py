@@ -29,6 +29,8 @@ def change(page, key: str) -> str:
     if not present(page, key):
         raise LookupError(key)
     block.scroll_into_view_if_needed()
+    if block.locator("input").count() and all(i.is_disabled() for i in block.locator("input").all()):
+        raise RuntimeError(f"control {key!r} is disabled")
     before = _value(page, key)
     kind = block.evaluate("""(el) => { const t = el.querySelector('[data-testid^="st"]'); return t ? t.dataset.testid : ''; }""")
     inner = lambda testid: block.locator(f'[data-testid="{testid}"]').count() > 0  # noqa: E731
