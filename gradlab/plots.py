@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import html
+import re
 
 import numpy as np
 import plotly.express as px
@@ -80,6 +82,8 @@ def figure(builder):
 #: (tick labels, axis titles, figure title, legend) in px, normal and presenter mode.
 FONT_SIZES = {False: (14, 16, 17, 14), True: (18, 20, 22, 18)}
 TICK_COLOR = "#222222"
+#: px between the figure's top edge and its title's first line.
+TITLE_PAD = 8
 
 
 def _wrap(text: str, width: int) -> str:
@@ -117,6 +121,11 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
         text = _wrap(text, 36 if big else 30 if half else 50)
         lines = text.count("<br>") + 1
         fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
+        if lines > 1:
+            # a wrapped title hangs from the figure's top edge: Plotly centres a title in the top margin by its first
+            # line's baseline, so the lines below grew down over the plot's top tick label (Home's three lines over
+            # "12", issue 41). Each line's baseline is set by hand (`y`), so "top" puts the first baseline at the pad.
+            fig.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD + title)))
     fig.update_layout(legend=dict(font=dict(size=legend)), font=dict(color="#111111"))
     if text:
         # room above the plot for every line of the title (centred in the top margin) and, below it,
@@ -134,28 +143,78 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, x_chars)) if ax.title.text else None)
     fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
     x_lines = max((ax.title.text or "").count("<br>") + 1 for ax in fig.select_xaxes())
-    fig.for_each_xaxis(_power_ticks)
-    fig.for_each_yaxis(_power_ticks)
+    fig.for_each_xaxis(lambda ax: _power_ticks(ax, fig, "x"))
+    fig.for_each_yaxis(lambda ax: _power_ticks(ax, fig, "y"))
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
-    legend = fig.layout.legend
-    if legend.orientation == "h" and legend.y is not None and legend.y < 0:
+    # a colour bar's ticks and title as the axes' (Plotly's default 12 px, and its title touched the top tick)
+    colorbar = dict(tickfont=dict(size=tick, color=TICK_COLOR), title=dict(font=dict(size=legend), side="right"))
+    for trace in fig.data:  # a heatmap's own colour bar, or a scatter's markers': only where the builder drew one
+        if "colorbar" in trace and trace.colorbar.title.text:
+            trace.update(colorbar=colorbar)
+        elif "marker" in trace and "colorbar" in trace.marker and trace.marker.colorbar.title.text:
+            trace.update(marker_colorbar=colorbar)
+    placed = fig.layout.legend
+    if placed.orientation == "h" and placed.y is not None and placed.y < 0:
         # a legend below the plot goes to the figure's bottom edge, under room for the tick labels and the axis
-        # title's lines (placed by hand it fell on the axis title); at worst one entry per row in half of a 1024 px
-        # page, about three in a full-width chart there
-        entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
-        per_row = 1 if big or half else 3
-        legend_px = 28 * max(-(-entries // per_row), 1)
+        # title's lines (placed by hand it fell on the axis title), with as many rows as its entries take in the
+        # chart's width on a 1024 px screen (one per entry left a presenter chart's plot 90 px high, issue 41)
+        names = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
+        legend_px = round(1.6 * legend) * _legend_rows(names, legend, LEGEND_WIDTH[big, half])
         fig.update_layout(legend=dict(yref="container", y=0, yanchor="bottom"),
                           margin=dict(b=70 + 28 * x_lines + legend_px),
                           height=(fig.layout.height or 450) + legend_px + 28 * (x_lines - 1))
+    # at least MIN_PLOT px of plot between the margins (a projector's type and a tall legend squeezed a log axis's
+    # labels over one another, issue 41)
+    margin = fig.layout.margin
+    inside = (fig.layout.height or 450) - (margin.t or 100) - (margin.b or 80)
+    if inside < MIN_PLOT[big]:
+        fig.update_layout(height=(fig.layout.height or 450) + MIN_PLOT[big] - inside)
     return fig
 
 
-def _power_ticks(ax) -> None:
+#: The width (px) a chart has on a 1024 px screen: by (presenter mode, half a page); the sidebar takes ~300 px
+#: outside presenter mode.
+LEGEND_WIDTH = {(True, False): 940, (True, True): 440, (False, False): 640, (False, True): 300}
+#: The least height (px) of a figure's plot area, on a screen and on a projector.
+MIN_PLOT = {False: 200, True: 240}
+
+
+def _legend_rows(names: list[str], size: int, width: int) -> int:
+    """How many rows a horizontal legend of `names` in `size` px type takes in `width` px (about: a character is
+    0.55 of the type size wide, an entry's symbol and gap 50 px)."""
+    rows, used = 1, 0.0
+    for name in names:
+        entry = 50 + 0.55 * size * len(re.sub(r"<[^>]*>", "", html.unescape(name)))  # a name as shown
+        if used and used + entry > width:
+            rows, used = rows + 1, 0.0
+        used += entry
+    return rows
+
+
+def _power_ticks(ax, fig: go.Figure, letter: str) -> None:
     """A log axis labelled only at powers of ten, written 10⁻³ (not "2 3 4 5" inside a decade)."""
-    if ax.type == "log":
-        ax.update(exponentformat="power", minorloglabels="none")
+    if ax.type != "log":
+        return
+    ax.update(exponentformat="power", minorloglabels="none")
+    if ax.range is not None or ax.autorange is False:
+        return
+    # an axis whose data spans less than a decade (one batch size timed) shows the powers of ten around it: inside
+    # one decade Plotly labelled every half unit, "2.5 3 3.5 4", 18 px labels over one another on a projector (issue 41)
+    name = ax.plotly_name.replace("axis", "")  # "x", "x2", …: as the traces name their axes
+    values = []
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) == name and getattr(trace, letter, None) is not None:
+            try:
+                values += [float(v) for v in np.ravel(np.asarray(getattr(trace, letter), dtype=object)) if v is not None]
+            except (TypeError, ValueError):  # categories
+                return
+    values = [v for v in values if np.isfinite(v) and v > 0]
+    if values and np.log10(max(values)) - np.log10(min(values)) < 1:
+        lo, hi = np.floor(np.log10(min(values))), np.ceil(np.log10(max(values)))
+        if hi - lo < 1:
+            lo, hi = lo - 0.5, hi + 0.5
+        ax.update(range=[float(lo) - 0.05, float(hi) + 0.05])
 
 
 #: The house's subscripted symbols, written plainly in the builders and typeset after escaping (Plotly's `<sub>`):
@@ -696,16 +755,25 @@ def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
 
 @figure
 def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
-    """Memory per approach: what it must hold by construction (and XLA's allocation), log MB."""
+    """Memory per approach: what it must hold by construction (and XLA's allocation), log MB. Horizontal bars: the
+    approaches' names are long, and as column labels they turned on their side, took half the figure's height and ran
+    into each other at 1024 px (issue 41)."""
     fig = go.Figure()
-    fig.add_bar(x=labels, y=np.asarray(needed_bytes, np.float64) / 1e6, name="by construction (N×P×4 or chunk×P×4)",
-                marker_color=FLOAT32_COLOR, text=[f"{b / 1e6:.3g} MB" for b in needed_bytes], textposition="outside")
+    fig.add_bar(y=labels, x=np.asarray(needed_bytes, np.float64) / 1e6, name="by construction (N×P×4 or chunk×P×4)",
+                orientation="h", marker_color=FLOAT32_COLOR, text=[f"{b / 1e6:.3g} MB" for b in needed_bytes],
+                textposition="outside", cliponaxis=False)
     if xla_bytes is not None:
-        fig.add_bar(x=labels, y=np.asarray(xla_bytes, np.float64) / 1e6, name="XLA temporaries + outputs",
-                    marker_color=FLOAT64_COLOR, text=[f"{b / 1e6:.3g} MB" for b in xla_bytes], textposition="outside")
-    fig.update_yaxes(type="log")
+        fig.add_bar(y=labels, x=np.asarray(xla_bytes, np.float64) / 1e6, name="XLA temporaries + outputs",
+                    orientation="h", marker_color=FLOAT64_COLOR, text=[f"{b / 1e6:.3g} MB" for b in xla_bytes],
+                    textposition="outside", cliponaxis=False)
+    shown = [v for v in np.concatenate([np.ravel(needed_bytes), np.ravel(xla_bytes if xla_bytes is not None else [])])
+             .astype(np.float64) / 1e6 if v > 0]
+    lo, hi = (np.log10(min(shown)), np.log10(max(shown))) if shown else (-3.0, 0.0)
+    # room right of the longest bar for its "4.93 MB" (drawn outside the bar, it was cut at the figure's edge)
+    fig.update_xaxes(type="log", range=[lo - 0.5, hi + 0.25 * (hi - lo) + 0.6])
+    fig.update_yaxes(autorange="reversed")  # in the order given, top down
     fig.update_layout(barmode="group")
-    return style_figure(fig, "Memory each approach needs", "approach", "MB (log)")
+    return style_figure(fig, "Memory each approach needs", "MB (log)", "", height=120 + 60 * len(labels) * (1 + (xla_bytes is not None)))
 
 
 # ---------------------------------------------------------------- geometry: two parameters on the screen

@@ -19,12 +19,13 @@ ui.intro(
 )
 
 EXAMPLES = {"experiment": "the current experiment (sidebar)", "scalar": "the seeds' (w·x)², w = 1, x = [1, 2]"}
-c1, c2 = st.columns([3, 2])
-with c1:
-    example = ui.choice(st.radio, "Example", EXAMPLES, "eq_example", horizontal=True)
-with c2:
-    reduction = ui.control(st.radio, "Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction",
-                           help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
+with ui.point_controls("equivalence"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+    c1, c2 = st.columns([3, 2])
+    with c1:
+        example = ui.choice(st.radio, "Example", EXAMPLES, "eq_example", horizontal=True)
+    with c2:
+        reduction = ui.control(st.radio, "Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction",
+                               help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
 
 exp = ui.experiment()
 

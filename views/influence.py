@@ -132,8 +132,9 @@ st.subheader("The test point")
 left, right = st.columns([1, 2])
 name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
 with left:
-    test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
-                            help="Or click a point in the chart.")
+    with ui.point_controls("influence_proponents"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+        test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
+                                help="Or click a point in the chart.")
     test_index = int(min(max(int(test_index), 0), n_test - 1))
     if data.image_shape is not None:
         ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{data.row(test_index, 'test')}"], cols=1,
@@ -166,7 +167,8 @@ for col, control in zip((c2, c3), registry.SETTINGS):
     with col:
         settings[control.name] = draw(control, settings)
 with c4:
-    k = ui.control(st.number_input, "Top-k", min_value=1, max_value=24, value=8, key="infl_k")
+    with ui.point_controls("influence_proponents"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+        k = ui.control(st.number_input, "Top-k", min_value=1, max_value=24, value=8, key="infl_k")
 for m_ in use.values():  # each method's own controls, in its expander
     if m_.controls:
         with st.expander(f"{m_.short[:1].upper()}{m_.short[1:]} settings"):

@@ -29,11 +29,12 @@ def summary(exp, checkpoint, size, _fitted):
     return norm_summary(_fitted, checkpoint, size=size)
 
 
-c1, c3 = st.columns([4, 1])
-with c1:
-    ckpt = ui.checkpoint_picker(fitted)
-with c3:
-    k = ui.control(st.number_input, "Top-k examples", min_value=1, max_value=48, value=16, key="topk")
+with ui.point_controls("norms_top"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+    c1, c3 = st.columns([4, 1])
+    with c1:
+        ckpt = ui.checkpoint_picker(fitted)
+    with c3:
+        k = ui.control(st.number_input, "Top-k examples", min_value=1, max_value=48, value=16, key="topk")
 
 n_train = len(data.y_train)
 with st.spinner("Computing per-example gradients…"):
