@@ -91,7 +91,8 @@ def test_influence_and_privacy_audit_open_the_card():
     assert_clean(at)
     assert at.title[0].value == "Example record" and at.session_state["example"] == int(table["example"].iloc[0])
 
-    at = open_page("privacy_audit", **FAST, mia_pool=64, mia_steps=40, mia_shadows=2, mia_q=0.5)
+    # a pool no other page test uses: the attack is computed here (a stored result would show no button)
+    at = open_page("privacy_audit", **FAST, mia_pool=56, mia_steps=40, mia_shadows=2, mia_q=0.5)
     at.button(key="run_mia").click().run()
     assert_clean(at)
     exposed = next(d.value for d in at.dataframe if "LiRA score, non-private" in d.value.columns)
