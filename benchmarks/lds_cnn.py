@@ -1,0 +1,509 @@
+"""dattri's LDS protocol on the app's SimpleCNN over the Fashion-MNIST subset: every gradlab method that applies
+without θ̂, and dattri's TRAK and EK-FAC, on the same model, data and checkpoints (issue 40, item 3).
+
+    pip install -r requirements-bench.txt              # CPU torch and dattri (benchmark-only)
+    python -m benchmarks.lds_cnn                        # 6,000 train / 100 test, 50 retrains (the table in docs/influence.md)
+    python -m benchmarks.lds_cnn --json gradlab/data/lds_simple_cnn.json   # and write the Influence page's JSON
+    python -m benchmarks.lds_cnn --retrains 10 --test 20 --no-dattri       # a quick look at gradlab's side
+
+The protocol (Deng et al., NeurIPS 2024, dattri's benchmark; Park et al. 2023, eq. 4), as `benchmarks.lds_dattri`:
+
+- data: the shipped Fashion-MNIST subset as the app loads it (`Experiment(dataset="fashion")`: 6,000 training
+  images, standardized by one mean and std), the first `--test` of its 1,000 test images;
+- ground truth: `--retrains` SimpleCNNs, each trained on a random half of the training images
+  (`gradlab.influence.random_subsets`, seed 0) with the app's own recipe (`gradlab.train.train` with
+  `Experiment.for_model("simple_cnn")`'s recipe: 300 steps of 32, `adam_warmup` 0.005, epoch order, label smoothing
+  0.1), retrain m from its own initialization and minibatch order (seed 100 + m); each one's output on each test
+  point is −ℓ (the plain cross-entropy);
+- LDS: per test point the Spearman correlation over the subsets between Σ_{i∈S} τ_i and that output
+  (`gradlab.influence.lds`), averaged over test points, ± its standard error over test points;
+- the model attributed: the app's SimpleCNN (`fit` at seed 0 on all 6,000 images), its checkpoints every 50 steps.
+
+gradlab's side loops over `gradlab.influence.methods.METHODS`: every method that applies (`Method.applies`) and
+prepares without θ̂ (this script's `Context` refuses `optimum()`: the L-BFGS optimum of a 1.2 M-parameter CNN is not
+what the page computes at this size) joins the table without edits here. Each method's cost is its process time
+(CPU-seconds, both cores: `time.process_time`) for `prepare` plus scoring the test points.
+
+dattri's side: the same weights copied into a torch `SimpleCNN` with torch's layer names and layouts
+(`benchmarks.torch_cnn`'s network: conv1, conv2, fc1, fc2, OIHW and (out, in)), the same tensors, and
+
+- `TRAKAttributor` (Park et al.'s Algorithm 1: margin gradients, a random projection to `--proj-dim`, ΦᵀΦ), on the
+  seed-0 model alone (TRAK-1, the identical weights) and on an ensemble: the seed-0 model and `--trak-models − 1`
+  more trained on all 6,000 images with the same recipe at seeds 1, 2, … (the app's TRAK ensemble; dattri's benchmark
+  uses models on other random halves, which would cost as many trainings and attribute other models);
+- `IFAttributorEKFAC` on the seed-0 model: dattri 0.3's EK-FAC hooks `nn.Linear` modules only, so it runs on fc1 and
+  fc2 (1.18 M of the 1.2 M parameters), damping from `--damping` (the best LDS, as dattri's benchmark picks it).
+
+Trained models and the retrains' outputs are cached under `--cache` (default /tmp/gradlab-lds-cnn): a rerun with
+the same settings trains nothing. The machine is shared: CPU-seconds are the cost to compare, wall times are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradlab import engine
+from gradlab import influence as inf
+from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data, recipe
+from gradlab.influence import fitted as ifit
+from gradlab.influence.methods import METHODS
+from gradlab.influence.protocol import UNAVAILABLE
+from gradlab.influence.solvers import InfluenceError
+from gradlab.sources import source_of
+from gradlab.train import TrainResult, train
+
+os.environ.setdefault("TQDM_DISABLE", "1")     # dattri's progress bars
+
+#: The experiment attributed: the app's SimpleCNN on the Fashion-MNIST subset, seed 0.
+EXPERIMENT = Experiment.for_model("simple_cnn").replace(dataset="fashion")
+#: Retrain m's seed (initialization and minibatch order): disjoint from the attributed model's 0 and TRAK's 1, 2, ….
+RETRAIN_SEED = 100
+NEEDS_OPTIMUM = "needs θ̂ (the L-BFGS optimum of mean ℓ + λ/2‖θ‖²), which this benchmark does not converge at 1.2 M parameters"
+
+
+class Clock:
+    """Process CPU-seconds (every thread, both cores) and wall seconds since construction."""
+
+    def __init__(self):
+        self.cpu, self.wall = time.process_time(), time.perf_counter()
+
+    @property
+    def cpu_s(self) -> float:
+        return time.process_time() - self.cpu
+
+    @property
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.wall
+
+
+# ------------------------------------------------------------------ the fixed experiment (cached)
+
+
+def _host(model) -> list[np.ndarray]:
+    return [np.asarray(a) for a in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))]
+
+
+def _model(leaves: list[np.ndarray], template):
+    diff, static = eqx.partition(template, eqx.is_inexact_array)
+    tree = jax.tree.structure(diff)
+    return eqx.combine(jax.tree.unflatten(tree, [jnp.asarray(a) for a in leaves]), static)
+
+
+def _cached(path: str | None, make: Callable[[], dict]) -> dict:
+    """`make()` (a dict of plain arrays and lists), saved to / loaded from the pickle at `path`."""
+    if path and os.path.exists(path):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    out = make()
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".part", "wb") as f:
+            pickle.dump(out, f)
+        os.replace(path + ".part", path)
+    return out
+
+
+def attributed(cache: str | None, data) -> tuple[Fitted, float]:
+    """The app's SimpleCNN at seed 0 on all training images (`fit`), with its run's checkpoints; and its training
+    CPU-seconds (when trained now; the cached value otherwise)."""
+    template = init_model(EXPERIMENT, data)
+
+    def make():
+        clock = Clock()
+        run = fit(EXPERIMENT, data=data).run
+        return {"checkpoints": [_host(c) for c in run.checkpoints], "steps": list(run.steps),
+                "losses": np.asarray(run.losses), "lrs": list(run.lrs), "cpu_s": clock.cpu_s}
+
+    got = _cached(cache and os.path.join(cache, f"attributed-{_tag(data)}.pkl"), make)
+    run = TrainResult(tuple(_model(c, template) for c in got["checkpoints"]), tuple(got["steps"]), got["losses"],
+                      tuple(got["lrs"]))
+    source = source_of(EXPERIMENT.dataset)
+    return Fitted(EXPERIMENT, data, source.loss_fn(data), run, source.predict_fn()), got["cpu_s"]
+
+
+def _tag(data) -> str:
+    """What names a cache entry: the training set's size and a checksum of its pixels and labels."""
+    h = float(np.asarray(data.x_train, np.float64)[:, ::97].sum()) + float(data.y_train.sum())
+    return f"n{len(data.y_train)}-{h:.6e}"
+
+
+def train_one(data, subset: np.ndarray | None, seed: int):
+    """The app's recipe (`recipe(EXPERIMENT)`) from the initialization at `seed`, on the training images `subset`
+    (None: all of them), minibatches drawn with `seed`. Returns the final model."""
+    exp = EXPERIMENT.replace(seed=seed)
+    xs, ys = (data.x_train, data.y_train) if subset is None else (data.x_train[subset], data.y_train[subset])
+    kw = {k: v for k, v in recipe(exp).items() if k != "checkpoint_every"}
+    return train(init_model(exp, data), _loss(data), xs, ys, checkpoint_every=kw["steps"], seed=seed, **kw).final
+
+
+def _loss(data):
+    return source_of(EXPERIMENT.dataset).loss_fn(data)
+
+
+def outputs_of(model, data) -> np.ndarray:
+    """−ℓ(θ, z) on every test image, `(1000,)`."""
+    f = _loss(data)
+    return -np.asarray(jax.jit(jax.vmap(f, in_axes=(None, 0, 0)))(model, jnp.asarray(data.x_test),
+                                                                     jnp.asarray(data.y_test)))
+
+
+def ground_truth(cache: str | None, data, retrains: int, say, reverse: bool = False):
+    """`(subsets (M, N/2), outputs (M, 1000), CPU-seconds)`: M retrains on random halves (seed 0), each cached on its
+    own (a run cut short resumes where it stopped; a second process with `reverse` trains from the last one down,
+    and the two meet in the middle)."""
+    n = len(data.y_train)
+    subsets = inf.random_subsets(n, retrains, seed=0)
+    outs, cpu = [], 0.0
+    for m, s in reversed(list(enumerate(subsets))) if reverse else enumerate(subsets):
+        def make(m=m, s=s):
+            clock = Clock()
+            out = outputs_of(train_one(data, s, RETRAIN_SEED + m), data)
+            return {"subset": s, "outputs": out, "cpu_s": clock.cpu_s}
+
+        got = _cached(cache and os.path.join(cache, f"retrain-{_tag(data)}-half0-m{m}.pkl"), make)
+        if not np.array_equal(got["subset"], s):
+            raise RuntimeError(f"cache entry {m} holds another subset: remove {cache}")
+        outs.append((m, got["outputs"]))
+        cpu += got["cpu_s"]
+        say(f"retrain {m + 1}/{retrains}: {got['cpu_s']:.1f} CPU-s, mean output {got['outputs'].mean():.3f}")
+    return subsets, np.stack([o for _, o in sorted(outs, key=lambda p: p[0])]), cpu
+
+
+def full_models(cache: str | None, data, seeds, say) -> tuple[list, float]:
+    """Models trained on all images with the app's recipe at `seeds` (TRAK's ensemble beyond seed 0), cached."""
+    template = init_model(EXPERIMENT, data)
+    models, cpu = [], 0.0
+    for seed in seeds:
+        def make(seed=seed):
+            clock = Clock()
+            return {"leaves": _host(train_one(data, None, seed)), "cpu_s": clock.cpu_s}
+
+        got = _cached(cache and os.path.join(cache, f"full-{_tag(data)}-seed{seed}.pkl"), make)
+        models.append(_model(got["leaves"], template))
+        cpu += got["cpu_s"]
+        say(f"full-data model at seed {seed}: {got['cpu_s']:.1f} CPU-s")
+    return models, cpu
+
+
+
+# ------------------------------------------------------------------ gradlab's side: the registry
+
+
+def _refuse_optimum():
+    raise InfluenceError(NEEDS_OPTIMUM)
+
+
+@dataclasses.dataclass
+class Row:
+    """One method's result: `side` ("gradlab" / "dattri"), `method` (registry name or dattri's class), `label`,
+    `per_test (T,)` LDS, `cpu_s` (process CPU-seconds of preparing and scoring), `wall_s`, `note`."""
+
+    side: str
+    method: str
+    label: str
+    per_test: np.ndarray | None
+    cpu_s: float | None
+    wall_s: float | None
+    note: str = ""
+
+    @property
+    def lds(self) -> tuple[float, float]:
+        return mean_se(self.per_test) if self.per_test is not None else (float("nan"), float("nan"))
+
+
+def mean_se(per_test: np.ndarray) -> tuple[float, float]:
+    """Mean and standard error over the test points with a defined correlation."""
+    v = per_test[np.isfinite(per_test)]
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+
+
+def gradlab_side(fitted: Fitted, t: int, subsets, truth, say, only=None) -> list[Row]:
+    """Every registry method that applies to `fitted` and prepares without θ̂, scored on the first `t` test points:
+    LDS and CPU-seconds of `prepare` + `scores`. A method that cannot run here is a row with its reason."""
+    ctx = ifit.context(fitted, base=_refuse_optimum)
+    why = {name: m.applies(fitted) for name, m in METHODS.items()}
+    txs, tys = jnp.asarray(fitted.data.x_test[:t]), jnp.asarray(fitted.data.y_test[:t])
+    rows = []
+    for name, m in METHODS.items():
+        if only and name not in only:
+            continue
+        if why[name] is not None:
+            rows.append(Row("gradlab", name, m.label, None, None, None, f"does not apply: {why[name]}"))
+            continue
+        clock = Clock()
+        state, err = ifit.prepare(ctx, m)
+        if err is None:
+            try:
+                scored = m.scores(ctx, state, txs, tys)
+                values = np.asarray(scored.values)
+            except UNAVAILABLE as e:
+                err = str(e)
+        if err is not None:
+            rows.append(Row("gradlab", name, m.label, None, None, None,
+                            "not run: " + ("needs θ̂" if NEEDS_OPTIMUM in err else err)))
+            say(f"gradlab {name}: {rows[-1].note}")
+            continue
+        cpu, wall = clock.cpu_s, clock.wall_s
+        note = m.note(state) or ""
+        rows.append(Row("gradlab", name, m.label, inf.lds(values, subsets, truth[:, :t]).per_test, cpu, wall, note))
+        say(f"gradlab {name}: LDS {fmt(rows[-1])}, {cpu:.0f} CPU-s")
+    return rows
+
+
+def fmt(row: Row) -> str:
+    m, se = row.lds
+    return "—" if row.per_test is None else f"{m:.3f} ± {se:.3f}"
+
+
+# ------------------------------------------------------------------ dattri's side
+
+
+def dattri_available() -> bool:
+    """Whether torch and dattri import (benchmark-only dependencies)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "dattri"))
+
+
+def torch_cnn(n_classes: int = 10):
+    """The SimpleCNN in torch (`benchmarks.torch_cnn`'s network: conv1 1→32, conv2 32→64, 2×2 max-pool, fc1
+    9,216→128, fc2 128→K, log-softmax), in `eval()` mode."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class TorchCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 32, 3, 1)
+            self.conv2 = nn.Conv2d(32, 64, 3, 1)
+            self.fc1 = nn.Linear(9216, 128)
+            self.fc2 = nn.Linear(128, n_classes)
+
+        def forward(self, x):
+            x = F.relu(self.conv1(x))
+            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+            x = F.relu(self.fc1(torch.flatten(x, 1)))
+            return F.log_softmax(self.fc2(x), dim=1)
+
+    return TorchCNN().eval()
+
+
+def torch_state(model) -> dict:
+    """An Equinox `SimpleCNN`'s weights as a torch state dict (same names and layouts: OIHW, (out, in); the conv
+    biases (O, 1, 1) flattened)."""
+    import torch
+
+    out = {}
+    for name in ("conv1", "conv2", "fc1", "fc2"):
+        layer = getattr(model, name)
+        out[f"{name}.weight"] = torch.from_numpy(np.array(layer.weight, np.float32))
+        out[f"{name}.bias"] = torch.from_numpy(np.array(layer.bias, np.float32).reshape(-1))
+    return out
+
+
+def torch_outputs(model, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """−ℓ of the torch copy of `model` on images `x (T, 784)`: the port check against `outputs_of`."""
+    import torch
+
+    net = torch_cnn()
+    net.load_state_dict(torch_state(model))
+    with torch.no_grad():
+        logp = net(torch.from_numpy(np.asarray(x, np.float32)).reshape(-1, 1, 28, 28))
+    return logp[torch.arange(len(y)), torch.from_numpy(np.asarray(y, np.int64))].numpy()
+
+
+def dattri_side(fitted: Fitted, ensemble: list, t: int, subsets, truth, say, *, proj_dim: int, damping_grid,
+                batch: int, trak_sizes, ekfac: bool = True) -> list[Row]:
+    """dattri's TRAK (TRAK-k for each k in `trak_sizes`: the first k models of `ensemble`) and EK-FAC (on the
+    seed-0 model, fc1 and fc2) on the same weights and tensors. The CPU-seconds of a TRAK-k row are dattri's
+    attribution; the extra models' training is in the row's note."""
+    import torch
+    from dattri.algorithm.influence_function import IFAttributorEKFAC
+    from dattri.algorithm.trak import TRAKAttributor
+    from dattri.task import AttributionTask
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    d = fitted.data
+    img = lambda a: torch.from_numpy(np.asarray(a, np.float32)).reshape(-1, 1, 28, 28)
+    train_set = TensorDataset(img(d.x_train), torch.from_numpy(np.asarray(d.y_train, np.int64)))
+    test_set = TensorDataset(img(d.x_test[:t]), torch.from_numpy(np.asarray(d.y_test[:t], np.int64)))
+    loader = lambda ds, bs: DataLoader(ds, batch_size=bs, shuffle=False)
+    net = torch_cnn()
+
+    def nll(params, data):       # a batch's mean cross-entropy (per-example under dattri's vmap: batch of 1)
+        x, y = data
+        logp = torch.func.functional_call(net, params, x if x.dim() == 4 else x.unsqueeze(0))
+        y = y if y.dim() == 1 else y.unsqueeze(0)
+        return torch.nn.functional.nll_loss(logp, y)
+
+    def margin(params, data):    # TRAK's model output: log p − log(1 − p)
+        logp = -nll(params, data)
+        return logp - torch.log(1 - torch.exp(logp))
+
+    def probability(params, data):
+        return torch.exp(-nll(params, data))
+
+    rows = []
+    for k in trak_sizes:
+        clock = Clock()
+        task = AttributionTask(model=net, loss_func=margin, checkpoints=[torch_state(m) for m in ensemble[:k]])
+        att = TRAKAttributor(task=task, correct_probability_func=probability, device="cpu",
+                             projector_kwargs={"proj_dim": proj_dim, "proj_seed": 0, "device": "cpu"})
+        with torch.no_grad():
+            att.cache(loader(train_set, batch))
+            score = att.attribute(loader(test_set, batch))
+        values = score.detach().numpy().T.astype(np.float64)
+        cpu, wall = clock.cpu_s, clock.wall_s
+        rows.append(Row("dattri", f"trak-{k}", f"TRAK-{k} (dattri TRAKAttributor, k = {proj_dim})",
+                        inf.lds(values, subsets, truth[:, :t]).per_test, cpu, wall,
+                        "the seed-0 model" if k == 1 else f"seed 0 and {k - 1} more full-data models (seeds 1–{k - 1})"))
+        say(f"dattri TRAK-{k}: LDS {fmt(rows[-1])}, {cpu:.0f} CPU-s")
+    if ekfac:
+        best = None
+        notes = []
+        clock = Clock()
+        task = AttributionTask(model=net, loss_func=nll, checkpoints=torch_state(fitted.model))
+        att = IFAttributorEKFAC(task=task, module_name=["fc1", "fc2"], device="cpu", damping=0.0)
+        att.cache(loader(train_set, batch))
+        cache_cpu, cache_wall = clock.cpu_s, clock.wall_s
+        for delta in damping_grid:
+            clock = Clock()
+            att.damping = delta
+            with torch.no_grad():
+                score = att.attribute(loader(train_set, batch), loader(test_set, batch))
+            values = score.detach().numpy().T.astype(np.float64)
+            r = inf.lds(values, subsets, truth[:, :t])
+            notes.append(f"δ = {delta:g}: {r.mean:.3f}")
+            say(f"dattri EK-FAC δ = {delta:g}: LDS {r.mean:.3f}, {clock.cpu_s:.0f} CPU-s (+ {cache_cpu:.0f} to cache)")
+            if best is None or r.mean > best[0].mean:
+                best = (r, delta, clock.cpu_s, clock.wall_s)
+        r, delta, cpu, wall = best
+        rows.append(Row("dattri", "ekfac", "EK-FAC (dattri IFAttributorEKFAC, fc1 + fc2)", r.per_test,
+                        cache_cpu + cpu, cache_wall + wall,
+                        f"damping δ = {delta:g}, the best of {', '.join(notes)} (selected on these test points); "
+                        "nn.Linear layers only (dattri 0.3's EK-FAC hooks no Conv2d)"))
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--test", type=int, default=100, help="the first T of the subset's 1,000 test images")
+    ap.add_argument("--retrains", type=int, default=50, help="models on random halves (dattri: ≥ 50)")
+    ap.add_argument("--trak-models", type=int, nargs="+", default=[1, 3],
+                    help="dattri TRAK ensemble sizes: the seed-0 model, then full-data models at seeds 1, 2, …")
+    ap.add_argument("--proj-dim", type=int, default=512, help="dattri TRAK's projection dimension (dattri: 512)")
+    ap.add_argument("--damping", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3],
+                    help="dattri EK-FAC's damping grid (the best LDS is kept)")
+    ap.add_argument("--batch", type=int, default=250, help="dattri's data-loader batch (memory: batch × P floats)")
+    ap.add_argument("--methods", nargs="+", default=None, help="gradlab methods (registry names): default all")
+    ap.add_argument("--no-dattri", action="store_true", help="gradlab's side only")
+    ap.add_argument("--no-ekfac", action="store_true", help="skip dattri's EK-FAC")
+    ap.add_argument("--build-only", action="store_true", help="train and cache the models, score nothing")
+    ap.add_argument("--reverse", action="store_true", help="with --build-only: retrain from the last subset down "
+                    "(a second process; the cache lets the two meet)")
+    ap.add_argument("--cache", default="/tmp/gradlab-lds-cnn", help="where trained models and outputs are kept "
+                    "('' for none)")
+    ap.add_argument("--json", default=None, help="write the table as JSON here (gradlab/data/lds_simple_cnn.json)")
+    args = ap.parse_args(argv)
+    cache = args.cache or None
+    t0 = time.time()
+    say = lambda msg: print(f"  [{time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    data = load_data(EXPERIMENT)
+    n_extra = max(args.trak_models) - 1
+    if args.build_only:
+        if args.reverse:
+            ground_truth(cache, data, args.retrains, say, reverse=True)
+            return
+        attributed(cache, data)
+        ground_truth(cache, data, args.retrains, say)
+        full_models(cache, data, range(1, 1 + n_extra), say)
+        return
+    load0 = os.getloadavg()
+    fitted, fit_cpu = attributed(cache, data)
+    subsets, truth, truth_cpu = ground_truth(cache, data, args.retrains, say)
+    t = min(args.test, len(data.y_test))
+    port = (float(np.max(np.abs(outputs_of(fitted.model, data)[:t]
+                                - torch_outputs(fitted.model, data.x_test[:t], data.y_test[:t]))))
+            if dattri_available() else None)
+    if port is not None:
+        say(f"torch port: max |Δ(−ℓ)| on the test points = {port:.1e}")
+    rows = gradlab_side(fitted, t, subsets, truth, say, only=args.methods)
+    extra_cpu = 0.0
+    if dattri_available() and not args.no_dattri:
+        extra, extra_cpu = full_models(cache, data, range(1, 1 + n_extra), say)
+        rows += dattri_side(fitted, [fitted.model, *extra], t, subsets, truth, say, proj_dim=args.proj_dim,
+                            damping_grid=args.damping, batch=args.batch, trak_sizes=args.trak_models,
+                            ekfac=not args.no_ekfac)
+    elif not args.no_dattri:
+        print("torch or dattri is not importable (pip install -r requirements-bench.txt): gradlab's side only")
+    load1 = os.getloadavg()
+    info = dict(n_train=len(data.y_train), n_test=t, retrains=args.retrains, fit_cpu_s=fit_cpu, truth_cpu_s=truth_cpu,
+                extra_models_cpu_s=extra_cpu, port=port, load=(load0, load1), argv=sys.argv[1:] if argv is None else argv)
+    print(table(rows, info))
+    if args.json:
+        write_json(args.json, rows, info)
+
+
+COMMAND = "python -m benchmarks.lds_cnn"
+
+
+def table(rows: list[Row], info: dict) -> str:
+    """The Markdown table (docs/influence.md's): method, LDS ± SE, CPU-s, command."""
+    cmd = " ".join([COMMAND, *info["argv"]])
+    out = [f"LDS on SimpleCNN (dattri's protocol): Fashion-MNIST subset, {info['n_train']:,} training images, first "
+           f"{info['n_test']} test images, {info['retrains']} retrains on random halves (app recipe, "
+           f"{info['truth_cpu_s']:.0f} CPU-s); mean ± SE over test points. Load average "
+           f"{info['load'][0][0]:.1f} at the start, {info['load'][1][0]:.1f} at the end.",
+           "",
+           "| side | method | LDS | SE | CPU-s | command | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, se = r.lds
+        cell = lambda v, f: "—" if v is None or not np.isfinite(v) else format(v, f)
+        out.append(f"| {r.side} | {r.label} | {cell(m, '.3f')} | {cell(se, '.3f')} | {cell(r.cpu_s, '.0f')} | `{cmd}` | "
+                   f"{r.note} |")
+    return "\n".join(out)
+
+
+def write_json(path: str, rows: list[Row], info: dict) -> None:
+    """The stored table the Influence page shows (schema in docs/influence.md)."""
+    cmd = " ".join([COMMAND, *info["argv"]])
+    doc = {
+        "schema": 1,
+        "benchmark": "benchmarks/lds_cnn.py",
+        "command": cmd,
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} cores, load average {info['load'][0][0]:.1f} → {info['load'][1][0]:.1f}",
+        "experiment": {"dataset": EXPERIMENT.dataset, "model": EXPERIMENT.model, "seed": EXPERIMENT.seed,
+                       "n_train": info["n_train"], "n_test": info["n_test"], "retrains": info["retrains"],
+                       "subset_fraction": 0.5, "output": "-loss"},
+        "ground_truth_cpu_s": round(info["truth_cpu_s"], 1),
+        "methods": [
+            {"side": r.side, "method": r.method, "label": r.label,
+             "lds": None if r.per_test is None else round(r.lds[0], 4),
+             "se": None if r.per_test is None else round(r.lds[1], 4),
+             "cpu_s": None if r.cpu_s is None else round(r.cpu_s, 1), "note": r.note}
+            for r in rows
+        ],
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
