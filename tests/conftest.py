@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -53,6 +55,8 @@ os.environ.setdefault("GRADLAB_AUTO_WARMUP", "0")
 
 # A fresh results store per test process: a test must compute, never read a result a previous run stored.
 os.environ["GRADLAB_STORE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-store-")
+# ... and gone when the process ends: a whole suite leaves hundreds of them (GBs of /tmp over a few runs) otherwise.
+atexit.register(shutil.rmtree, os.environ["GRADLAB_STORE_DIR"], ignore_errors=True)
 # Practice's sandbox children at nice 10, not in the idle class (the server's default): two workers keep both cores
 # busy, and an idle-class child would wait for a free core past its wall clock (test_practice_sandbox checks "idle").
 os.environ.setdefault("GRADLAB_PRACTICE_PRIORITY", "10")
