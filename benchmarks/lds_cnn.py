@@ -71,6 +71,32 @@ os.environ.setdefault("TQDM_DISABLE", "1")     # dattri's progress bars
 
 #: The experiment attributed: the app's SimpleCNN on the Fashion-MNIST subset, seed 0.
 EXPERIMENT = Experiment.for_model("simple_cnn").replace(dataset="fashion")
+#: The training images the app's recipe is written for (300 steps of 32: 1.6 epochs over 6,000 images).
+APP_TRAIN = 6000
+
+
+def experiment(n_train: int) -> Experiment:
+    """The app's SimpleCNN experiment for the first `n_train` training images: the recipe's steps (and checkpoint
+    interval) scaled by n_train / 6,000, so that every image is seen as often as in the app (1.6 epochs over all
+    images, 3.2 over a half); everything else (batch 32, `adam_warmup` 0.005 with its 10% warm-up, epoch order,
+    label smoothing 0.1) is the app's. At 6,000 it is the app's experiment itself."""
+    if n_train == APP_TRAIN:
+        return EXPERIMENT
+    scale = n_train / APP_TRAIN
+    return EXPERIMENT.replace(steps=max(1, round(EXPERIMENT.steps * scale)),
+                              checkpoint_every=max(1, round(EXPERIMENT.checkpoint_every * scale)))
+
+
+def dataset(n_train: int):
+    """The app's Fashion-MNIST subset (`load_data`: standardized by the mean and std of all 6,000 training images),
+    its first `n_train` training images (the shipped file is a stratified draw in Fashion-MNIST's order, so any
+    prefix is close to 10% per class) and all 1,000 test images."""
+    data = load_data(EXPERIMENT)
+    if n_train >= len(data.y_train):
+        return data
+    cut = lambda a: a[:n_train] if a is not None and len(a) == len(data.y_train) else a
+    return dataclasses.replace(data, **{f.name: cut(getattr(data, f.name)) for f in dataclasses.fields(data)
+                                        if f.name.endswith("_train") or f.name in ("flipped",)})
 #: Retrain m's seed (initialization and minibatch order): disjoint from the attributed model's 0 and TRAK's 1, 2, ….
 RETRAIN_SEED = 100
 NEEDS_OPTIMUM = "needs θ̂ (the L-BFGS optimum of mean ℓ + λ/2‖θ‖²), which this benchmark does not converge at 1.2 M parameters"
@@ -118,34 +144,34 @@ def _cached(path: str | None, make: Callable[[], dict]) -> dict:
     return out
 
 
-def attributed(cache: str | None, data) -> tuple[Fitted, float]:
+def attributed(cache: str | None, data, exp: Experiment) -> tuple[Fitted, float]:
     """The app's SimpleCNN at seed 0 on all training images (`fit`), with its run's checkpoints; and its training
     CPU-seconds (when trained now; the cached value otherwise)."""
-    template = init_model(EXPERIMENT, data)
+    template = init_model(exp, data)
 
     def make():
         clock = Clock()
-        run = fit(EXPERIMENT, data=data).run
+        run = fit(exp, data=data).run
         return {"checkpoints": [_host(c) for c in run.checkpoints], "steps": list(run.steps),
                 "losses": np.asarray(run.losses), "lrs": list(run.lrs), "cpu_s": clock.cpu_s}
 
-    got = _cached(cache and os.path.join(cache, f"attributed-{_tag(data)}.pkl"), make)
+    got = _cached(cache and os.path.join(cache, f"attributed-{_tag(data, exp)}.pkl"), make)
     run = TrainResult(tuple(_model(c, template) for c in got["checkpoints"]), tuple(got["steps"]), got["losses"],
                       tuple(got["lrs"]))
-    source = source_of(EXPERIMENT.dataset)
-    return Fitted(EXPERIMENT, data, source.loss_fn(data), run, source.predict_fn()), got["cpu_s"]
+    source = source_of(exp.dataset)
+    return Fitted(exp, data, source.loss_fn(data), run, source.predict_fn()), got["cpu_s"]
 
 
-def _tag(data) -> str:
-    """What names a cache entry: the training set's size and a checksum of its pixels and labels."""
+def _tag(data, exp: Experiment) -> str:
+    """What names a cache entry: the training set's size, a checksum of its pixels and labels, the recipe's steps."""
     h = float(np.asarray(data.x_train, np.float64)[:, ::97].sum()) + float(data.y_train.sum())
-    return f"n{len(data.y_train)}-{h:.6e}"
+    return f"n{len(data.y_train)}-{h:.6e}-s{exp.steps}"
 
 
-def train_one(data, subset: np.ndarray | None, seed: int):
-    """The app's recipe (`recipe(EXPERIMENT)`) from the initialization at `seed`, on the training images `subset`
+def train_one(data, exp: Experiment, subset: np.ndarray | None, seed: int):
+    """`exp`'s recipe (`recipe(exp)`) from the initialization at `seed`, on the training images `subset`
     (None: all of them), minibatches drawn with `seed`. Returns the final model."""
-    exp = EXPERIMENT.replace(seed=seed)
+    exp = exp.replace(seed=seed)
     xs, ys = (data.x_train, data.y_train) if subset is None else (data.x_train[subset], data.y_train[subset])
     kw = {k: v for k, v in recipe(exp).items() if k != "checkpoint_every"}
     return train(init_model(exp, data), _loss(data), xs, ys, checkpoint_every=kw["steps"], seed=seed, **kw).final
@@ -162,38 +188,48 @@ def outputs_of(model, data) -> np.ndarray:
                                                                      jnp.asarray(data.y_test)))
 
 
-def ground_truth(cache: str | None, data, retrains: int, say, reverse: bool = False):
+def ground_truth(cache: str | None, data, exp: Experiment, retrains: int, say, reverse: bool = False,
+                 share: bool = False):
     """`(subsets (M, N/2), outputs (M, 1000), CPU-seconds)`: M retrains on random halves (seed 0), each cached on its
     own (a run cut short resumes where it stopped; a second process with `reverse` trains from the last one down,
-    and the two meet in the middle)."""
+    and the two meet in the middle; with `share`, a retrain another process has claimed is skipped, so several
+    `--build-only` processes split the work)."""
     n = len(data.y_train)
     subsets = inf.random_subsets(n, retrains, seed=0)
     outs, cpu = [], 0.0
     for m, s in reversed(list(enumerate(subsets))) if reverse else enumerate(subsets):
+        path = cache and os.path.join(cache, f"retrain-{_tag(data, exp)}-half0-m{m}.pkl")
+        if share and path and not os.path.exists(path):
+            try:
+                os.close(os.open(path + ".claim", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
         def make(m=m, s=s):
             clock = Clock()
-            out = outputs_of(train_one(data, s, RETRAIN_SEED + m), data)
+            out = outputs_of(train_one(data, exp, s, RETRAIN_SEED + m), data)
             return {"subset": s, "outputs": out, "cpu_s": clock.cpu_s}
 
-        got = _cached(cache and os.path.join(cache, f"retrain-{_tag(data)}-half0-m{m}.pkl"), make)
+        got = _cached(path, make)
         if not np.array_equal(got["subset"], s):
             raise RuntimeError(f"cache entry {m} holds another subset: remove {cache}")
         outs.append((m, got["outputs"]))
         cpu += got["cpu_s"]
         say(f"retrain {m + 1}/{retrains}: {got['cpu_s']:.1f} CPU-s, mean output {got['outputs'].mean():.3f}")
+    if share:
+        return subsets, None, cpu
     return subsets, np.stack([o for _, o in sorted(outs, key=lambda p: p[0])]), cpu
 
 
-def full_models(cache: str | None, data, seeds, say) -> tuple[list, float]:
-    """Models trained on all images with the app's recipe at `seeds` (TRAK's ensemble beyond seed 0), cached."""
-    template = init_model(EXPERIMENT, data)
+def full_models(cache: str | None, data, exp: Experiment, seeds, say) -> tuple[list, float]:
+    """Models trained on all images with `exp`'s recipe at `seeds` (TRAK's ensemble beyond seed 0), cached."""
+    template = init_model(exp, data)
     models, cpu = [], 0.0
     for seed in seeds:
         def make(seed=seed):
             clock = Clock()
-            return {"leaves": _host(train_one(data, None, seed)), "cpu_s": clock.cpu_s}
+            return {"leaves": _host(train_one(data, exp, None, seed)), "cpu_s": clock.cpu_s}
 
-        got = _cached(cache and os.path.join(cache, f"full-{_tag(data)}-seed{seed}.pkl"), make)
+        got = _cached(cache and os.path.join(cache, f"full-{_tag(data, exp)}-seed{seed}.pkl"), make)
         models.append(_model(got["leaves"], template))
         cpu += got["cpu_s"]
         say(f"full-data model at seed {seed}: {got['cpu_s']:.1f} CPU-s")
@@ -220,6 +256,7 @@ class Row:
     cpu_s: float | None
     wall_s: float | None
     note: str = ""
+    command: str = ""
 
     @property
     def lds(self) -> tuple[float, float]:
@@ -327,7 +364,7 @@ def torch_outputs(model, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def dattri_side(fitted: Fitted, ensemble: list, t: int, subsets, truth, say, *, proj_dim: int, damping_grid,
-                batch: int, trak_sizes, ekfac: bool = True) -> list[Row]:
+                batch: int, trak_sizes, ekfac: bool = True, ekfac_batches: int | None = None) -> list[Row]:
     """dattri's TRAK (TRAK-k for each k in `trak_sizes`: the first k models of `ensemble`) and EK-FAC (on the
     seed-0 model, fc1 and fc2) on the same weights and tensors. The CPU-seconds of a TRAK-k row are dattri's
     attribution; the extra models' training is in the row's note."""
@@ -379,7 +416,7 @@ def dattri_side(fitted: Fitted, ensemble: list, t: int, subsets, truth, say, *, 
         clock = Clock()
         task = AttributionTask(model=net, loss_func=nll, checkpoints=torch_state(fitted.model))
         att = IFAttributorEKFAC(task=task, module_name=["fc1", "fc2"], device="cpu", damping=0.0)
-        att.cache(loader(train_set, batch))
+        att.cache(loader(train_set, batch), max_iter=ekfac_batches)
         cache_cpu, cache_wall = clock.cpu_s, clock.wall_s
         for delta in damping_grid:
             clock = Clock()
@@ -396,107 +433,139 @@ def dattri_side(fitted: Fitted, ensemble: list, t: int, subsets, truth, say, *, 
         rows.append(Row("dattri", "ekfac", "EK-FAC (dattri IFAttributorEKFAC, fc1 + fc2)", r.per_test,
                         cache_cpu + cpu, cache_wall + wall,
                         f"damping δ = {delta:g}, the best of {', '.join(notes)} (selected on these test points); "
-                        "nn.Linear layers only (dattri 0.3's EK-FAC hooks no Conv2d)"))
+                        "nn.Linear layers only (dattri 0.3's EK-FAC hooks no Conv2d); factors and eigenvalues from "
+                        + (f"the first {ekfac_batches * batch} training images" if ekfac_batches else "all of them")))
     return rows
+
+
+PARTS = ("gradlab", "trak", "ekfac")
+COMMAND = "python -m benchmarks.lds_cnn"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--train", type=int, default=2000, help="the first N of the subset's 6,000 training images "
+                    "(the recipe's steps scaled by N / 6,000: `experiment`)")
     ap.add_argument("--test", type=int, default=100, help="the first T of the subset's 1,000 test images")
     ap.add_argument("--retrains", type=int, default=50, help="models on random halves (dattri: ≥ 50)")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                    help="gradlab's registry, dattri's TRAK, dattri's EK-FAC")
+    ap.add_argument("--methods", nargs="+", default=None, help="gradlab methods (registry names): default all")
     ap.add_argument("--trak-models", type=int, nargs="+", default=[1, 3],
                     help="dattri TRAK ensemble sizes: the seed-0 model, then full-data models at seeds 1, 2, …")
     ap.add_argument("--proj-dim", type=int, default=512, help="dattri TRAK's projection dimension (dattri: 512)")
     ap.add_argument("--damping", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3],
                     help="dattri EK-FAC's damping grid (the best LDS is kept)")
+    ap.add_argument("--ekfac-batches", type=int, default=2, help="training batches dattri's EK-FAC estimates its "
+                    "factors and eigenvalues from (`cache(max_iter=…)`; 0: all)")
     ap.add_argument("--batch", type=int, default=250, help="dattri's data-loader batch (memory: batch × P floats)")
-    ap.add_argument("--methods", nargs="+", default=None, help="gradlab methods (registry names): default all")
-    ap.add_argument("--no-dattri", action="store_true", help="gradlab's side only")
-    ap.add_argument("--no-ekfac", action="store_true", help="skip dattri's EK-FAC")
-    ap.add_argument("--build-only", action="store_true", help="train and cache the models, score nothing")
-    ap.add_argument("--reverse", action="store_true", help="with --build-only: retrain from the last subset down "
-                    "(a second process; the cache lets the two meet)")
+    ap.add_argument("--build-only", action="store_true", help="train and cache the models, score nothing (several "
+                    "such processes share the retrains)")
+    ap.add_argument("--reverse", action="store_true", help="with --build-only: retrains only, from the last down")
     ap.add_argument("--cache", default="/tmp/gradlab-lds-cnn", help="where trained models and outputs are kept "
                     "('' for none)")
+    ap.add_argument("--save-rows", default=None, help="pickle this run's rows here (for --merge)")
+    ap.add_argument("--merge", nargs="+", default=None, help="print (and --json) the table of saved rows, run nothing")
     ap.add_argument("--json", default=None, help="write the table as JSON here (gradlab/data/lds_simple_cnn.json)")
     args = ap.parse_args(argv)
+    if args.merge:
+        rows, infos = [], []
+        for path in args.merge:
+            with open(path, "rb") as f:
+                got = pickle.load(f)
+            rows += [Row(**r) for r in got["rows"]]
+            infos.append(got["info"])
+        info = {**infos[0], "load": (min(i["load"][0] for i in infos), max(i["load"][1] for i in infos))}
+        print(table(rows, info))
+        if args.json:
+            write_json(args.json, rows, info)
+        return
     cache = args.cache or None
     t0 = time.time()
     say = lambda msg: print(f"  [{time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    data = load_data(EXPERIMENT)
-    n_extra = max(args.trak_models) - 1
+    data, exp = dataset(args.train), experiment(args.train)
+    n_extra = max(args.trak_models) - 1 if "trak" in args.parts else 0
     if args.build_only:
-        if args.reverse:
-            ground_truth(cache, data, args.retrains, say, reverse=True)
-            return
-        attributed(cache, data)
-        ground_truth(cache, data, args.retrains, say)
-        full_models(cache, data, range(1, 1 + n_extra), say)
+        if not args.reverse:
+            attributed(cache, data, exp)
+            full_models(cache, data, exp, range(1, 1 + n_extra), say)
+        ground_truth(cache, data, exp, args.retrains, say, reverse=args.reverse, share=True)
         return
     load0 = os.getloadavg()
-    fitted, fit_cpu = attributed(cache, data)
-    subsets, truth, truth_cpu = ground_truth(cache, data, args.retrains, say)
+    fitted, fit_cpu = attributed(cache, data, exp)
+    subsets, truth, truth_cpu = ground_truth(cache, data, exp, args.retrains, say)
     t = min(args.test, len(data.y_test))
-    port = (float(np.max(np.abs(outputs_of(fitted.model, data)[:t]
-                                - torch_outputs(fitted.model, data.x_test[:t], data.y_test[:t]))))
-            if dattri_available() else None)
-    if port is not None:
-        say(f"torch port: max |Δ(−ℓ)| on the test points = {port:.1e}")
-    rows = gradlab_side(fitted, t, subsets, truth, say, only=args.methods)
-    extra_cpu = 0.0
-    if dattri_available() and not args.no_dattri:
-        extra, extra_cpu = full_models(cache, data, range(1, 1 + n_extra), say)
-        rows += dattri_side(fitted, [fitted.model, *extra], t, subsets, truth, say, proj_dim=args.proj_dim,
-                            damping_grid=args.damping, batch=args.batch, trak_sizes=args.trak_models,
-                            ekfac=not args.no_ekfac)
-    elif not args.no_dattri:
+    common = [f"--train {args.train}", f"--test {t}", f"--retrains {args.retrains}"]
+    rows = []
+    if "gradlab" in args.parts:
+        for r in gradlab_side(fitted, t, subsets, truth, say, only=args.methods):
+            rows.append(dataclasses.replace(r, command=" ".join([COMMAND, *common, "--parts gradlab --methods",
+                                                                 r.method])))
+    port, extra_cpu = None, 0.0
+    dattri_parts = [p for p in args.parts if p != "gradlab"]
+    if dattri_parts and not dattri_available():
         print("torch or dattri is not importable (pip install -r requirements-bench.txt): gradlab's side only")
+    elif dattri_parts:
+        port = float(np.max(np.abs(outputs_of(fitted.model, data)[:t]
+                                   - torch_outputs(fitted.model, data.x_test[:t], data.y_test[:t]))))
+        say(f"torch port: max |Δ(−ℓ)| on the test points = {port:.1e}")
+        extra, extra_cpu = full_models(cache, data, exp, range(1, 1 + n_extra), say)
+        got = dattri_side(fitted, [fitted.model, *extra], t, subsets, truth, say, proj_dim=args.proj_dim,
+                          damping_grid=args.damping, batch=args.batch,
+                          trak_sizes=args.trak_models if "trak" in args.parts else (),
+                          ekfac=("ekfac" in args.parts), ekfac_batches=args.ekfac_batches or None)
+        for r in got:
+            sel = (f"--parts trak --trak-models {r.method.split('-')[1]} --proj-dim {args.proj_dim}"
+                   if r.method.startswith("trak") else
+                   f"--parts ekfac --damping {' '.join(f'{d:g}' for d in args.damping)} "
+                   f"--ekfac-batches {args.ekfac_batches}")
+            rows.append(dataclasses.replace(r, command=" ".join([COMMAND, *common, sel])))
     load1 = os.getloadavg()
-    info = dict(n_train=len(data.y_train), n_test=t, retrains=args.retrains, fit_cpu_s=fit_cpu, truth_cpu_s=truth_cpu,
-                extra_models_cpu_s=extra_cpu, port=port, load=(load0, load1), argv=sys.argv[1:] if argv is None else argv)
+    info = dict(n_train=len(data.y_train), n_test=t, retrains=args.retrains, steps=exp.steps, fit_cpu_s=fit_cpu,
+                truth_cpu_s=truth_cpu, extra_models_cpu_s=extra_cpu, port=port, load=(load0, load1),
+                command=" ".join([COMMAND, *common]))
     print(table(rows, info))
+    if args.save_rows:
+        with open(args.save_rows, "wb") as f:
+            pickle.dump({"rows": [vars(r) for r in rows], "info": info}, f)
     if args.json:
         write_json(args.json, rows, info)
 
 
-COMMAND = "python -m benchmarks.lds_cnn"
-
-
 def table(rows: list[Row], info: dict) -> str:
-    """The Markdown table (docs/influence.md's): method, LDS ± SE, CPU-s, command."""
-    cmd = " ".join([COMMAND, *info["argv"]])
-    out = [f"LDS on SimpleCNN (dattri's protocol): Fashion-MNIST subset, {info['n_train']:,} training images, first "
-           f"{info['n_test']} test images, {info['retrains']} retrains on random halves (app recipe, "
-           f"{info['truth_cpu_s']:.0f} CPU-s); mean ± SE over test points. Load average "
+    """The Markdown table (docs/influence.md's): method, LDS ± SE, CPU-s, the command that reproduces the row."""
+    out = [f"LDS on SimpleCNN (dattri's protocol): Fashion-MNIST subset, the first {info['n_train']:,} training images "
+           f"({info['steps']} steps of 32), first {info['n_test']} test images, {info['retrains']} retrains on random "
+           f"halves ({info['truth_cpu_s']:.0f} CPU-s); mean ± SE over test points. Load average "
            f"{info['load'][0][0]:.1f} at the start, {info['load'][1][0]:.1f} at the end.",
            "",
            "| side | method | LDS | SE | CPU-s | command | note |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         m, se = r.lds
         cell = lambda v, f: "—" if v is None or not np.isfinite(v) else format(v, f)
-        out.append(f"| {r.side} | {r.label} | {cell(m, '.3f')} | {cell(se, '.3f')} | {cell(r.cpu_s, '.0f')} | `{cmd}` | "
-                   f"{r.note} |")
+        out.append(f"| {r.side} | {r.label} | {cell(m, '.3f')} | {cell(se, '.3f')} | {cell(r.cpu_s, '.0f')} | "
+                   f"`{r.command}` | {r.note} |")
     return "\n".join(out)
 
 
 def write_json(path: str, rows: list[Row], info: dict) -> None:
     """The stored table the Influence page shows (schema in docs/influence.md)."""
-    cmd = " ".join([COMMAND, *info["argv"]])
     doc = {
         "schema": 1,
         "benchmark": "benchmarks/lds_cnn.py",
-        "command": cmd,
+        "command": info["command"],
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} cores, load average {info['load'][0][0]:.1f} → {info['load'][1][0]:.1f}",
+        "machine": f"{os.cpu_count()}-core CPU shared with other work, load average {info['load'][0][0]:.1f} to "
+                   f"{info['load'][1][0]:.1f}; cost = process CPU-seconds",
         "experiment": {"dataset": EXPERIMENT.dataset, "model": EXPERIMENT.model, "seed": EXPERIMENT.seed,
-                       "n_train": info["n_train"], "n_test": info["n_test"], "retrains": info["retrains"],
-                       "subset_fraction": 0.5, "output": "-loss"},
+                       "n_train": info["n_train"], "steps": info["steps"], "n_test": info["n_test"],
+                       "retrains": info["retrains"], "subset_fraction": 0.5, "output": "-loss"},
         "ground_truth_cpu_s": round(info["truth_cpu_s"], 1),
         "methods": [
             {"side": r.side, "method": r.method, "label": r.label,
              "lds": None if r.per_test is None else round(r.lds[0], 4),
              "se": None if r.per_test is None else round(r.lds[1], 4),
-             "cpu_s": None if r.cpu_s is None else round(r.cpu_s, 1), "note": r.note}
+             "cpu_s": None if r.cpu_s is None else round(r.cpu_s, 1), "command": r.command, "note": r.note}
             for r in rows
         ],
     }
