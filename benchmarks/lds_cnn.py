@@ -389,14 +389,60 @@ def torch_outputs(model, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return logp[torch.arange(len(y)), torch.from_numpy(np.asarray(y, np.int64))].numpy()
 
 
+def ekfac_columns():
+    """dattri's `IFAttributorEKFAC` with two changes that make it the EK-FAC of George et al. (2018): the
+    eigenbasis is the eigenvectors as COLUMNS (`torch.linalg.eigh`'s Q, A = Q diag(λ) Qᵀ: coordinates Q_Sᵀ V Q_A;
+    dattri 0.3 computes Q_S V Q_Aᵀ, the rows, both when it corrects the eigenvalues and when it transforms), and a
+    layer's gradient as the matrix [∇W | ∇b] (out, in + 1) with the bias as the last column, the layout of its
+    factors' inputs [a; 1] (dattri 0.3 reshapes the concatenation of the flattened weight and bias, which puts the
+    bias values across rows). The same factors, eigenvalue correction and damping otherwise."""
+    import dattri.func.fisher as fisher
+    import torch
+    from dattri.algorithm.influence_function import IFAttributorEKFAC
+
+    class EKFACColumns(IFAttributorEKFAC):
+        def cache(self, full_train_dataloader, max_iter=None):
+            plain = fisher.estimate_eigenvector
+            # dattri's formulas take q_s @ v @ q_a.T: handing them Qᵀ makes that Q_Sᵀ V Q_A
+            fisher.estimate_eigenvector = lambda cov: {k: (qa.T.contiguous(), qs.T.contiguous())
+                                                       for k, (qa, qs) in plain(cov).items()}
+            try:
+                super().cache(full_train_dataloader, max_iter)
+            finally:
+                fisher.estimate_eigenvector = plain
+
+        def transform_test_rep(self, ckpt_idx, test_rep):
+            params = {k: p for k, p in self.task.model.named_parameters() if p.requires_grad}
+            parts, at = {}, 0
+            for name in self.layer_name:
+                size = params[name].numel()
+                parts[name] = test_rep[:, at: at + size].reshape(-1, *params[name].shape)
+                at += size
+            out = []
+            for name in self.module_name:
+                w, b = parts[name + ".weight"], parts.get(name + ".bias")
+                v = torch.cat([w, b.unsqueeze(-1)], -1) if b is not None else w
+                q_a, q_s = self.cached_q[name]            # transposed eigenvectors (rows = eigenvectors)
+                r = q_s.T @ ((q_s @ v @ q_a.T) / (self.cached_lambdas[name] + self.damping)) @ q_a
+                out.append(r[..., : w.shape[-1]].flatten(1))
+                if b is not None:
+                    out.append(r[..., -1])
+            return torch.cat(out, 1)
+
+    return EKFACColumns
+
+
 def dattri_side(fitted: Fitted, ensemble: list, t: int, say, *, proj_dim: int, damping_grid,
-                batch: int, trak_sizes, ekfac: bool = True, ekfac_batches: int | None = None) -> list[Row]:
+                batch: int, trak_sizes, ekfac: bool = True, ekfac_batches: int | None = None,
+                ekfac_modules=("fc1", "fc2")) -> list[Row]:
     """dattri's TRAK (TRAK-k for each k in `trak_sizes`: the first k models of `ensemble`) and EK-FAC (on the
     seed-0 model, fc1 and fc2) on the same weights and tensors. The CPU-seconds of a TRAK-k row are dattri's
     attribution; the extra models' training is in the row's note."""
     import torch
     from dattri.algorithm.influence_function import IFAttributorEKFAC
     from dattri.algorithm.trak import TRAKAttributor
+
+    EKFACColumns = ekfac_columns()
     from dattri.task import AttributionTask
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -436,24 +482,32 @@ def dattri_side(fitted: Fitted, ensemble: list, t: int, say, *, proj_dim: int, d
                         "the seed-0 model" if k == 1 else f"seed 0 and {k - 1} more full-data models (seeds 1–{k - 1})"))
         say(f"dattri TRAK-{k}: {cpu:.0f} CPU-s")
     if ekfac:
-        clock = Clock()
-        task = AttributionTask(model=net, loss_func=nll, checkpoints=torch_state(fitted.model))
-        att = IFAttributorEKFAC(task=task, module_name=["fc1", "fc2"], device="cpu", damping=0.0)
-        att.cache(loader(train_set, batch), max_iter=ekfac_batches)
-        cache_cpu, cache_wall = clock.cpu_s, clock.wall_s
-        say(f"dattri EK-FAC cache: {cache_cpu:.0f} CPU-s")
-        for delta in damping_grid:
+        for fixed in (False, True):
             clock = Clock()
-            att.damping = delta
-            with torch.no_grad():
-                score = att.attribute(loader(train_set, batch), loader(test_set, batch))
-            values = score.detach().numpy().T.astype(np.float64)
-            rows.append(Row("dattri", "ekfac", "EK-FAC (dattri IFAttributorEKFAC, fc1 + fc2)", values,
-                            cache_cpu + clock.cpu_s, cache_wall + clock.wall_s,
-                            "nn.Linear layers only (dattri 0.3's EK-FAC hooks no Conv2d); factors and eigenvalues from "
-                            + (f"the first {ekfac_batches * batch:,} training images" if ekfac_batches else "all of them"),
-                            damping=delta))
-            say(f"dattri EK-FAC δ = {delta:g}: {clock.cpu_s:.0f} CPU-s (+ {cache_cpu:.0f} to cache)")
+            task = AttributionTask(model=net, loss_func=nll, checkpoints=torch_state(fitted.model))
+            att = (EKFACColumns if fixed else IFAttributorEKFAC)(task=task, module_name=list(ekfac_modules),
+                                                                 device="cpu", damping=0.0)
+            att.cache(loader(train_set, batch), max_iter=ekfac_batches)
+            cache_cpu, cache_wall = clock.cpu_s, clock.wall_s
+            name = "ekfac-columns" if fixed else "ekfac"
+            say(f"dattri {name} cache: {cache_cpu:.0f} CPU-s")
+            for delta in damping_grid:
+                clock = Clock()
+                att.damping = delta
+                with torch.no_grad():
+                    score = att.attribute(loader(train_set, batch), loader(test_set, batch))
+                values = score.detach().numpy().T.astype(np.float64)
+                layers = " + ".join(ekfac_modules)
+                rows.append(Row("dattri", name, f"EK-FAC (dattri IFAttributorEKFAC, {layers}"
+                                + (", eigenbasis and bias layout corrected here)" if fixed else ")"), values,
+                                cache_cpu + clock.cpu_s, cache_wall + clock.wall_s,
+                                f"layers {layers} only (dattri 0.3's EK-FAC hooks nn.Linear, no Conv2d); factors and "
+                                "eigenvalues from " + (f"the first {ekfac_batches * batch:,} training images"
+                                                       if ekfac_batches else "all of them")
+                                + ("; `EKFACColumns`: eigenvectors as columns and the bias as each layer's last "
+                                   "column (dattri 0.3 uses rows and interleaves the bias)" if fixed else ""),
+                                damping=delta))
+                say(f"dattri {name} δ = {delta:g}: {clock.cpu_s:.0f} CPU-s (+ {cache_cpu:.0f} to cache)")
     return rows
 
 
@@ -477,6 +531,8 @@ def main(argv=None) -> None:
                     help="dattri EK-FAC's damping grid (the best LDS is kept)")
     ap.add_argument("--ekfac-batches", type=int, default=2, help="training batches dattri's EK-FAC estimates its "
                     "factors and eigenvalues from (`cache(max_iter=…)`; 0: all)")
+    ap.add_argument("--ekfac-modules", nargs="+", default=["fc1", "fc2"], help="the nn.Linear modules dattri's "
+                    "EK-FAC runs on (fc1's 9,217 × 9,217 input factor needs an eigendecomposition of that size)")
     ap.add_argument("--batch", type=int, default=250, help="dattri's data-loader batch (memory: batch × P floats)")
     ap.add_argument("--build-only", action="store_true", help="train and cache the models, score nothing (several "
                     "such processes share the retrains)")
@@ -542,12 +598,14 @@ def main(argv=None) -> None:
         got = dattri_side(fitted, [fitted.model, *extra], t, say, proj_dim=args.proj_dim,
                           damping_grid=args.damping, batch=args.batch,
                           trak_sizes=args.trak_models if "trak" in args.parts else (),
-                          ekfac=("ekfac" in args.parts), ekfac_batches=args.ekfac_batches or None)
+                          ekfac=("ekfac" in args.parts), ekfac_batches=args.ekfac_batches or None,
+                          ekfac_modules=args.ekfac_modules)
         for r in got:
-            sel = (f"--parts trak --trak-models {r.method.split('-')[1]} --proj-dim {args.proj_dim}"
+            sel = (f"--parts trak --trak-models {r.method.split('-')[1]} --proj-dim {args.proj_dim} --batch {args.batch}"
                    if r.method.startswith("trak") else
                    f"--parts ekfac --damping {' '.join(f'{d:g}' for d in args.damping)} "
-                   f"--ekfac-batches {args.ekfac_batches}")
+                   f"--ekfac-batches {args.ekfac_batches} --ekfac-modules {' '.join(args.ekfac_modules)} "
+                   f"--batch {args.batch}")
             rows.append(dataclasses.replace(r, command=" ".join([COMMAND, *common, sel])))
     load1 = os.getloadavg()
     info = dict(n_train=len(data.y_train), n_test=t, retrains=args.retrains, steps=exp.steps, fit_cpu_s=fit_cpu,
