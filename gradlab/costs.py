@@ -162,3 +162,49 @@ def largest(options, seconds) -> object | None:
 #: One Practice Run or Check of a problem (a sandboxed child: JAX's import when no warm spare waits, tracing the
 #: student's function for the seed's and the hidden inputs' shapes): CPU-seconds, measured on the 2-core machine.
 PRACTICE_SECONDS = 3.0
+
+
+#: The record's ensemble with the experiment's recipe (`memorization.ensemble_for`: M models in one vmapped scan, then
+#: every model's outputs on every training example): set-up and compiling in CPU-s, and throughput in
+#: (models × steps × batch × parameters) per CPU-s: small vmapped batches run well below `TRAIN_RATE`. Digits MLP
+#: (P = 4,810, N = 1,437, 300 steps of 128), a fresh process per M (`python -m benchmarks.record --cost`, load ~25):
+#: M = 8, 16, 32, 64 in 4.5, 5.1, 6.9, 9.7 CPU-s, i.e. 3.8 s plus 0.093 s per model.
+ENSEMBLE_SETUP_SECONDS = 3.8
+ENSEMBLE_RATE = 2.0e9
+#: The DP-SGD ensemble (`ensemble_for(…, private=True)`: one DP-SGD run per model, one compiled step): set-up (σ's
+#: calibration, compiling, the outputs) and each model's own set-up beside its work at `DP_SGD_RATE`. Digits MLP, 200
+#: steps of an expected 256 of 718: M = 8, 16, 32, 64 in 9.4, 11.0, 12.6, 17.7 CPU-s, i.e. 8.2 s plus 0.148 s per model
+#: (0.095 s of it the work at `DP_SGD_RATE`).
+DP_ENSEMBLE_SETUP_SECONDS = 8.2
+DP_ENSEMBLE_MODEL_SECONDS = 0.05
+#: The record's table (`record.per_example_table`): compiling the norm pass and the forward, the LiRA fits (fixed), and
+#: the per-example pass at `SUMMARY_FACTOR` times a training step's work.
+RECORD_TABLE_SECONDS = 2.5
+
+
+def record_ensemble_seconds(num_params: int, n: int, *, models: int, steps: int, batch_size: int, private: bool = False,
+                            dp_steps: int = 200, dp_batch: float = 256, macs: int = 0) -> float:
+    """Estimated CPU-seconds of one `memorization.ensemble_for` of `models` models on halves of `n` examples: with the
+    recipe, `ENSEMBLE_SETUP_SECONDS` plus `models · steps · batch_size · P / ENSEMBLE_RATE` (convolutions' extra
+    multiply-adds at `CONV_TRAIN_RATE`); with DP-SGD (`private`), `DP_ENSEMBLE_SETUP_SECONDS` plus per model
+    `DP_ENSEMBLE_MODEL_SECONDS` and `dp_steps` steps of an expected `min(dp_batch, n/2)` examples at `dp_sgd_seconds`'
+    rates."""
+    if private:
+        work = dp_sgd_seconds(num_params, dp_steps, min(dp_batch, n / 2), macs) - MODEL_SETUP_SECONDS
+        return DP_ENSEMBLE_SETUP_SECONDS + models * (DP_ENSEMBLE_MODEL_SECONDS + work)
+    per = num_params / ENSEMBLE_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return ENSEMBLE_SETUP_SECONDS + models * steps * batch_size * per
+
+
+def record_seconds(num_params: int, n: int, *, models: int, steps: int, batch_size: int, private: bool = True,
+                   dp_steps: int = 200, dp_batch: float = 256, macs: int = 0) -> float:
+    """Estimated CPU-seconds of the record's press: the recipe's ensemble, with `private` its DP-SGD twin
+    (`record_ensemble_seconds`), and the table of all `n` examples (`RECORD_TABLE_SECONDS` plus a norm pass over them,
+    as `summary_seconds`). The digits MLP's default (M = 32, both ensembles): ~22 CPU-s, within the 30 of
+    `WORK_BUDGET_SECONDS`; M = 64 would not fit (docs/record.md)."""
+    ens = record_ensemble_seconds(num_params, n, models=models, steps=steps, batch_size=batch_size, macs=macs)
+    if private:
+        ens += record_ensemble_seconds(num_params, n, models=models, steps=steps, batch_size=batch_size, private=True,
+                                       dp_steps=dp_steps, dp_batch=dp_batch, macs=macs)
+    per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return ens + RECORD_TABLE_SECONDS + SUMMARY_FACTOR * n * per_example

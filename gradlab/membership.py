@@ -17,6 +17,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import stats
 
 from gradlab import ensemble
 from gradlab.metrics import Roc, roc
@@ -53,18 +54,104 @@ def lira_offline_scores(target_conf, shadow_conf, shadow_in) -> np.ndarray:
 
     **Raises** `ValueError` if shapes disagree or some example is in every shadow (no OUT model for it).
     """
+    return lira_offline(target_conf, shadow_conf, shadow_in, global_variance=True)
+
+
+#: Below this many shadow models LiRA fits one variance over all examples (its "fixed variance"): Carlini et al. 2022
+#: (§IV) estimate a global variance rather than one per example when they have fewer than 64 shadow models.
+LIRA_PER_EXAMPLE_MIN_SHADOWS = 64
+
+
+def _check_shadows(target_conf, shadow_conf, shadow_in):
     target_conf = np.asarray(target_conf, np.float64)
     shadow_conf, shadow_in = np.asarray(shadow_conf, np.float64), np.asarray(shadow_in, bool)
-    if shadow_conf.shape != shadow_in.shape or shadow_conf.shape[1:] != target_conf.shape:
+    if shadow_conf.ndim != 2 or shadow_conf.shape != shadow_in.shape or shadow_conf.shape[1:] != target_conf.shape:
         raise ValueError(f"shapes disagree: target {target_conf.shape}, shadows {shadow_conf.shape} and {shadow_in.shape}")
-    out = ~shadow_in
-    n_out = out.sum(0)
-    if np.any(n_out == 0):
-        raise ValueError(f"{int(np.sum(n_out == 0))} examples are in every shadow model: train more shadows")
-    mu = np.where(out, shadow_conf, 0).sum(0) / n_out
-    resid = np.where(out, shadow_conf - mu, 0.0)
-    sd = np.sqrt(np.sum(resid**2) / max(np.sum(n_out) - 1, 1))
-    return (target_conf - mu) / max(sd, 1e-12)
+    return target_conf, shadow_conf, shadow_in
+
+
+def gaussian_fits(shadow_conf, which, *, global_variance: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each example's Gaussian fit of φ over the shadows where `which (S, N)` is True: means `(N,)` and standard
+    deviations `(N,)`. With `global_variance` one standard deviation pooled over all examples' residuals (divisor
+    Σᵢ nᵢ − 1), else each example's own (divisor nᵢ − 1; NaN where nᵢ < 2). Means are NaN where nᵢ = 0."""
+    shadow_conf, which = np.asarray(shadow_conf, np.float64), np.asarray(which, bool)
+    n = which.sum(0)
+    mu = np.where(which, shadow_conf, 0).sum(0) / np.where(n > 0, n, 1)
+    mu = np.where(n > 0, mu, np.nan)
+    sq = np.where(which, (shadow_conf - np.where(n > 0, mu, 0)) ** 2, 0.0)
+    if global_variance:
+        sd = np.full(mu.shape, np.sqrt(sq.sum() / max(int(n.sum()) - 1, 1)))
+    else:
+        sd = np.where(n > 1, np.sqrt(sq.sum(0) / np.maximum(n - 1, 1)), np.nan)
+    return mu, np.maximum(sd, 1e-12)
+
+
+def lira_online(target_conf, shadow_conf, shadow_in, *, global_variance: bool | None = None) -> np.ndarray:
+    """Online LiRA (Carlini et al. 2022, "Membership Inference Attacks From First Principles", §IV, Algorithm 1): per
+    example, Gaussian fits of φ = log(p_y / (1 − p_y)) over the shadow models that trained on it (IN) and over those that
+    did not (OUT); the score is the log likelihood ratio of the target's φ under the two,
+    log Λᵢ = log N(φᵢ; μ_in,i, σ_in²) − log N(φᵢ; μ_out,i, σ_out²) (`scipy.stats.norm.logpdf`). Higher ⇒ member.
+
+    **Arguments**
+    - `target_conf (N,)`: φ of each example under the target model (`logit_confidence`).
+    - `shadow_conf (S, N)`: φ under each of S shadow models; `shadow_in (S, N)` bool: shadow s trained on example i.
+    - `global_variance`: one σ_in and one σ_out pooled over all examples (the paper's choice for few shadows) or a
+      variance per example; None: global below `LIRA_PER_EXAMPLE_MIN_SHADOWS` shadows.
+
+    **Returns** `(N,)` float64, in nats.
+
+    **Raises** `ValueError` if shapes disagree, or some example has no IN or no OUT shadow (or fewer than 2 of either
+    with per-example variances): train more shadows.
+    """
+    target_conf, shadow_conf, shadow_in = _check_shadows(target_conf, shadow_conf, shadow_in)
+    pooled = len(shadow_in) < LIRA_PER_EXAMPLE_MIN_SHADOWS if global_variance is None else bool(global_variance)
+    need = 1 if pooled else 2
+    for name, which in (("IN", shadow_in), ("OUT", ~shadow_in)):
+        few = which.sum(0) < need
+        if np.any(few):
+            raise ValueError(f"{int(few.sum())} examples have fewer than {need} {name} shadow models: train more shadows")
+    mu_in, sd_in = gaussian_fits(shadow_conf, shadow_in, global_variance=pooled)
+    mu_out, sd_out = gaussian_fits(shadow_conf, ~shadow_in, global_variance=pooled)
+    return stats.norm.logpdf(target_conf, mu_in, sd_in) - stats.norm.logpdf(target_conf, mu_out, sd_out)
+
+
+def lira_offline(target_conf, shadow_conf, shadow_in, *, global_variance: bool | None = None) -> np.ndarray:
+    """Offline LiRA (Carlini et al. 2022, §IV, Algorithm 1 without IN models): how far the target's φ sits above
+    the Gaussian fit of φ over the shadows that did NOT train on the example, z = (φᵢ − μ_out,i) / σ_out, a one-sided
+    test (its p-value is `scipy.stats.norm.sf(z)`). Higher ⇒ member.
+
+    **Arguments** as `lira_online` (`global_variance` None: global below `LIRA_PER_EXAMPLE_MIN_SHADOWS` shadows).
+
+    **Returns** `(N,)` float64, in standard deviations.
+
+    **Raises** `ValueError` if shapes disagree or some example has no OUT shadow (fewer than 2 with per-example
+    variances).
+    """
+    target_conf, shadow_conf, shadow_in = _check_shadows(target_conf, shadow_conf, shadow_in)
+    pooled = len(shadow_in) < LIRA_PER_EXAMPLE_MIN_SHADOWS if global_variance is None else bool(global_variance)
+    few = (~shadow_in).sum(0) < (1 if pooled else 2)
+    if np.any(few):
+        raise ValueError(f"{int(few.sum())} examples are in every shadow model: train more shadows")
+    mu, sd = gaussian_fits(shadow_conf, ~shadow_in, global_variance=pooled)
+    return (target_conf - mu) / sd
+
+
+def leave_one_model_out(score_fn: Callable, conf, losses, masks) -> tuple[np.ndarray, np.ndarray]:
+    """An attack evaluated on an ensemble as Carlini et al. 2022 evaluate theirs: each model in turn is the
+    target, the other M − 1 its shadows; the scores of all targets on all examples are pooled.
+
+    **Arguments** `score_fn(target_conf (N,), target_losses (N,), shadow_conf (M−1, N), shadow_in (M−1, N)) -> (N,)`
+    (e.g. `lambda c, l, sc, si: lira_online(c, sc, si)`); `conf (M, N)` φ and `losses (M, N)` of every model on every
+    example; `masks (M, N)` bool: model m trained on example i.
+
+    **Returns** `(scores (M·N,), is_member (M·N,) bool)`: feed them to `gradlab.metrics.roc`.
+    """
+    conf, losses, masks = np.asarray(conf), np.asarray(losses), np.asarray(masks, bool)
+    scores = []
+    for t in range(len(masks)):
+        rest = np.arange(len(masks)) != t
+        scores.append(np.asarray(score_fn(conf[t], losses[t], conf[rest], masks[rest]), np.float64))
+    return np.concatenate(scores), masks.reshape(-1)
 
 
 def dp_roc_bound(fpr, epsilon: float, delta: float) -> np.ndarray:

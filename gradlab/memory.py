@@ -113,6 +113,22 @@ def dp_sgd_bytes(n: int, sample_rate: float, num_params: int, *, n_features: int
     return 4 * (DP_SGD_VECTORS + int(checkpoints)) * p + chunk + 4 * (int(n) + m) * int(n_features)
 
 
+#: Parameter-sized float32 vectors each model of a vmapped ensemble holds while it trains: its parameters, gradient,
+#: Adam's two moments and the update (`ensemble.train_stacked`).
+ENSEMBLE_VECTORS = 5
+
+
+def ensemble_bytes(num_params: int, models: int, n: int, n_classes: int, *, batch_size: int = 128,
+                   width: int = 0) -> int:
+    """Bytes of the record's ensemble (`memorization.ensemble_for`, the recipe's: M models trained at once): M ×
+    `ENSEMBLE_VECTORS` P-vectors, each model's minibatch activations (`batch_size` × `width` floats, × `XLA_COPIES`),
+    the M × N × K logits of its evaluation and the `(M, N)` outputs kept (losses, φ: 4 bytes; correct, mask: 1). A
+    DP-SGD ensemble trains one model at a time (`dp_sgd_bytes`)."""
+    m, p = int(models), int(num_params)
+    return (4 * ENSEMBLE_VECTORS * m * p + 4 * XLA_COPIES * m * int(batch_size) * int(width)
+            + 4 * m * int(n) * int(n_classes) + 10 * m * int(n))
+
+
 def dp_checkpoint_every(n: int, sample_rate: float, num_params: int, steps: int, *, n_features: int = 0,
                         most: int = 10) -> int:
     """Steps between the checkpoints of a DP-SGD run (the points of its accuracy curve): about `most` intervals,
