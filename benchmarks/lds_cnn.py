@@ -2,14 +2,15 @@
 without θ̂, and dattri's TRAK and EK-FAC, on the same model, data and checkpoints (issue 40, item 3).
 
     pip install -r requirements-bench.txt              # CPU torch and dattri (benchmark-only)
-    python -m benchmarks.lds_cnn                        # 6,000 train / 100 test, 50 retrains (the table in docs/influence.md)
+    python -m benchmarks.lds_cnn                        # 2,000 train / 100 test, 50 retrains (the table in docs/influence.md)
     python -m benchmarks.lds_cnn --json gradlab/data/lds_simple_cnn.json   # and write the Influence page's JSON
     python -m benchmarks.lds_cnn --retrains 10 --test 20 --no-dattri       # a quick look at gradlab's side
 
 The protocol (Deng et al., NeurIPS 2024, dattri's benchmark; Park et al. 2023, eq. 4), as `benchmarks.lds_dattri`:
 
-- data: the shipped Fashion-MNIST subset as the app loads it (`Experiment(dataset="fashion")`: 6,000 training
-  images, standardized by one mean and std), the first `--test` of its 1,000 test images;
+- data: the shipped Fashion-MNIST subset as the app loads it (`Experiment(dataset="fashion")`: standardized by one
+  mean and std), its first `--train` training images (default 2,000 of 6,000, the recipe's steps scaled to match:
+  `experiment`) and the first `--test` of its 1,000 test images;
 - ground truth: `--retrains` SimpleCNNs, each trained on a random half of the training images
   (`gradlab.influence.random_subsets`, seed 0) with the app's own recipe (`gradlab.train.train` with
   `Experiment.for_model("simple_cnn")`'s recipe: 300 steps of 32, `adam_warmup` 0.005, epoch order, label smoothing
@@ -17,7 +18,7 @@ The protocol (Deng et al., NeurIPS 2024, dattri's benchmark; Park et al. 2023, e
   point is −ℓ (the plain cross-entropy);
 - LDS: per test point the Spearman correlation over the subsets between Σ_{i∈S} τ_i and that output
   (`gradlab.influence.lds`), averaged over test points, ± its standard error over test points;
-- the model attributed: the app's SimpleCNN (`fit` at seed 0 on all 6,000 images), its checkpoints every 50 steps.
+- the model attributed: the app's SimpleCNN (`fit` at seed 0 on those images), with its checkpoints.
 
 gradlab's side loops over `gradlab.influence.methods.METHODS`: every method that applies (`Method.applies`) and
 prepares without θ̂ (this script's `Context` refuses `optimum()`: the L-BFGS optimum of a 1.2 M-parameter CNN is not
@@ -28,11 +29,13 @@ dattri's side: the same weights copied into a torch `SimpleCNN` with torch's lay
 (`benchmarks.torch_cnn`'s network: conv1, conv2, fc1, fc2, OIHW and (out, in)), the same tensors, and
 
 - `TRAKAttributor` (Park et al.'s Algorithm 1: margin gradients, a random projection to `--proj-dim`, ΦᵀΦ), on the
-  seed-0 model alone (TRAK-1, the identical weights) and on an ensemble: the seed-0 model and `--trak-models − 1`
-  more trained on all 6,000 images with the same recipe at seeds 1, 2, … (the app's TRAK ensemble; dattri's benchmark
-  uses models on other random halves, which would cost as many trainings and attribute other models);
-- `IFAttributorEKFAC` on the seed-0 model: dattri 0.3's EK-FAC hooks `nn.Linear` modules only, so it runs on fc1 and
-  fc2 (1.18 M of the 1.2 M parameters), damping from `--damping` (the best LDS, as dattri's benchmark picks it).
+  seed-0 model alone (TRAK-1, the identical weights), or with `--trak-models 1 3` also on an ensemble: the seed-0
+  model and more trained on the same images with the same recipe at seeds 1, 2, … (the app's TRAK ensemble;
+  dattri's benchmark uses models on other random halves);
+- `IFAttributorEKFAC` on the seed-0 model: dattri 0.3's EK-FAC hooks `nn.Linear` modules only; by default on fc2
+  (`--ekfac-modules fc1 fc2` adds fc1, whose 9,217 × 9,217 input factor did not fit a session on the shared machine),
+  damping the best LDS over `--damping` (as dattri's benchmark picks it), as shipped and with its eigenbasis and bias
+  layout corrected (`ekfac_columns`).
 
 Trained models and the retrains' outputs are cached under `--cache` (default /tmp/gradlab-lds-cnn): a rerun with
 the same settings trains nothing. The machine is shared: CPU-seconds are the cost to compare, wall times are not.
@@ -539,16 +542,16 @@ def main(argv=None) -> None:
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                     help="gradlab's registry, dattri's TRAK, dattri's EK-FAC")
     ap.add_argument("--methods", nargs="+", default=None, help="gradlab methods (registry names): default all")
-    ap.add_argument("--trak-models", type=int, nargs="+", default=[1, 3],
+    ap.add_argument("--trak-models", type=int, nargs="+", default=[1],
                     help="dattri TRAK ensemble sizes: the seed-0 model, then full-data models at seeds 1, 2, …")
     ap.add_argument("--proj-dim", type=int, default=512, help="dattri TRAK's projection dimension (dattri: 512)")
-    ap.add_argument("--damping", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3],
+    ap.add_argument("--damping", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3, 1e-4],
                     help="dattri EK-FAC's damping grid (the best LDS is kept)")
-    ap.add_argument("--ekfac-batches", type=int, default=2, help="training batches dattri's EK-FAC estimates its "
+    ap.add_argument("--ekfac-batches", type=int, default=0, help="training batches dattri's EK-FAC estimates its "
                     "factors and eigenvalues from (`cache(max_iter=…)`; 0: all)")
-    ap.add_argument("--ekfac-modules", nargs="+", default=["fc1", "fc2"], help="the nn.Linear modules dattri's "
+    ap.add_argument("--ekfac-modules", nargs="+", default=["fc2"], help="the nn.Linear modules dattri's "
                     "EK-FAC runs on (fc1's 9,217 × 9,217 input factor needs an eigendecomposition of that size)")
-    ap.add_argument("--batch", type=int, default=250, help="dattri's data-loader batch (memory: batch × P floats)")
+    ap.add_argument("--batch", type=int, default=200, help="dattri's data-loader batch (memory: batch × P floats)")
     ap.add_argument("--build-only", action="store_true", help="train and cache the models, score nothing (several "
                     "such processes share the retrains)")
     ap.add_argument("--reverse", action="store_true", help="with --build-only: retrains only, from the last down")
