@@ -33,6 +33,7 @@ PAGES = [
     ("influence", "Influence", "influence"),
     ("privacy_audit", "Privacy audit", "privacy audit"),
     ("geometry", "Geometry", "geometry"),
+    ("record", "Example record", "example record"),
     ("lecture", "Lecture", "lecture"),
     ("practice", "Practice", "practice"),
 ]

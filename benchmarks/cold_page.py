@@ -2,10 +2,15 @@
 
     python -m benchmarks.cold_page                                             # Gradient norms, SimpleCNN on Fashion-MNIST
     python -m benchmarks.cold_page --page influence --query "dataset=fashion&model=simple_cnn" --repeat 2
+    python -m benchmarks.cold_page --page equivalence --store /tmp/cnn-store --press "Train the model"   # fill a store
+    python -m benchmarks.cold_page --page equivalence --store /tmp/cnn-store     # a link after someone trained it
 
 Per visit: the server's time for the page's script runs (`GRADLAB_LOG_RUNS`), the browser's wait until the page is
 idle, and the server's CPU-seconds during the visit (`/proc/<pid>/stat` utime + stime: all of XLA's threads, the
-number a shared server's work budget counts), with the load average. Debian's Chromium drives the page.
+number a shared server's work budget counts), the server's peak resident memory (process tree, sampled every 0.1 s
+from its start: the 690 MB of the smallest hosted instance), with the load average. Debian's Chromium drives the page.
+`--store DIR` keeps the results store in DIR (the XLA cache stays cold): a first visit with `--press LABEL` presses that
+button (e.g. "Train the model") and fills it, so a later visit measures a link whose model someone trained before.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.browser import launch, page_errors, run_times, streamlit_server, wait_until_idle
+from benchmarks.browser import Sampler, launch, page_errors, run_times, streamlit_server, wait_until_idle
 
 
 def cpu_seconds(pid: int) -> float:
@@ -25,28 +30,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def visit(page_path: str, query: str) -> dict:
+def visit(page_path: str, query: str, store: str | None = None, press: str | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="gradlab-cold-") as tmp, sync_playwright() as p:
         log = Path(tmp) / "server.log"
-        env = {"GRADLAB_LOG_RUNS": "1", "GRADLAB_STORE_DIR": f"{tmp}/store", "JAX_COMPILATION_CACHE_DIR": f"{tmp}/xla"}
+        env = {"GRADLAB_LOG_RUNS": "1", "GRADLAB_STORE_DIR": store or f"{tmp}/store", "JAX_COMPILATION_CACHE_DIR": f"{tmp}/xla"}
         browser = launch(p)
         with streamlit_server(log_path=log, env=env) as (base, proc):
+            sampler = Sampler(proc.pid)
+            sampler.start()
             time.sleep(2)
-            before, load = cpu_seconds(proc.pid), os.getloadavg()[0]
+            before, load, idle = cpu_seconds(proc.pid), os.getloadavg()[0], sampler.peak
             page = browser.new_context(viewport={"width": 1280, "height": 1600}).new_page()
             start = time.perf_counter()
             page.goto(f"{base}/{page_path}?{query}")
             wait_until_idle(page, timeout=600, settle=1.0)
             wall = time.perf_counter() - start - 1.0
             cpu = cpu_seconds(proc.pid) - before
+            peak = sampler.peak
+            if press:
+                page.get_by_role("button", name=press).first.click()
+                time.sleep(1)
+                wait_until_idle(page, timeout=600, settle=1.0)
             errors = page_errors(page)
             text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
             page.context.close()
+            sampler.stop.set()
         browser.close()
-        return dict(server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
-                    load=(load, os.getloadavg()[0]), text=text)
+        computes = [line for line in log.read_text().splitlines() if line.startswith("gradlab-compute ")]
+        return dict(computes=computes, server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
+                    load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak)
 
 
 def main(argv=None) -> None:
@@ -55,14 +69,22 @@ def main(argv=None) -> None:
     ap.add_argument("--query", default="dataset=fashion&model=simple_cnn")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--show", help="print the page's lines containing this text")
+    ap.add_argument("--computes", action="store_true", help="print each computation's time and memory (server log)")
+    ap.add_argument("--store", help="keep the results store in this folder (default: a fresh one per visit)")
+    ap.add_argument("--press", help="after the link's first screen, press the button with this label (fills --store)")
     a = ap.parse_args(argv)
     print(f"{a.page}?{a.query}: cold server (empty store and XLA cache); {os.cpu_count()} CPUs")
     for i in range(a.repeat):
-        r = visit(a.page, a.query)
+        r = visit(a.page, a.query, a.store, a.press)
         print(f"  visit {i + 1}: server {r['server']:.1f} s, browser {r['browser']:.1f} s, server CPU {r['cpu']:.1f} CPU-s; "
-              f"load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; {len(r['errors'])} error boxes", flush=True)
+              f"server memory {r['idle']:.0f} MB at start, peak {r['peak']:.0f} MB before any button"
+              + (f", {r['after_press']:.0f} MB after pressing {a.press!r}" if a.press else "")
+              + f"; load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; {len(r['errors'])} error boxes", flush=True)
         for e in r["errors"]:
             print("    ERROR", e[:300])
+        if a.computes:
+            for line in r["computes"]:
+                print("    ", line[len("gradlab-compute "):])
         if a.show:
             for line in r["text"].splitlines():
                 if a.show.lower() in line.lower():

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.datasets import load_digits
 
-from gradlab import engine, losses
+from gradlab import costs, engine, losses, memory
 from gradlab import sharding
 
 APPROACHES = {
@@ -120,11 +120,14 @@ def time_approach(approach: str, loss_fn: Callable, params: Any, xs: Any, ys: An
 def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int],
           approaches: Iterable[str] = ("loop", "vmap", "batch", "norms"), *, repeats: int = 3,
           chunk_size: int | None = None, loop_max: int | None = None,
-          progress: Callable[[float, str], None] | None = None) -> list[Timing]:
+          progress: Callable[[float, str], None] | None = None,
+          between: Callable[[], None] | None = None) -> list[Timing]:
     """Time every approach at every batch size N (the first N examples of xs, ys).
 
     **Arguments** as `time_approach`, plus `sizes` (each 1 ≤ N ≤ len(xs)), `loop_max` (skip the
-    slow loop above this N; None = never skip), `progress(fraction, text)` called after each cell.
+    slow loop above this N; None = never skip), `progress(fraction, text)` called after each cell, `between()`
+    called between two cells (the Performance page returns memory there: `memory.release_memory`; every cell's shape
+    compiles anew, so a large model's programs need not pile up).
 
     **Returns** a list of `Timing`, in order of sizes then approaches.
 
@@ -145,6 +148,8 @@ def sweep(loss_fn: Callable, params: Any, xs: Any, ys: Any, sizes: Sequence[int]
         sub = jax.tree.map(lambda v: v[:n], (xs, ys))
         if progress:
             progress(i / len(cells), f"{APPROACHES[a]} at N = {n}")
+        if between is not None and i:
+            between()
         out.append(time_approach(a, loss_fn, params, *sub, repeats=1 if a == "loop" else repeats,
                                  chunk_size=chunk_size))
     if progress:
@@ -202,21 +207,84 @@ def load_per_core() -> float:
 
 
 def memory_bytes(approach: str, n: int, num_params: int, chunk_size: int | None = None,
-                 bytes_per_float: int = 4) -> int:
+                 bytes_per_float: int = 4, example_bytes: int = 0) -> int:
     """What `approach` must hold by construction, in bytes.
 
     Materialized per-example gradients (loop, vmap, rules): N × P × 4. Chunked vmap norms:
     min(chunk, N) × P × 4 (one chunk of per-example gradients; XLA may fuse even that away); with
     chunk None the engine sizes chunks by `engine.CHUNK_BYTES`, so at most that much.
     Batch gradient and rule-based norms: P × 4 (one gradient / no per-example gradient at all).
+    With `example_bytes` (`memory.example_bytes`: what one example's forward keeps for the backward pass), the
+    passes over the whole batch at once (`vmap(grad)`, the batch gradient) add N × that: a convolution's
+    activations (seed 003's SimpleCNN: 1.47 MB per example, 375 MB for the batch gradient at N = 256).
     """
+    whole = n * int(example_bytes) if approach in ("vmap", "batch") else 0
     if approach in MATERIALIZED:
-        return n * num_params * bytes_per_float
+        return n * num_params * bytes_per_float + whole
     if approach == "norms_vmap":
         if chunk_size is None:
             return min(n * num_params * bytes_per_float, max(engine.CHUNK_BYTES, num_params * bytes_per_float))
         return min(chunk_size, n) * num_params * bytes_per_float
-    return num_params * bytes_per_float
+    return num_params * bytes_per_float + whole
+
+
+def cell_bytes(approach: str, n: int, num_params: int, example_bytes: int = 0) -> int:
+    """What the Performance page checks against `memory.BUDGET_BYTES` for one cell: what `approach` holds by
+    construction (`memory_bytes`) times `memory.XLA_COPIES` (XLA's working copies of per-example gradients), plus the
+    whole batch's intermediates for `vmap(grad)` and the batch gradient (N × `example_bytes`, kept once)."""
+    whole = n * int(example_bytes) if approach in ("vmap", "batch") else 0
+    return memory.XLA_COPIES * memory_bytes(approach, n, num_params) + whole
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """The Performance page's sweep, planned before it runs (`plan_sweep`).
+
+    `cells`: `(approach, (N, ...))` to time; `reduced`: the N added for approaches that fit none of the chosen sizes
+    (None: none added); `over_memory`: `(approach, N)` left out for memory; `over_time`: the sizes N left out (every
+    approach) so that the sweep fits `seconds`; `seconds`: the estimate of what runs (`costs.timing_seconds`)."""
+
+    cells: tuple
+    reduced: int | None
+    over_memory: tuple
+    over_time: tuple
+    seconds: float
+
+
+def plan_sweep(approaches: Sequence[str], sizes: Sequence[int], num_params: int, *, n_available: int,
+               repeats: int, loop_max: int, example_bytes: int = 0, macs: int = 0,
+               budget_bytes: int = memory.BUDGET_BYTES, seconds: float = float("inf")) -> SweepPlan:
+    """Which cells of the sweep run: every chosen `(approach, N)` whose memory (`cell_bytes`) fits `budget_bytes`;
+    for an approach that fits none of the chosen sizes, the largest N ≤ `n_available` that fits it (`reduced`),
+    timed for every approach, so its ratios have a common N (seed 003's SimpleCNN: `vmap(grad)` and the loop at
+    N = 6); then, while the estimate (`costs.timing_seconds`, compiling included) passes `seconds`, the largest
+    chosen N goes, for every approach (never the reduced N). **Returns** a `SweepPlan`."""
+    p = int(num_params)
+    fits = lambda a, n: cell_bytes(a, n, p, example_bytes) <= budget_bytes  # noqa: E731
+    sizes = sorted({min(int(n), int(n_available)) for n in sizes})
+    over_memory = tuple((a, n) for a in approaches for n in sizes if not fits(a, n))
+    lost = [a for a in approaches if not any(fits(a, n) for n in sizes)]
+    reduced = None
+    if lost:
+        top = min(int(n_available), max(sizes) if sizes else 1)
+        reduced = next((n for n in range(top, 0, -1) if all(fits(a, n) for a in lost)), None)
+    with_reduced = sorted(set(sizes) | ({reduced} if reduced else set()))
+
+    def cells(drop=()):
+        return tuple((a, tuple(n for n in with_reduced if fits(a, n) and n not in drop)) for a in approaches)
+
+    def estimate(c):
+        return costs.timing_seconds(p, [(a, [n for n in ns if a != "loop" or n <= loop_max]) for a, ns in c],
+                                    repeats=repeats, macs=macs)
+
+    dropped = []
+    while estimate(cells(dropped)) > seconds:
+        left = [n for n in sizes if n not in dropped and n != reduced]
+        if not left:
+            break
+        dropped.append(max(left))
+    c = cells(dropped)
+    return SweepPlan(c, reduced, over_memory, tuple(sorted(dropped)), estimate(c))
 
 
 # ---------------------------------------------------------------- the standard workload

@@ -32,7 +32,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from gradlab import data, engine, export, influence, losses, models, serve, sharding, train
+from gradlab import data, engine, export, influence, losses, models, own, serve, sharding, train
 from gradlab.experiment import Experiment, fit, init_model, load_data
 from gradlab.sources import SOURCES, source_of
 
@@ -329,6 +329,22 @@ def _finish(args, log, columns, summary: str) -> None:
 # ---------------------------------------------------------------------------------- parser
 
 
+#: How a served model's data without a test split of its own is split (`own.as_dataset`): said in `serve --help`.
+SERVE_SPLIT = (f"Data given as (x, y), a dict with x and y, or a CSV/NPZ without x_test and y_test is split once: "
+               f"sklearn's train_test_split(x, y, test_size={own.TEST_FRACTION}, random_state=0), i.e. "
+               f"{1 - own.TEST_FRACTION:.0%} training examples (what the pages compute on) and "
+               f"{own.TEST_FRACTION:.0%} test points (whose predictions Influence explains), the same on every run. "
+               "Give x_train, y_train, x_test and y_test to choose the split yourself.")
+
+
+def _true_false(text: str) -> bool:
+    """`true`/`false` (any case, or 1/0, yes/no) as Streamlit's boolean flags take them. **Raises** argparse's error."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(str(text).lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m gradlab", description=__doc__.split("\n")[0])
     ap.add_argument("--distributed", action="store_true",
@@ -339,12 +355,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--process-id", type=int, help="this process's rank, 0 … num-processes − 1 (with --distributed)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="the devices JAX sees (kind, count, processes)")
-    p = sub.add_parser("serve", help="open the explorer on your own model (a .py file defining loss_fn, params, data)")
+    p = sub.add_parser("serve", help="open the explorer on your own model (a .py file defining loss_fn, params, data)",
+                       description="Open the explorer on your own model (docs/own-model.md).", epilog=SERVE_SPLIT)
     p.add_argument("module", help="your model's Python file (docs/own-model.md)")
-    p.add_argument("--port", type=int, help="the server's port (default: the first free one from 8501)")
-    p.add_argument("--address", default="127.0.0.1",
+    # Streamlit's own spelling too (`--server.port 8502`): a researcher who knows `streamlit run` types it
+    p.add_argument("--port", "--server.port", dest="port", type=int,
+                   help="the server's port (default: the first free one from 8501)")
+    p.add_argument("--address", "--server.address", dest="address", default="127.0.0.1",
                    help="the interface to listen on (default: this machine only; 0.0.0.0 lets others in)")
     p.add_argument("--headless", action="store_true", help="do not open a browser")
+    p.add_argument("--server.headless", dest="headless", type=_true_false, nargs="?", const=True,
+                   help="Streamlit's spelling of --headless (true or false)")
 
     def common(p, out):
         p.add_argument("--data", default="digits",

@@ -133,16 +133,101 @@ def influence_page_seconds(num_params: int, n: int, *, steps: int, batch_size: i
             + trak_models * (lbfgs + training_seconds(num_params, steps, batch_size)))
 
 
-def timing_seconds(num_params: int, cells, *, repeats: int) -> float:
-    """Estimated CPU-seconds of the Performance page's sweep: for each `(approach, n)` cell, 0.5 s of compiling
-    plus `repeats + 1` runs (the Python loop: 2 ms of dispatch per example; per-example approaches at
-    `DP_SGD_RATE`; one batch gradient at `TRAIN_RATE`)."""
+def optimum_seconds(num_params: int, n: int) -> float:
+    """Estimated CPU-seconds of θ̂: L-BFGS on mean ℓ + λ/2‖θ‖² over `n` examples, `OPTIMUM_ITERS` iterations. Only the methods that need θ̂ (`Method.needs_optimum`) pay it."""
+    return OPTIMUM_ITERS * n * num_params / LBFGS_RATE
+
+
+def inverse_hvp_seconds(num_params: int, n: int) -> float:
+    """Estimated CPU-seconds of one batch of inverse-HVP solves (H + δI)⁻¹v at θ̂: about 200 Hessian-vector
+    products over `n` examples."""
+    return 200 * n * num_params / LBFGS_RATE
+
+
+#: A streamed pass over the examples (dot products, norms, projected gradients) against a training step's work per
+#: example, and its set-up (tracing, compiling): measured on seed 003's SimpleCNN over the Fashion subset
+#: (`python -m benchmarks.influence_scale`).
+PASS_FACTOR = 0.8
+PASS_SETUP_SECONDS = 2.0
+
+
+def pass_seconds(num_params: int, n: int, macs: int = 0, *, setup: bool = True) -> float:
+    """Estimated CPU-seconds of one streamed per-example pass over `n` examples (`engine.per_example_dots`,
+    `per_example_norms`, `per_example_projections`): `PASS_SETUP_SECONDS` (with `setup`: compiling, once per process
+    and shape) plus per example `PASS_FACTOR` times a training step's work (`training_seconds`' rates; convolutions
+    by their multiply-adds `macs`)."""
+    per_example = num_params / TRAIN_RATE + max(int(macs) - int(num_params), 0) / CONV_TRAIN_RATE
+    return PASS_SETUP_SECONDS * setup + PASS_FACTOR * n * per_example
+
+
+#: Compiling one cell of the Performance page's sweep (one approach at one N: a new shape compiles again), CPU-seconds:
+#: `CELL_COMPILE_SECONDS` plus the forward's multiply-adds over `CELL_COMPILE_MACS`, times `CELL_COMPILE_FACTOR` for
+#: the approach (the loop compiles its one-example gradient once per sweep). Measured from cold processes with
+#: `python -m benchmarks.simple_cnn_pages all` (benchmarks/RESULTS.md, "Performance on SimpleCNN"): seed 003's SimpleCNN
+#: (12.0 M multiply-adds) compiles a batch gradient in 1.6–2.1 CPU-s, `vmap(grad)` in 2.3–2.5, the loop's gradient in
+#: 1.6–1.8 and the streamed norms in 2.4 (N ≤ 6) to 7.6 (N = 256, the engine's one-off timing of rules against vmap
+#: included; a page's whole sweep at N = 6, 16, 64, 256 measured 28.8 CPU-s with its page against 23 estimated at 2.5 ×,
+#: hence 3.5 ×); the digits MLP (4,810) in 0.4, 0.5 and 1.2. The old estimate, 0.5 s per cell, was 4–15× short there.
+CELL_COMPILE_SECONDS = 0.3
+CELL_COMPILE_MACS = 8e6
+CELL_COMPILE_FACTOR = {"loop": 1.0, "vmap": 1.4, "rules": 3.5, "batch": 1.0, "norms_vmap": 1.4, "norms": 3.5}
+#: The Python loop's convolution work per example (`jax.grad` of one example at a time: no batching), multiply-adds
+#: beyond P per CPU-second (SimpleCNN: 14 CPU-ms per example and call, its 2 ms of dispatch included).
+LOOP_CONV_RATE = 1e9
+
+
+def cell_compile_seconds(approach: str, macs: int = 0) -> float:
+    """Estimated CPU-seconds to compile one Performance cell of `approach` for a model whose forward pass takes `macs`
+    multiply-adds (`CELL_COMPILE_SECONDS`, `CELL_COMPILE_MACS`, `CELL_COMPILE_FACTOR`)."""
+    return CELL_COMPILE_FACTOR.get(approach, 3.5) * (CELL_COMPILE_SECONDS + int(macs) / CELL_COMPILE_MACS)
+
+
+def timing_seconds(num_params: int, cells, *, repeats: int, macs: int = 0) -> float:
+    """Estimated CPU-seconds of the Performance page's sweep: for each `(approach, n)` cell, its compiling
+    (`cell_compile_seconds`; the Python loop's once per sweep) plus `repeats + 1` runs (the Python loop: 2 ms of
+    dispatch per example, and its convolution work at `LOOP_CONV_RATE`, one run; per-example approaches at
+    `DP_SGD_RATE` and `DP_SGD_CONV_RATE`; one batch gradient at `TRAIN_RATE` and `CONV_TRAIN_RATE`). `macs`: the
+    forward's multiply-adds (0: count P)."""
+    conv = max(int(macs) - int(num_params), 0)
+
     def run(approach, n):
         if approach == "loop":
-            return n * (2e-3 + num_params / TRAIN_RATE)
-        return n * num_params / (TRAIN_RATE if approach == "batch" else DP_SGD_RATE)
+            return n * (2e-3 + num_params / TRAIN_RATE + conv / LOOP_CONV_RATE)
+        if approach == "batch":
+            return n * (num_params / TRAIN_RATE + conv / CONV_TRAIN_RATE)
+        return n * (num_params / DP_SGD_RATE + conv / DP_SGD_CONV_RATE)
 
-    return sum(0.5 + (repeats + 1) * run(a, n) for a, ns in cells for n in ns)
+    total = 0.0
+    for a, ns in cells:
+        ns = list(ns)
+        if not ns:
+            continue
+        compiles = 1 if a == "loop" else len(ns)
+        total += compiles * cell_compile_seconds(a, macs or num_params)
+        total += sum((2 if a == "loop" else repeats + 1) * run(a, n) for n in ns)
+    return total
+
+
+#: The Equivalence page's comparison (`equivalence.compare_all`: way (a) and way (b), both reductions, in float32 and
+#: float64): `EQ_SETUP_SECONDS` plus the forward's multiply-adds over `EQ_COMPILE_MACS` of compiling (eight programs),
+#: and per example `EQ_EXAMPLE_SECONDS` plus P / `EQ_RATE` plus the convolution work beyond P at `EQ_CONV_RATE` (float64
+#: convolutions on XLA:CPU, chunks of `equivalence.FLOAT64_CHUNK`). Measured from cold processes
+#: (`python -m benchmarks.simple_cnn_pages equiv N`, benchmarks/RESULTS.md "Equivalence on SimpleCNN"): the digits MLP
+#: (P = 4,810) 3.4 CPU-s at N = 64 and 4.3 at all 1,437; the 256×2 MLP (85,002) 4.6 and 7.7; seed 003's SimpleCNN
+#: 13.8 at N = 4, 14.0 at 16, 16.2 at 48 (about 55 CPU-ms per example).
+EQ_SETUP_SECONDS = 3.0
+EQ_COMPILE_MACS = 1.0e6
+EQ_EXAMPLE_SECONDS = 2e-4
+EQ_RATE = 4e7
+EQ_CONV_RATE = 4.3e8
+
+
+def equivalence_seconds(num_params: int, n: int, macs: int = 0) -> float:
+    """Estimated CPU-seconds of the Equivalence page's comparison over `n` examples (`EQ_*` above); `macs`: the
+    forward's multiply-adds (0: count P)."""
+    macs = int(macs) or int(num_params)
+    per_example = EQ_EXAMPLE_SECONDS + num_params / EQ_RATE + max(macs - int(num_params), 0) / EQ_CONV_RATE
+    return EQ_SETUP_SECONDS + macs / EQ_COMPILE_MACS + int(n) * per_example
 
 
 def check_work(seconds: float, what: str, fix: str) -> None:

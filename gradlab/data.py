@@ -37,6 +37,8 @@ class Dataset:
       uploaded CSV (the header is line 1), the image's index in Fashion-MNIST (`"Fashion-MNIST index"`:
       0–59,999 its training file, 60,000–69,999 its test file), or the position in the bundled or
       generated array (`"index"`).
+    - `split`: how the test points were chosen when the source had no test split of its own, as the code that chose
+      them (a served model's data: `"train_test_split(x, y, test_size=0.2, random_state=0)"`); "" otherwise.
     """
 
     name: str
@@ -55,6 +57,7 @@ class Dataset:
     rows_train: np.ndarray | None = None
     rows_test: np.ndarray | None = None
     row_label: str = "index"
+    split: str = ""
 
     def raw(self, x: np.ndarray) -> np.ndarray:
         """Undo the standardization of rows `x (n, D)`: the original feature values (pixels to draw)."""

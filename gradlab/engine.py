@@ -21,6 +21,10 @@ matrix; without `chunk_size`, chunks are sized so one chunk's intermediates take
 (aᵢ, δᵢ) give the norms, hence cᵢ = min(1, C/‖gᵢ‖), and then Σᵢ cᵢ·aᵢᵀδᵢ, one matmul per ruled op,
 with no second backward pass.
 
+`per_example_projections` gives each example's gradient under a fixed random projection (`projections`): a dense,
+convolution or embedding weight's part is (aPa)ᵀ(δPd) from the same (a, δ), a Kronecker-factored projection that
+never forms the gradient (LoGra; the influence features of `gradlab.influence.methods.logra`).
+
 On a small computation `per_example_norms`, `per_example_layer_norms` and `clipped_grad_sum` with
 `method="auto"` time both paths once per (loss_fn, shapes, N) and keep the faster (`AUTO_TIMING`): where a
 batch gradient takes under a millisecond, XLA's per-op cost, not the flops, decides.
@@ -52,6 +56,8 @@ __all__ = [
     # the engine contract (DESIGN.md)
     "per_example_grads", "per_example_norms", "per_example_layer_norms", "per_example_dots", "clipped_grad_sum",
     "batch_grad", "explain",
+    # influence features: per-example gradients under a (Kronecker-factored) random projection
+    "projections", "per_example_projections", "LeafProjection", "PROJECT_WHOLE_MAX", "PROJECT_DENSE_MAX",
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
@@ -736,6 +742,178 @@ def per_example_dots(
     if jax.tree.structure(diff) != jax.tree.structure(vector):
         raise ValueError("vector must have the structure of the differentiable parameters")
     return _dots(loss_fn, params, xs, ys, vector, _chunk(n, chunk_size), method)
+
+
+# ---------------------------------------------------------------- projected gradients (influence features)
+
+
+class LeafProjection(eqx.Module):
+    """How one differentiable leaf enters `per_example_projections`' features.
+
+    `how`: "kronecker" (a dense, convolution or embedding weight: its gradient in the rule's factor layout
+    G `(I, O)` becomes Paᵀ G Pd, `(k_in·k_out,)` row-major, i.e. (Pa ⊗ Pd)ᵀ vec(G), never forming G); "whole" (a
+    small leaf: its flat gradient, unprojected); "gaussian" (its flat gradient times a Gaussian `dense (size, k)`).
+    `pa (I, k_in)`, `pd (O, k_out)`: a Gaussian matrix with N(0, 1/k) entries, or the identity where the side is no
+    larger than k (exact). `name`: the leaf's name (`engine.leaf_names`); `features`: how many it contributes."""
+
+    name: str = eqx.field(static=True)
+    how: str = eqx.field(static=True)
+    features: int = eqx.field(static=True)
+    pa: Any = None
+    pd: Any = None
+    dense: Any = None
+
+
+#: A leaf of at most this many parameters without a Kronecker projection (a bias) is kept whole.
+PROJECT_WHOLE_MAX = 1024
+#: Largest dense Gaussian projection (parameters × k floats) for a leaf without factors.
+PROJECT_DENSE_MAX = 2**24
+
+
+def _gauss(key, rows: int, k: int):
+    """`(rows, k)`: N(0, 1/k) entries (E[R Rᵀ] = I), or the identity when rows ≤ k (nothing to compress)."""
+    if rows <= k:
+        return jnp.eye(rows, dtype=jnp.float32)
+    return jax.random.normal(key, (rows, k), jnp.float32) / np.sqrt(k)
+
+
+def _kron_dims(t: _Traced, x, y) -> dict:
+    """{diff leaf: (I, O)} for each ruled leaf with one linear use whose kind has (a, δ) factors and no
+    data-free use: the factor layout's feature sizes (an embedding's I: its table's rows)."""
+    def dims(x, y):
+        _, _, saved, deltas = t.one(t.leaves, x, y)
+        out = {}
+        for j, i in enumerate(t.ruled):
+            r = t.rule(i)
+            if len(r.sites) != 1 or r.fixed or not r.linear:
+                continue
+            site = r.sites[0]
+            lead = (0,) * len(site.stack)
+            try:
+                a, d = site.kind.factors(site, saved[j][0][lead], deltas[j][0][lead])
+            except NotImplementedError:
+                continue
+            out[i] = (jnp.zeros(site.weight_shape[0] if site.kind.ids else a.shape[-1]), jnp.zeros(d.shape[-1]))
+        return out
+
+    shapes = jax.eval_shape(dims, x, y)
+    return {i: (int(a.shape[0]), int(d.shape[0])) for i, (a, d) in shapes.items()}
+
+
+def projections(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, k_in: int = 32, k_out: int = 32,
+                key: int = 0, dense_dim: int = 1024, method: Method = "auto") -> tuple[LeafProjection, ...]:
+    """The random projection `per_example_projections` applies, one `LeafProjection` per differentiable leaf (in
+    `leaf_names` order), drawn from `jax.random.key(key)` (each leaf and side its own `fold_in`).
+
+    A weight that a dense layer, convolution or embedding uses once (linearly, as the rules find it) is projected
+    Kronecker-wise: LoGra's Paᵀ(δᵀa)Pd (Choe et al. 2024, §3.2, eq. 5), `(min(I, k_in)·min(O, k_out))` features
+    from its factors aᵢ `(T, I)` and δᵢ `(T, O)`, with Pa `(I, k_in)` and Pd `(O, k_out)`: at most
+    (I + O)·k floats for an (I, O) weight where a dense projection (TRAK, Park et al. 2023) holds I·O·k. Any other
+    leaf of at most `PROJECT_WHOLE_MAX` parameters is kept whole; a larger one is projected by a dense Gaussian
+    `(size, dense_dim)`.
+
+    **Arguments** as `per_example_dots` (`xs`, `ys` only for their shapes); `k_in`, `k_out` ≥ 1; `key` an int
+    seed; `method` "vmap" projects every leaf's formed gradient (no rules).
+
+    **Returns** a tuple of `LeafProjection`.
+
+    **Raises** `ValueError` for k < 1, or a leaf without factors too large for a dense projection
+    (size × `dense_dim` > `PROJECT_DENSE_MAX`).
+    """
+    if min(k_in, k_out, dense_dim) < 1:
+        raise ValueError(f"projection dimensions must be ≥ 1, got k_in={k_in}, k_out={k_out}, dense_dim={dense_dim}")
+    check_batch(xs, ys)
+    _check_method(method)
+    params = as_params(params)
+    t = _traced(loss_fn, params, xs, ys, method)
+    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
+    dims = {} if t is None else _kron_dims(t, jax.tree.map(one, xs), jax.tree.map(one, ys))
+    base = jax.random.key(int(key))
+    out = []
+    for i, (name, leaf) in enumerate(zip(leaf_names(params), jax.tree.leaves(split_params(params)[0]))):
+        k = jax.random.fold_in(base, i)
+        if i in dims:
+            (rows, cols) = dims[i]
+            pa, pd = _gauss(jax.random.fold_in(k, 0), rows, k_in), _gauss(jax.random.fold_in(k, 1), cols, k_out)
+            out.append(LeafProjection(name, "kronecker", pa.shape[1] * pd.shape[1], pa=pa, pd=pd))
+        elif leaf.size <= PROJECT_WHOLE_MAX:
+            out.append(LeafProjection(name, "whole", int(leaf.size)))
+        elif leaf.size * dense_dim <= PROJECT_DENSE_MAX:
+            out.append(LeafProjection(name, "gaussian", dense_dim, dense=_gauss(k, int(leaf.size), dense_dim)))
+        else:
+            raise ValueError(f"parameter {name} ({leaf.size:,} values) has no (a, δ) factors to project, and a dense "
+                             f"projection to {dense_dim} would hold {leaf.size * dense_dim:,} floats")
+    return tuple(out)
+
+
+def _project_flat(p: LeafProjection, g):
+    g = g.reshape(-1).astype(rules.acc_dtype(g.dtype))
+    return g if p.how == "whole" else g @ p.dense.astype(g.dtype)
+
+
+@xla.jit
+def _projections(loss_fn, params, xs, ys, mats, chunk, method):
+    TRACES["per_example_projections"] += 1
+    n = jax.tree.leaves(xs)[0].shape[0]
+    diff, static = split_params(params)
+    t = _traced(loss_fn, params, xs, ys, method)
+    if t is None:
+        g = _grad_one(loss_fn, static)
+
+        def flat(xy):
+            return jnp.concatenate([_project_flat(p, gi) for p, gi in zip(mats, jax.tree.leaves(g(diff, *xy)))])
+
+        chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
+        return _map(flat, (xs, ys), chunk)
+    fixed = t.fixed(t.leaves, xs, ys)
+    where = {i: j for j, i in enumerate(t.ruled)}
+
+    def one(xy):
+        _, g_fb, saved, deltas = t.one(t.leaves, *xy)
+        feats = []
+        for i, p in enumerate(mats):
+            if p.how == "kronecker":
+                j = where[i]
+                (got,) = rules.project(t.rule(i), saved[j], deltas[j], [p.pa], [p.pd])
+                feats.append(got.reshape(-1).astype(rules.acc_dtype(got.dtype)))
+            else:
+                g = g_fb[i] if i in g_fb else _leaf_grad(t, t.leaves, i, saved[where[i]], deltas[where[i]], fixed.get(i))
+                feats.append(_project_flat(p, g))
+        return jnp.concatenate(feats)
+
+    k = sum(p.features for p in mats)
+    return _map(one, (xs, ys), _bytes_chunk(n, chunk, t.example_bytes() + 4 * k))
+
+
+def per_example_projections(
+    loss_fn: LossFn,
+    params: PyTree,
+    xs: Any,
+    ys: Any,
+    projection: tuple[LeafProjection, ...],
+    *,
+    chunk_size: int | None = None,
+    method: Method = "auto",
+) -> Float[Array, "N k"]:
+    """Each example's gradient under a random projection (`projections`), without forming it where a rule
+    has its factors: per weight of a dense layer, convolution or embedding Paᵀ Gᵢ Pd = (aᵢPa)ᵀ(δᵢPd)
+    (`rules.project`; LoGra, Choe et al. 2024, eq. 5), the other leaves' gradients whole or densely projected,
+    concatenated in leaf order. E[⟨φᵢ, φⱼ⟩] = ⟨gᵢ, gⱼ⟩ over the Gaussian draws (Johnson–Lindenstrauss). The
+    features TRAK (Park et al. 2023) and LoGra score with; streamed in chunks, never N × P.
+
+    **Arguments** as `per_example_dots`, plus `projection` (from `projections` on the same loss and params).
+
+    **Returns** `(N, k)` float32 (float64 for a float64 model), k = Σ `LeafProjection.features` (units of the loss
+    per parameter).
+
+    **Raises** `ValueError` as `per_example_grads`, or if `projection` has another number of leaves.
+    """
+    n = check_batch(xs, ys)
+    _check_method(method)
+    params = as_params(params)
+    if len(projection) != len(jax.tree.leaves(split_params(params)[0])):
+        raise ValueError("projection was made for another model: build it with engine.projections")
+    return _projections(loss_fn, params, xs, ys, tuple(projection), _chunk(n, chunk_size), method)
 
 
 # ---------------------------------------------------------------- clipped sums (ghost clipping)

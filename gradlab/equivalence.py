@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import engine, memory
+from gradlab import costs, engine, memory
 from gradlab.params import split_params
 
 #: Largest N × P handled by way (a) in one `vmap`; above it, per-example gradients are summed chunk by
@@ -37,11 +37,86 @@ MAX_MATERIALIZED = memory.BUDGET_BYTES // (8 * memory.XLA_COPIES)
 #: 256 examples took 16 s, 512 examples passed 2.5 GB, and all 1437 grew the server to 24 GB
 #: (a `?model=cnn` link on Equivalence). Chunks of 4 keep it bounded (chunks of 16 peak ~180 MB over the baseline).
 FLOAT64_CHUNK = 4
+#: ... and at most `MAX_MATERIALIZED // (FLOAT64_COPIES · P)` examples: on seed 003's SimpleCNN (P = 1.2 M) way (a) in
+#: float64 peaked 177 MB over its start at chunks of 3 and 110 MB at chunks of 1, in the same CPU time
+#: (benchmarks/RESULTS.md, "Equivalence on SimpleCNN"). Smaller models keep `FLOAT64_CHUNK`.
+FLOAT64_COPIES = 4
 
-#: Largest model the hosted page compares (parameters). The 512×4 MLP (P = 826,378) over the 1437
-#: digits took more than 10 minutes on this 2-core machine; the 256×2 MLP (P = 85,002) and everything
-#: smaller take seconds. The page refuses from P before training (`ui.num_params`); the library has no limit.
-PAGE_MAX_PARAMS = 100_000
+#: Memory way (b)'s float64 intermediates may take in the Equivalence page's comparison (`plan_subset`): a quarter of
+#: the budget per computation, the rest for way (a)'s chunk of per-example gradients, the eight P-vectors of results
+#: and the compiling (seed 003's SimpleCNN at half the budget, 17 examples, peaked at 714 MB on a cold server: 8).
+SUBSET_BUDGET_BYTES = memory.BUDGET_BYTES // 4
+
+#: The seed of the fixed random draw of examples a reduced comparison takes (`subset_indices`): the same rows for
+#: every visitor and checkpoint.
+SUBSET_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SubsetPlan:
+    """How many of a training set's examples the Equivalence page compares both ways on, and why.
+
+    `n` of `total` examples (all when `n == total`); `why`: `"all"`, `"memory"` (way (b)'s one gradient of the summed
+    float64 loss keeps every example's intermediates at once: `bytes_per_example` each, within `budget_bytes`) or
+    `"time"` (the estimate for more, `costs.equivalence_seconds`, passes `seconds_left`); `seconds`: the estimate for
+    `n`, `seconds_all` for every example."""
+
+    n: int
+    total: int
+    why: str
+    seconds: float
+    seconds_all: float
+    bytes_per_example: int
+    budget_bytes: int
+    seconds_left: float
+
+    @property
+    def reduced(self) -> bool:
+        return self.n < self.total
+
+
+def plan_subset(total: int, num_params: int, bytes_per_example: int, *, macs: int = 0,
+                seconds_left: float = float("inf"), budget_bytes: int = SUBSET_BUDGET_BYTES) -> SubsetPlan:
+    """The most examples (of `total`) the comparison can take within `seconds_left` CPU-seconds and `budget_bytes`.
+
+    **Arguments** `total`: N; `num_params`: P; `bytes_per_example`: what one more example adds to way (b)'s float64
+    pass (`memory.example_bytes(..., itemsize=8)`); `macs`: the forward's multiply-adds (0: count P).
+
+    Way (a) streams its per-example gradients in chunks (`way_a`: at most `MAX_MATERIALIZED` floats), but way (b),
+    one gradient of the summed loss, keeps every example's intermediates for its backward pass: that bounds N by
+    memory; `costs.equivalence_seconds` bounds it by time. **Returns** a `SubsetPlan` with `n ≥ 1` (the identity
+    holds on any set of examples: one is a fair demonstration when nothing more fits)."""
+    total = int(total)
+    by_memory = total if bytes_per_example <= 0 else max(1, int(budget_bytes // bytes_per_example))
+    cost = lambda n: costs.equivalence_seconds(num_params, n, macs)  # noqa: E731
+    if cost(min(total, by_memory)) <= seconds_left:
+        by_time = total
+    else:
+        lo, hi = 1, min(total, by_memory)  # the largest n with cost(n) within the budget (cost grows with n)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if cost(mid) <= seconds_left else (lo, mid - 1)
+        by_time = lo
+    n = max(1, min(total, by_memory, by_time))
+    why = "all" if n == total else ("memory" if by_memory <= by_time else "time")
+    return SubsetPlan(n, total, why, cost(n), cost(total), int(bytes_per_example), int(budget_bytes),
+                      float(seconds_left))
+
+
+def subset_indices(total: int, n: int) -> np.ndarray:
+    """`n` of `range(total)`, ascending, drawn at random with `SUBSET_SEED`; all of them, in order, when `n ≥ total`."""
+    if n >= total:
+        return np.arange(total)
+    return np.sort(np.random.default_rng(SUBSET_SEED).choice(total, int(n), replace=False))
+
+
+def take(xs: Any, ys: Any, n: int) -> tuple[Any, Any]:
+    """`(xs, ys)` restricted to `subset_indices(N, n)`; the arrays themselves when `n ≥ N` (all examples)."""
+    total = engine.check_batch(xs, ys)
+    if n >= total:
+        return xs, ys
+    idx = subset_indices(total, n)
+    return jax.tree.map(lambda v: v[idx], (xs, ys))
 
 
 def scalar_loss(w, x, y):
@@ -150,9 +225,10 @@ def way_a(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = 
     params = engine.as_params(params)
     p = max(engine.num_params(params), 1)
     chunk = max(1, min(n, MAX_MATERIALIZED // p))
-    # see FLOAT64_CHUNK: float64 grouped convolutions (conv kernels are the leaves with ndim > 2)
+    # see FLOAT64_CHUNK: float64 grouped convolutions (conv kernels are the leaves with ndim > 2); a large model's
+    # expanded convolutions hold a few copies of the chunk's gradients besides: one example at a time (SimpleCNN)
     if any(getattr(v, "dtype", None) == jnp.float64 and v.ndim > 2 for v in jax.tree.leaves(params)):
-        chunk = min(chunk, FLOAT64_CHUNK)
+        chunk = min(chunk, FLOAT64_CHUNK, max(1, MAX_MATERIALIZED // (FLOAT64_COPIES * p)))
     total = _summed_per_example_grads(loss_fn, params, xs, ys, chunk)
     return jax.tree.map(lambda a: a / n, total) if reduction == "mean" else total
 
@@ -163,18 +239,28 @@ def way_b(loss_fn: Callable, params: Any, xs: Any, ys: Any, *, reduction: str = 
 
 
 def _leaf_dict(params, tree) -> dict[str, np.ndarray]:
+    """The leaves of `tree` by name, in their own dtype (a float32 pass stays float32 until the comparison: eight P-sized
+    results held in float64 were 77 MB on seed 003's SimpleCNN while the last pass compiled)."""
     names = engine.leaf_names(params)
-    return {k: np.asarray(v, np.float64) for k, v in zip(names, jax.tree.leaves(tree))}
+    return {k: np.asarray(v) for k, v in zip(names, jax.tree.leaves(tree))}
 
 
-def _ways(loss_fn, params, xs, ys, dtype) -> tuple[dict, dict, dict, dict]:
+def _f64(d: dict) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, np.float64) for k, v in d.items()}
+
+
+def _ways(loss_fn, params, xs, ys, dtype, between=None) -> tuple[dict, dict, dict, dict]:
     """In `dtype`: way (a) summed and averaged, way (b) summed and averaged, as float64 leaf dicts.
-    Way (a) averaged is way (a) summed divided by N in `dtype`, as `way_a(reduction="mean")` does."""
+    Way (a) averaged is way (a) summed divided by N in `dtype`, as `way_a(reduction="mean")` does.
+    `between()` is called after way (a) (`compare_all`)."""
     p, x, y = _to(dtype, (params, xs, ys))
     a_sum = way_a(loss_fn, p, x, y, reduction="sum")
     n = engine.check_batch(xs, ys)
-    return (_leaf_dict(params, a_sum), _leaf_dict(params, jax.tree.map(lambda a: a / n, a_sum)),
-            _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="sum")),
+    a = (_leaf_dict(params, a_sum), _leaf_dict(params, jax.tree.map(lambda a: a / n, a_sum)))
+    del a_sum
+    if between is not None:
+        between()
+    return (*a, _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="sum")),
             _leaf_dict(params, way_b(loss_fn, p, x, y, reduction="mean")))
 
 
@@ -184,7 +270,7 @@ def _comparison(params, n, reduction, w32, w64) -> Comparison:
         a_sum, a_mean, b_sum, b_mean = w
         return (a_mean, b_mean) if reduction == "mean" else (a_sum, b_sum)
 
-    (a32, b32), (a64, b64) = pick(w32), pick(w64)
+    (a32, b32), (a64, b64) = (_f64(d) for d in pick(w32)), pick(w64)
     leaves = []
     for name in a32:
         scale = float(np.max(np.abs(b64[name]))) if b64[name].size else 0.0
@@ -200,18 +286,23 @@ def _comparison(params, n, reduction, w32, w64) -> Comparison:
     return Comparison(leaves, n, engine.num_params(params), reduction, a32, b32)
 
 
-def compare_all(loss_fn: Callable, params: Any, xs: Any, ys: Any) -> tuple[dict[str, Comparison], "Scaling"]:
+def compare_all(loss_fn: Callable, params: Any, xs: Any, ys: Any, *,
+                between: Callable[[], None] | None = None) -> tuple[dict[str, Comparison], "Scaling"]:
     """`compare` for both reductions and `mean_vs_sum`, from one pass of each way per precision.
 
     The expensive part, way (a)'s per-example gradients, runs once in float32 and once in float64;
-    the mean is the sum divided by N, as in `way_a`. **Arguments** as `compare`. **Returns**
+    the mean is the sum divided by N, as in `way_a`. **Arguments** as `compare`, and `between()`, called between
+    the passes (after each way (a) and after the float32 pass: the Equivalence page returns memory there,
+    `memory.release_memory`, so a large model's eight programs do not pile up). **Returns**
     `({"sum": Comparison, "mean": Comparison}, Scaling)`, equal to `compare(..., reduction=r)` and
     `mean_vs_sum(...)`. **Raises** as `compare`.
     """
     n = engine.check_batch(xs, ys)
-    w32 = _ways(loss_fn, params, xs, ys, jnp.float32)
+    w32 = _ways(loss_fn, params, xs, ys, jnp.float32, between)
+    if between is not None:
+        between()
     with jax.enable_x64(True):  # thread-local: other sessions keep float32
-        w64 = _ways(loss_fn, params, xs, ys, jnp.float64)
+        w64 = _ways(loss_fn, params, xs, ys, jnp.float64, between)
     return {r: _comparison(params, n, r, w32, w64) for r in ("sum", "mean")}, _scaling(n, *w32)
 
 
@@ -253,7 +344,7 @@ class Scaling:
 
 
 def _scaling(n: int, a_sum: dict, a_mean: dict, b_sum: dict, b_mean: dict) -> Scaling:
-    flat = lambda d: np.concatenate([np.ravel(v) for v in d.values()])  # noqa: E731
+    flat = lambda d: np.concatenate([np.ravel(v).astype(np.float64) for v in d.values()])  # noqa: E731
     a_sum, a_mean, b_sum, b_mean = flat(a_sum), flat(a_mean), flat(b_sum), flat(b_mean)
     norm_b_mean = float(np.linalg.norm(b_mean))
     return Scaling(

@@ -160,6 +160,11 @@ def _mean_loss_on(loss_fn, thetas, xs, ys):
     return per(thetas)
 
 
+def norms_along(p: Problem, path) -> np.ndarray:
+    """Every example's gradient norm ‖gᵢ(θ)‖ at each point θ of `path (T + 1, 2)` (a `trajectory`): `(T + 1, N)`."""
+    return np.stack([np.linalg.norm(arrows(p, np.asarray(theta, np.float32)), axis=1) for theta in np.asarray(path)])
+
+
 def trajectory(p: Problem, method: str, *, lr: float, steps: int, batch_size: int, clip_norm: float = 1.0,
                noise_multiplier: float = 1.0, seed: int = 0) -> np.ndarray:
     """θ after each step of SGD, clipped SGD or DP-SGD from `p.start`, shape `(steps + 1, 2)`.
@@ -272,5 +277,5 @@ def remove_example(p: Problem, index: int) -> Removal:
 
 
 __all__ = ["PROBLEMS", "METHODS", "Problem", "problem", "arrows", "mean_arrow", "clip", "noise_cloud",
-           "loss_surface", "trajectory", "optimum", "Removal", "remove_example", "squared_loss",
+           "loss_surface", "norms_along", "trajectory", "optimum", "Removal", "remove_example", "squared_loss",
            "logistic_loss"]

@@ -26,7 +26,7 @@ from jax.extend import core as jcore
 
 __all__ = ["Const", "Eqn", "Graph", "flatten", "graph_of", "loop_bodies", "make", "body", "is_literal", "literal_value",
            "sub_jaxpr", "call_name", "scan_counts", "bind", "walk_jaxprs", "primitive_names", "dtypes", "is_tracer",
-           "tracing"]
+           "tracing", "value_count"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +208,36 @@ def dtypes(fn: Callable, *args) -> set:
             if dtype is not None:
                 out.add(dtype)
     return out
+
+
+#: Equations that only call a body (their outputs are values of the body): `value_count` counts the body's.
+_CALLS = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                    "custom_vjp_call_jaxpr", "checkpoint", "remat", "remat3", "custom_vjp3"})
+
+
+#: Equations XLA fuses into their users rather than keeping (a reshape, a slice of a value that is kept anyway).
+_VIEWS = frozenset({"reshape", "slice", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
+                    "convert_element_type"})
+
+
+def value_count(fn: Callable, *args) -> int:
+    """How many numbers `fn(*args)` computes: the sizes of every equation's outputs, nested bodies included (a loop's
+    body counted once, as one iteration keeps it), except a call's (its body's are counted) and views XLA fuses into
+    their users (`_VIEWS`: reshapes, slices, broadcasts, casts). Traced, not run. What a gradient of `fn` keeps for its backward
+    pass is about this many (`gradlab.memory.example_bytes`)."""
+    total = 0
+    for jaxpr in walk_jaxprs(make(fn, *args)):
+        for e in jaxpr.eqns:
+            if call_name(e) in _CALLS or call_name(e) in _VIEWS:  # counted in the body / fused into their users
+                continue
+            for o in e.outvars:
+                shape = getattr(o.aval, "shape", None)
+                if shape is not None:
+                    size = 1
+                    for d in shape:
+                        size *= int(d)
+                    total += size
+    return total
 
 
 def is_tracer(a: Any) -> bool:

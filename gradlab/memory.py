@@ -22,7 +22,7 @@ from typing import Callable, Iterable, TypeVar
 
 import jax
 
-from gradlab import engine, escape
+from gradlab import engine, escape, jaxprs
 from gradlab.train import dp_buffer_size
 
 log = logging.getLogger("gradlab")
@@ -60,6 +60,23 @@ def per_example_grads_bytes(n: int, num_params: int, *, itemsize: int = 4) -> in
     """Bytes to materialize N per-example gradients of P parameters with `vmap(grad)`:
     N × P × itemsize, times `XLA_COPIES` for XLA's working copies."""
     return int(n) * int(num_params) * itemsize * XLA_COPIES
+
+
+def example_bytes(loss_fn: Callable, params, xs, ys, *, itemsize: int = 4) -> int:
+    """Bytes one more example adds to a batched pass of `loss_fn` (one gradient of the summed loss keeps about this
+    much per example for its backward pass): what `vmap(loss_fn)` computes at two examples minus at one
+    (`jaxprs.value_count`: parameter-only values do not grow with the batch), times `itemsize`. Traced, not run.
+
+    **Arguments** `loss_fn(params, x, y)`, `params`, `xs`, `ys` as the engine's (at least one example); `itemsize`:
+    4 (float32) or 8 (float64). **Returns** bytes; seed 003's SimpleCNN: 366,504 values (1.47 MB in float32, the
+    +1.3 MB per example its batch gradient's peak memory grows by; 2.9 MB in float64, measured +2.7 MB:
+    benchmarks/RESULTS.md, "Equivalence on SimpleCNN"), the digits MLP 321."""
+    def count(k):
+        part = jax.tree.map(lambda v: v[:k], (xs, ys))
+        return jaxprs.value_count(lambda x, y: jax.vmap(lambda a, b: loss_fn(params, a, b))(x, y), *part)
+
+    n = int(jax.tree.leaves(xs)[0].shape[0])
+    return int(itemsize) * (max(count(2) - count(1), 0) if n >= 2 else count(1))
 
 
 def training_bytes(num_params: int, n_checkpoints: int) -> int:

@@ -229,6 +229,7 @@ def from_objects(loss_fn=None, params=None, data=None, *, predict_fn=None, task=
     dataset = as_dataset(data, task=task, class_names=class_names, image_shape=image_shape, label=label)
     run = _run(params, checkpoints, steps, learning_rates, _where)
     _check_loss(loss_fn, params, dataset, _where)
+    _check_labels(loss_fn, predict_fn, params, dataset, _where)
     name = f"{OWN}:{_fingerprint(_salt, params, run.checkpoints, dataset)}"
     if predict_fn is None and dataset.task == "classification":
         predict_fn = _LossArgmin(loss_fn, dataset.n_classes)
@@ -310,6 +311,56 @@ def _check_loss(loss_fn, params, data: Dataset, where: str) -> None:
                             f"{getattr(value, 'shape', type(value).__name__)}")
 
 
+#: Training examples `_check_labels` evaluates every label on (the loss must treat each the same way).
+LABEL_CHECK_EXAMPLES = 3
+
+
+def _check_labels(loss_fn, predict_fn, params, data: Dataset, where: str) -> None:
+    """Refuse class ids the model has no output for, at load: JAX never raises on an out-of-range index, it clamps it
+    (`logits[12]` of 10 logits is `logits[9]`; `one_hot(12, 10)` is all zeros), so labels 1..12 on a model of 10
+    outputs would train and score silently wrong.
+
+    With a `predict_fn` whose output is `(K,)`, every label must be below K. Without one, the loss is evaluated
+    (one compiled call) at every label 0..max on the first `LABEL_CHECK_EXAMPLES` training examples and at a label
+    far out of range: when the top labels, two or more, score exactly what that far label scores on every one of
+    these examples, while other labels score differently, they are past the model's outputs. A loss that cannot
+    be evaluated so (not vmappable) is not checked here. **Raises** `OwnModelError` naming the labels and the fix."""
+    if data.task != "classification" or not len(data.y_train):
+        return
+    top = int(max(data.y_train.max(), data.y_test.max() if len(data.y_test) else 0))
+    fix = ("Labels must be the class ids 0..K-1 of a model with K outputs, as your loss indexes them: shift them "
+           "(y - 1 for labels 1..K) or give the model more outputs.")
+    if predict_fn is not None:
+        try:
+            shape = tuple(eqx.filter_eval_shape(predict_fn, params, data.x_train[0]).shape)
+        except Exception:  # noqa: BLE001 - the user's predict_fn may raise anything; the pages say so later
+            return
+        if len(shape) == 1 and shape[0] > 1 and top >= shape[0]:
+            raise OwnModelError(f"{where}: the labels go up to {top}, but predict_fn gives {shape[0]} outputs "
+                                f"(class ids 0..{shape[0] - 1}). {fix}")
+        return
+    if top < 2 or top > 1000:
+        return
+    labels = np.arange(top + 2, dtype=data.y_train.dtype)
+    labels[-1] = 2 * top + 1000  # far past any output the labels could index
+    xs = jnp.asarray(data.x_train[:LABEL_CHECK_EXAMPLES])
+    try:
+        scores = eqx.filter_jit(lambda p, xs, ys: jax.vmap(lambda x: jax.vmap(lambda y: loss_fn(p, x, y))(ys))(xs))(
+            params, xs, jnp.asarray(labels))
+        scores = np.asarray(scores)
+    except Exception:  # noqa: BLE001 - a loss that does not vmap: the engine's own calls say so on the pages
+        return
+    same = np.all(scores[:, :-1] == scores[:, -1:], axis=0)  # (top + 1,): label j scores as the far label everywhere
+    first = top + 1
+    while first > 0 and same[first - 1]:
+        first -= 1
+    if top + 1 - first >= 2 and first > 0:
+        raise OwnModelError(
+            f"{where}: labels {first}..{top} all give loss_fn the same loss as a label far out of range on each of the "
+            f"first {len(xs)} training examples: the model seems to have at most {first + 1} outputs (class ids "
+            f"0..{first}), and JAX scores a larger label as its last class instead of raising. {fix}")
+
+
 def _fingerprint(salt: bytes, params, checkpoints, data: Dataset) -> str:
     h = hashlib.sha256(salt)
     for leaf in jax.tree.leaves((params, checkpoints)):
@@ -336,7 +387,7 @@ def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=Non
     the array it came from: `x`, or `x_train` / `x_test`).
 
     **Raises** `OwnModelError` for an unreadable file, mismatched lengths, or labels that are not 0..K-1."""
-    row_label, source_rows = "index", None
+    row_label, source_rows, split = "index", None, ""
     if isinstance(data, (str, os.PathLike)):
         path = Path(data).expanduser()
         if path.suffix == ".csv":
@@ -364,6 +415,7 @@ def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=Non
         _same_length(x, y)
         rows = np.arange(len(y)) if source_rows is None else source_rows
         xtr, xte, ytr, yte, rtr, rte = train_test_split(x, y, rows, test_size=TEST_FRACTION, random_state=0)
+        split = f"train_test_split(x, y, test_size={TEST_FRACTION}, random_state=0)"
     else:
         raise OwnModelError(f"data has keys {sorted(arrays)}: give x and y, or x_train, y_train, x_test and y_test")
     _same_length(xtr, ytr)
@@ -386,7 +438,7 @@ def as_dataset(data, *, task=None, class_names=None, image_shape=None, label=Non
     return Dataset(name=OWN, x_train=xtr, y_train=ytr, x_test=xte, y_test=yte, task=task, feature_names=names,
                    class_names=class_names, flipped=np.zeros(len(ytr), bool), y_train_clean=ytr,
                    image_shape=tuple(image_shape) if image_shape is not None else None,
-                   rows_train=rtr, rows_test=rte, row_label=row_label)
+                   rows_train=rtr, rows_test=rte, row_label=row_label, split=split)
 
 
 def _same_length(x, y) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import html
+import re
 
 import numpy as np
 import plotly.express as px
@@ -80,6 +82,8 @@ def figure(builder):
 #: (tick labels, axis titles, figure title, legend) in px, normal and presenter mode.
 FONT_SIZES = {False: (14, 16, 17, 14), True: (18, 20, 22, 18)}
 TICK_COLOR = "#222222"
+#: px between the figure's top edge and its title's first line.
+TITLE_PAD = 8
 
 
 def _wrap(text: str, width: int) -> str:
@@ -117,6 +121,11 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
         text = _wrap(text, 36 if big else 30 if half else 50)
         lines = text.count("<br>") + 1
         fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
+        if lines > 1:
+            # a wrapped title hangs from the figure's top edge: Plotly centres a title in the top margin by its first
+            # line's baseline, so the lines below grew down over the plot's top tick label (Home's three lines over
+            # "12", issue 41). Each line's baseline is set by hand (`y`), so "top" puts the first baseline at the pad.
+            fig.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD + title)))
     fig.update_layout(legend=dict(font=dict(size=legend)), font=dict(color="#111111"))
     if text:
         # room above the plot for every line of the title (centred in the top margin) and, below it,
@@ -134,28 +143,78 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     fig.for_each_xaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, x_chars)) if ax.title.text else None)
     fig.for_each_yaxis(lambda ax: ax.update(title_text=_wrap(ax.title.text, 26 if big else 40)) if ax.title.text else None)
     x_lines = max((ax.title.text or "").count("<br>") + 1 for ax in fig.select_xaxes())
-    fig.for_each_xaxis(_power_ticks)
-    fig.for_each_yaxis(_power_ticks)
+    fig.for_each_xaxis(lambda ax: _power_ticks(ax, fig, "x"))
+    fig.for_each_yaxis(lambda ax: _power_ticks(ax, fig, "y"))
     if big:
         fig.update_annotations(font_size=max(16, tick - 2))
-    legend = fig.layout.legend
-    if legend.orientation == "h" and legend.y is not None and legend.y < 0:
+    # a colour bar's ticks and title as the axes' (Plotly's default 12 px, and its title touched the top tick)
+    colorbar = dict(tickfont=dict(size=tick, color=TICK_COLOR), title=dict(font=dict(size=legend), side="right"))
+    for trace in fig.data:  # a heatmap's own colour bar, or a scatter's markers': only where the builder drew one
+        if "colorbar" in trace and trace.colorbar.title.text:
+            trace.update(colorbar=colorbar)
+        elif "marker" in trace and "colorbar" in trace.marker and trace.marker.colorbar.title.text:
+            trace.update(marker_colorbar=colorbar)
+    placed = fig.layout.legend
+    if placed.orientation == "h" and placed.y is not None and placed.y < 0:
         # a legend below the plot goes to the figure's bottom edge, under room for the tick labels and the axis
-        # title's lines (placed by hand it fell on the axis title); at worst one entry per row in half of a 1024 px
-        # page, about three in a full-width chart there
-        entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
-        per_row = 1 if big or half else 3
-        legend_px = 28 * max(-(-entries // per_row), 1)
+        # title's lines (placed by hand it fell on the axis title), with as many rows as its entries take in the
+        # chart's width on a 1024 px screen (one per entry left a presenter chart's plot 90 px high, issue 41)
+        names = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
+        legend_px = round(1.6 * legend) * _legend_rows(names, legend, LEGEND_WIDTH[big, half])
         fig.update_layout(legend=dict(yref="container", y=0, yanchor="bottom"),
                           margin=dict(b=70 + 28 * x_lines + legend_px),
                           height=(fig.layout.height or 450) + legend_px + 28 * (x_lines - 1))
+    # at least MIN_PLOT px of plot between the margins (a projector's type and a tall legend squeezed a log axis's
+    # labels over one another, issue 41)
+    margin = fig.layout.margin
+    inside = (fig.layout.height or 450) - (margin.t or 100) - (margin.b or 80)
+    if inside < MIN_PLOT[big]:
+        fig.update_layout(height=(fig.layout.height or 450) + MIN_PLOT[big] - inside)
     return fig
 
 
-def _power_ticks(ax) -> None:
+#: The width (px) a chart has on a 1024 px screen: by (presenter mode, half a page); the sidebar takes ~300 px
+#: outside presenter mode.
+LEGEND_WIDTH = {(True, False): 940, (True, True): 440, (False, False): 640, (False, True): 300}
+#: The least height (px) of a figure's plot area, on a screen and on a projector.
+MIN_PLOT = {False: 200, True: 240}
+
+
+def _legend_rows(names: list[str], size: int, width: int) -> int:
+    """How many rows a horizontal legend of `names` in `size` px type takes in `width` px (about: a character is
+    0.55 of the type size wide, an entry's symbol and gap 50 px)."""
+    rows, used = 1, 0.0
+    for name in names:
+        entry = 50 + 0.55 * size * len(re.sub(r"<[^>]*>", "", html.unescape(name)))  # a name as shown
+        if used and used + entry > width:
+            rows, used = rows + 1, 0.0
+        used += entry
+    return rows
+
+
+def _power_ticks(ax, fig: go.Figure, letter: str) -> None:
     """A log axis labelled only at powers of ten, written 10⁻³ (not "2 3 4 5" inside a decade)."""
-    if ax.type == "log":
-        ax.update(exponentformat="power", minorloglabels="none")
+    if ax.type != "log":
+        return
+    ax.update(exponentformat="power", minorloglabels="none")
+    if ax.range is not None or ax.autorange is False:
+        return
+    # an axis whose data spans less than a decade (one batch size timed) shows the powers of ten around it: inside
+    # one decade Plotly labelled every half unit, "2.5 3 3.5 4", 18 px labels over one another on a projector (issue 41)
+    name = ax.plotly_name.replace("axis", "")  # "x", "x2", …: as the traces name their axes
+    values = []
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) == name and getattr(trace, letter, None) is not None:
+            try:
+                values += [float(v) for v in np.ravel(np.asarray(getattr(trace, letter), dtype=object)) if v is not None]
+            except (TypeError, ValueError):  # categories
+                return
+    values = [v for v in values if np.isfinite(v) and v > 0]
+    if values and np.log10(max(values)) - np.log10(min(values)) < 1:
+        lo, hi = np.floor(np.log10(min(values))), np.ceil(np.log10(max(values)))
+        if hi - lo < 1:
+            lo, hi = lo - 0.5, hi + 0.5
+        ax.update(range=[float(lo) - 0.05, float(hi) + 0.05])
 
 
 #: The house's subscripted symbols, written plainly in the builders and typeset after escaping (Plotly's `<sub>`):
@@ -223,17 +282,40 @@ def style_figure(fig: go.Figure, title: str, x: str, y: str, height: int = 380) 
     return fig
 
 
+def norm_bins(norms: np.ndarray, *, log: bool = False, bins: int = 60) -> np.ndarray:
+    """The `bins + 1` edges `norm_histogram` draws (on log10 of the norms when `log`): a click on a bar reads back
+    its bin's index, and `norm_bin_members` the examples in it."""
+    v = _log10(norms) if log else np.asarray(norms, np.float64)
+    return np.histogram_bin_edges(v[np.isfinite(v)], bins=bins)
+
+
+def norm_bin_members(norms: np.ndarray, b: int, *, log: bool = False, bins: int = 60) -> np.ndarray:
+    """Positions in `norms` of the examples in bar `b` of `norm_histogram(norms, log=log)` (ascending by norm)."""
+    edges = norm_bins(norms, log=log, bins=bins)
+    v = _log10(norms) if log else np.asarray(norms, np.float64)
+    where = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, len(edges) - 2)  # the last edge is in the last bin
+    members = np.flatnonzero(where == int(b))
+    return members[np.argsort(np.asarray(norms)[members])]
+
+
 @figure
 def norm_histogram(norms: np.ndarray, *, log: bool = False, flipped: np.ndarray | None = None, bins: int = 60) -> go.Figure:
-    """Histogram of per-example gradient norms; flipped-label examples stacked in red when given."""
-    v = _log10(norms) if log else np.asarray(norms)
+    """Histogram of per-example gradient norms; flipped-label examples stacked in red when given. Bars on the fixed
+    bins of `norm_bins`, each bar's `customdata` its bin's index (a click opens the examples in it:
+    `norm_bin_members`)."""
+    v = _log10(norms) if log else np.asarray(norms, np.float64)
+    edges = norm_bins(norms, log=log, bins=bins)
+    centers, widths = (edges[1:] + edges[:-1]) / 2, np.diff(edges)
     fig = go.Figure()
-    if flipped is not None and np.any(flipped):
-        fig.add_histogram(x=v[~flipped], name="clean label", nbinsx=bins, marker_color="#1f77b4")
-        fig.add_histogram(x=v[flipped], name="flipped label", nbinsx=bins, marker_color=FLIPPED_COLOR)
-        fig.update_layout(barmode="stack")
-    else:
-        fig.add_histogram(x=v, name="examples", nbinsx=bins, marker_color="#1f77b4")
+    groups = ([("clean label", ~flipped, "#1f77b4"), ("flipped label", flipped, FLIPPED_COLOR)]
+              if flipped is not None and np.any(flipped) else [("examples", np.ones(len(v), bool), "#1f77b4")])
+    lo, hi = (lambda a: 10**a, lambda a: 10**a) if log else (lambda a: a, lambda a: a)
+    for name, mask, color in groups:
+        counts, _ = np.histogram(v[mask], bins=edges)
+        fig.add_bar(x=centers, y=counts, width=widths, name=name, marker_color=color, customdata=np.arange(len(centers)),
+                    hovertext=[f"{lo(a):.3g} to {hi(b):.3g}" for a, b in zip(edges[:-1], edges[1:])],
+                    hovertemplate="‖g‖ %{hovertext}: %{y} examples (click to list them)<extra>" + name + "</extra>")
+    fig.update_layout(barmode="stack", bargap=0, clickmode="event+select")
     if log:
         _decades(fig, v)
     return style_figure(fig, "Distribution of per-example gradient norms",
@@ -673,16 +755,25 @@ def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
 
 @figure
 def memory_bars(labels: list[str], needed_bytes, xla_bytes=None) -> go.Figure:
-    """Memory per approach: what it must hold by construction (and XLA's allocation), log MB."""
+    """Memory per approach: what it must hold by construction (and XLA's allocation), log MB. Horizontal bars: the
+    approaches' names are long, and as column labels they turned on their side, took half the figure's height and ran
+    into each other at 1024 px (issue 41)."""
     fig = go.Figure()
-    fig.add_bar(x=labels, y=np.asarray(needed_bytes, np.float64) / 1e6, name="by construction (N×P×4 or chunk×P×4)",
-                marker_color=FLOAT32_COLOR, text=[f"{b / 1e6:.3g} MB" for b in needed_bytes], textposition="outside")
+    fig.add_bar(y=labels, x=np.asarray(needed_bytes, np.float64) / 1e6, name="by construction (N×P×4 or chunk×P×4)",
+                orientation="h", marker_color=FLOAT32_COLOR, text=[f"{b / 1e6:.3g} MB" for b in needed_bytes],
+                textposition="outside", cliponaxis=False)
     if xla_bytes is not None:
-        fig.add_bar(x=labels, y=np.asarray(xla_bytes, np.float64) / 1e6, name="XLA temporaries + outputs",
-                    marker_color=FLOAT64_COLOR, text=[f"{b / 1e6:.3g} MB" for b in xla_bytes], textposition="outside")
-    fig.update_yaxes(type="log")
+        fig.add_bar(y=labels, x=np.asarray(xla_bytes, np.float64) / 1e6, name="XLA temporaries + outputs",
+                    orientation="h", marker_color=FLOAT64_COLOR, text=[f"{b / 1e6:.3g} MB" for b in xla_bytes],
+                    textposition="outside", cliponaxis=False)
+    shown = [v for v in np.concatenate([np.ravel(needed_bytes), np.ravel(xla_bytes if xla_bytes is not None else [])])
+             .astype(np.float64) / 1e6 if v > 0]
+    lo, hi = (np.log10(min(shown)), np.log10(max(shown))) if shown else (-3.0, 0.0)
+    # room right of the longest bar for its "4.93 MB" (drawn outside the bar, it was cut at the figure's edge)
+    fig.update_xaxes(type="log", range=[lo - 0.5, hi + 0.25 * (hi - lo) + 0.6])
+    fig.update_yaxes(autorange="reversed")  # in the order given, top down
     fig.update_layout(barmode="group")
-    return style_figure(fig, "Memory each approach needs", "approach", "MB (log)")
+    return style_figure(fig, "Memory each approach needs", "MB (log)", "", height=120 + 60 * len(labels) * (1 + (xla_bytes is not None)))
 
 
 # ---------------------------------------------------------------- geometry: two parameters on the screen
@@ -889,3 +980,56 @@ def lds_bars(names: list[str], means, per_test: list, *, m: int) -> go.Figure:
     fig.update_yaxes(range=[-1, 1.1])
     return style_figure(fig, f"Linear datamodeling score over {m} models trained on random halves",
                    "attribution method", "Spearman ρ(predicted, actual output)", height=420)
+
+
+# ---------------------------------------------------------------- the per-example record (issue 43)
+
+@figure
+def norm_over_training(steps, norms: np.ndarray, everyone: np.ndarray | None = None, *, clip_norm: float | None = None,
+                       name: str = "this example") -> go.Figure:
+    """One example's gradient norm at each checkpoint (`steps (K,)`, `norms (K,)`), beside the median and the 10–90%
+    band of every example's (`everyone (K, n)`) and the clipping norm C as a line."""
+    fig = go.Figure()
+    if everyone is not None:
+        q10, q50, q90 = np.percentile(np.asarray(everyone, np.float64), [10, 50, 90], axis=1)
+        fig.add_trace(go.Scatter(x=list(steps) + list(steps)[::-1], y=list(q90) + list(q10)[::-1], fill="toself", mode="lines",
+                                 fillcolor="rgba(31,119,180,0.15)", line=dict(width=0), name="10–90% of examples",
+                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=steps, y=q50, mode="lines", name="median example", line=dict(color="#1f77b4", dash="dash")))
+    fig.add_trace(go.Scatter(x=steps, y=norms, mode="lines+markers", name=name, line=dict(color="#111111", width=3)))
+    if clip_norm is not None:
+        fig.add_hline(y=clip_norm, line=dict(color=FLIPPED_COLOR, dash="dot"))
+        # on a log axis an annotation's y is log10 of the value (add_hline's own annotation took C as the exponent)
+        fig.add_annotation(x=0, xref="paper", y=float(np.log10(max(clip_norm, 1e-30))), yref="y", showarrow=False,
+                           text=f"C = {clip_norm:.3g}", xanchor="left", yanchor="bottom", font=dict(color=FLIPPED_COLOR))
+    fig.update_yaxes(type="log")
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return style_figure(fig, "Its gradient norm over training", "training step (checkpoint)", "‖gᵢ‖ (log scale)", height=360)
+
+
+@figure
+def quantity_scatter(x: np.ndarray, y: np.ndarray, *, x_label: str, y_label: str, flipped: np.ndarray | None = None,
+                     ids: dict | None = None, selected: int | None = None, title: str = "") -> go.Figure:
+    """Two per-example quantities against each other for every training example (`x, y (n,)`), planted flipped
+    labels in red, the example at position `selected` circled; each point's `customdata[0]` is its example (a click
+    reads it back). Both axes on a log scale when their values are positive and span over two decades."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    custom, who = _identified(ids, len(x))
+    custom = np.asarray(custom, dtype=object)
+    flipped = np.zeros(len(x), bool) if flipped is None else np.asarray(flipped, bool)
+    fig = go.Figure()
+    for name, mask, color in (("clean label", ~flipped, "#1f77b4"), ("flipped label (planted)", flipped, FLIPPED_COLOR)):
+        if mask.any():
+            fig.add_trace(go.Scattergl(x=x[mask], y=y[mask], mode="markers", name=name, customdata=custom[mask].tolist(),
+                                       marker=dict(color=color, size=7, opacity=0.7),
+                                       hovertemplate=who + f"<br>{escape.plotly(x_label, template=True)} %{{x:.3g}}"
+                                       f"<br>{escape.plotly(y_label, template=True)} %{{y:.3g}}<extra></extra>"))
+    if selected is not None and 0 <= selected < len(x):
+        fig.add_trace(go.Scatter(x=[x[selected]], y=[y[selected]], mode="markers", name="this example",
+                                 marker=dict(size=18, color="rgba(0,0,0,0)", line=dict(color="#111111", width=3)),
+                                 hoverinfo="skip"))
+    for axis, v in (("x", x), ("y", y)):
+        if np.all(v[np.isfinite(v)] > 0) and np.nanmax(v) > 100 * np.nanmin(v):
+            fig.update_layout(**{f"{axis}axis_type": "log"})
+    fig.update_layout(legend=dict(orientation="h", y=-0.2), clickmode="event+select")
+    return style_figure(fig, title, x_label, y_label, height=460)

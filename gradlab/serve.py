@@ -30,15 +30,21 @@ class Server:
 
     process: subprocess.Popen
     url: str
+    #: Files that only this server reads (`explore`'s pickle of the params and data): removed once it has ended.
+    owned: list[Path] = dataclasses.field(default_factory=list)
 
     def stop(self) -> None:
-        """End the server (it also ends when the Python process that started it exits)."""
+        """End the server (it also ends when the Python process that started it exits), then remove the files only
+        it read (`explore`'s pickle of your params and data in the temporary folder)."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        while self.owned:
+            self.owned.pop().unlink(missing_ok=True)
 
     def _repr_html_(self) -> str:  # a notebook shows the link
         return f'gradlab explorer: <a href="{self.url}" target="_blank">{self.url}</a>'
@@ -91,7 +97,8 @@ def explore(loss_fn, params, data, *, port: int | None = None, headless: bool = 
     `learning_rates`; docs/own-model.md).
 
     The model is checked here, pickled (cloudpickle: a loss written in a notebook travels by value) into a
-    temporary file and served by a Streamlit process started from this one.
+    temporary file and served by a Streamlit process started from this one; `stop()` (or this process's exit)
+    ends that process and removes the file.
 
     **Returns** the running `Server` (its `url`; `stop()` ends it). **Raises** `own.OwnModelError` naming what
     breaks the contract."""
@@ -103,8 +110,14 @@ def explore(loss_fn, params, data, *, port: int | None = None, headless: bool = 
     own.from_objects(**spec)
     handle, path = tempfile.mkstemp(prefix="gradlab_model_", suffix=".pkl")
     os.close(handle)
-    own.save_spec(path, **spec)
-    return start(path, port=port, headless=headless, check=False)
+    try:
+        own.save_spec(path, **spec)
+        server = start(path, port=port, headless=headless, check=False)
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
+    server.owned.append(Path(path))  # `stop()`, or this process's exit (`atexit`), removes it after the server ends
+    return server
 
 
 def _interrupt(signum, frame):

@@ -340,10 +340,11 @@ class Gate:
             poll: float = 0.25, **estimates):
         """Submit and wait; `on_wait(job)` is called every `poll` s while waiting (draw the queue, progress).
 
-        Returns the result of `fn(report)`; re-raises its exception. Inside a worker, runs `fn` inline.
+        Returns the result of `fn(report)`; re-raises its exception. Inside a worker, runs `fn` inline, its `report`
+        the running computation's (a nested computation's progress moves the bar its visitors see).
         """
-        if self.in_worker:
-            return fn(lambda *a, **k: None)
+        if self.in_worker:  # nested: its progress moves the running computation's bar
+            return fn(getattr(self._local, "report", None) or (lambda *a, **k: None))
         job = self.submit(key, name, fn, **estimates)
         try:
             if on_wait is not None and self.position(job)[0]:
@@ -396,10 +397,12 @@ class Gate:
                     except Exception:  # noqa: BLE001 - the job runs anyway, as it would without relief
                         log.exception("relieving memory before a computation")
                 try:
+                    self._local.report = job.report  # nested gated calls report here (`run`)
                     job.result = job.fn(job.report)
                 except BaseException as err:  # noqa: BLE001 - handed to every waiter
                     job.error = err
                 finally:
+                    self._local.report = None
                     seconds = time.monotonic() - job.started
                     with self._lock:
                         self._running.remove(job)

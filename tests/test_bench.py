@@ -84,3 +84,47 @@ def test_maxpool_near_ties_are_found_in_float64():
     xs[1, 0, 2, 2], xs[1, 0, 2, 3] = 0.5, 0.5 * (1 + 1e-3)   # clear winner
     xs[2, 0, 2, 2], xs[2, 0, 2, 3] = -0.5, -0.5              # tie below zero: relu makes it irrelevant
     assert torch_cnn.maxpool_near_ties(model, xs) == [0]
+
+
+# ---------------------------------------------------------------- issue 40: the sweep planned from memory and time
+
+
+def test_the_sweep_is_planned_from_memory_with_a_reduced_n_for_what_fits_no_chosen_size():
+    """Seed 003's SimpleCNN (P = 1,199,882; 1.47 MB of intermediates per example, `memory.example_bytes`): vmap(grad)
+    and the loop fit none of 16, 64, 256 within 96 MB, so every approach is also timed at the largest N where they
+    fit (the oracle: 3·N·P·4 + N·1.47 MB computed here), and the largest N go until the estimate fits the time."""
+    from gradlab import costs, memory
+
+    p, each, budget = 1_199_882, 1_466_016, 96 * 2**20
+    approaches, sizes = ["loop", "vmap", "batch", "norms"], [16, 64, 256]
+    kw = dict(n_available=6000, repeats=2, loop_max=256, example_bytes=each, macs=12_000_000, budget_bytes=budget)
+    n_fit = max(n for n in range(1, 100) if memory.XLA_COPIES * n * p * 4 + n * each <= budget)
+    plan = bench.plan_sweep(approaches, sizes, p, **kw)
+    assert plan.reduced == n_fit == 6 and plan.over_time == ()
+    cells = dict(plan.cells)
+    assert cells["loop"] == cells["vmap"] == (6,)  # seed 003's comparison, at the N that fits
+    assert cells["batch"] == (6, 16)  # 64 × 1.47 MB of activations + 3P floats pass 96 MB
+    assert cells["norms"] == (6, 16, 64, 256)  # streamed: chunks of the engine's size at any N
+    assert ("vmap", 16) in plan.over_memory and ("batch", 64) in plan.over_memory
+    assert plan.seconds == pytest.approx(costs.timing_seconds(p, plan.cells, repeats=2, macs=12_000_000))
+    timed = bench.plan_sweep(approaches, sizes, p, **kw, seconds=plan.seconds - 1)  # the largest N goes first
+    assert timed.over_time == (256,) and dict(timed.cells)["norms"] == (6, 16, 64) and timed.seconds <= plan.seconds - 1
+    # the digits MLP: every chosen cell fits, nothing added, nothing left out (its page's numbers do not move)
+    mlp = bench.plan_sweep(approaches, sizes, 4810, n_available=1437, repeats=2, loop_max=256, example_bytes=1284,
+                           macs=4810, seconds=26)
+    assert mlp.cells == tuple((a, (16, 64, 256)) for a in approaches) and mlp.reduced is None
+    assert not mlp.over_memory and not mlp.over_time
+
+
+def test_the_sweep_estimate_counts_compiling_each_cell():
+    """Measured on seed 003's SimpleCNN from cold processes (benchmarks/RESULTS.md): compiling a batch gradient took
+    1.6–2.1 CPU-s, vmap(grad) 2.3–2.5, per cell; the old estimate's 0.5 s per cell was 4× short."""
+    from gradlab import costs
+
+    assert 1.0 <= costs.cell_compile_seconds("batch", 12_000_000) <= 3.0
+    assert 1.5 <= costs.cell_compile_seconds("vmap", 12_000_000) <= 4.0
+    one = costs.timing_seconds(1_199_882, [("batch", [16])], repeats=2, macs=12_000_000)
+    two = costs.timing_seconds(1_199_882, [("batch", [16, 64])], repeats=2, macs=12_000_000)
+    assert two - one >= costs.cell_compile_seconds("batch", 12_000_000)  # a new N compiles again
+    loops = costs.timing_seconds(1_199_882, [("loop", [2, 6])], repeats=2, macs=12_000_000)
+    assert loops < 2 * costs.cell_compile_seconds("loop", 12_000_000)  # the loop compiles its gradient once

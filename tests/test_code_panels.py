@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax
@@ -22,7 +23,8 @@ import pytest
 
 from gradlab import audit, clipping, engine, equivalence, geometry, membership, metrics, privacy, train
 from gradlab.experiment import Experiment, init_model, load_data
-from gradlab.influence import evaluation, scores, solvers
+from gradlab.influence import METHODS, evaluation, scores, solvers
+from gradlab.influence.protocol import Context
 from gradlab.losses import cross_entropy
 
 VIEWS = Path(__file__).resolve().parents[1] / "views"
@@ -75,7 +77,7 @@ def small():
     return dict(model=run.final, init=init, xs=xs, ys=ys, data=data)
 
 
-PAGES = ("norms", "equivalence", "performance", "dp_clipping", "privacy_audit", "influence", "geometry")
+PAGES = ("norms", "equivalence", "performance", "dp_clipping", "privacy_audit", "influence", "geometry", "record")
 
 
 def test_norms_panel(small):
@@ -174,6 +176,12 @@ def test_influence_panel(small):
                    x_test=x_tests[0], y_test=y_tests[0], sgd_run=sgd_run, models=[eqx.filter(m, eqx.is_array)],
                    x_tests=x_tests, y_tests=y_tests, K=data.n_classes, M=4)
     close(ns["grad_dot"], scores.grad_dot(cross_entropy, m, xs, ys, x_tests[0], y_tests[0]))
+    # the page's projected gradients (inner product, k = 16 per side) are the panel's
+    fitted = SimpleNamespace(model=m, loss_fn=cross_entropy, data=SimpleNamespace(
+        x_train=xs, y_train=ys, x_test=x_tests[:1], y_test=y_tests[:1]))
+    ctx = Context(fitted, {"logra_k": 16, "logra_kernel": "inner"}, lambda: None)
+    logra = METHODS["logra"]
+    close(ns["projected"], logra.scores(ctx, logra.prepare(ctx), x_tests[:1], y_tests[:1]).values[0], rtol=1e-4)
     ckpts, lrs = scores.tracin_checkpoints(sgd_run)
     close(ns["tracin"], scores.tracin(cross_entropy, ckpts, lrs, xs, ys, x_tests[0], y_tests[0]))
     assert ns["base"].grad_norm < 1e-2  # L-BFGS near θ̂ (a ReLU network stalls at its kinks, ~4e-3 here)
@@ -206,3 +214,31 @@ def test_geometry_panel():
     close(ns["theta_star"], r.optimum, rtol=1e-3)
     close(ns["retrained"], r.retrained, rtol=1e-3)
     close(ns["predicted"], r.predicted, rtol=1e-3)
+
+
+def test_record_panel(small):
+    from gradlab import record
+
+    m, xs, ys, data = small["model"], small["xs"], small["ys"], small["data"]
+    checkpoints = [small["init"], m]
+    x_test, y_test = jnp.asarray(data.x_test[:32]), jnp.asarray(data.y_test[:32])
+    rng = np.random.default_rng(0)
+    masks = rng.random((6, 64)) < 0.5
+    masks[0], masks[1] = True, False  # every example in and out of some model
+    correct = rng.random((6, 64)) < 0.7
+    i, C = 5, 0.5
+    static = eqx.partition(m, eqx.is_array)[1]
+    arrays = [eqx.partition(c, eqx.is_array)[0] for c in checkpoints]  # the panel differentiates the arrays
+
+    def loss(params, x, y):
+        return cross_entropy(eqx.combine(params, static), x, y)
+
+    ns = run_panel("record", loss=loss, checkpoints=arrays, final=arrays[-1], xs=xs, ys=ys, i=i, C=C,
+                   x_test=x_test, y_test=y_test, correct=correct, masks=masks)
+    want = np.array([float(engine.per_example_norms(cross_entropy, c, xs[i:i + 1], ys[i:i + 1])[0]) for c in checkpoints])
+    close(ns["norms_i"], want)
+    assert float(ns["kept"]) == pytest.approx(min(1.0, C / want[-1]), rel=1e-5)
+    assert float(ns["tracin_self"]) == pytest.approx(float(np.sum(want ** 2)), rel=1e-4)
+    g = jax.tree.map(lambda a: a[0], engine.per_example_grads(cross_entropy, m, xs[i:i + 1], ys[i:i + 1]))
+    close(ns["dots"], engine.per_example_dots(cross_entropy, m, x_test, y_test, g))
+    close(ns["memorization"], record.memorization(correct, masks).value)

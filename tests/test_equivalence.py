@@ -130,3 +130,50 @@ def test_bad_reduction():
     loss, w, xs, ys = equivalence.scalar_example()
     with pytest.raises(ValueError, match="reduction"):
         equivalence.compare(loss, w, xs, ys, reduction="median")
+
+
+# ---------------------------------------------------------------- issue 40: at any size, on a declared subset
+
+
+def test_example_bytes_counts_what_one_more_example_computes():
+    """The oracle is a hand count: tanh(x @ W) summed computes 5 + 5 + 1 numbers per example; the weight's own
+    values (a transpose of W, computed once for the batch) do not grow with it."""
+    from gradlab import memory
+
+    w = jnp.ones((4, 5))
+    loss = lambda w, x, y: jnp.sum(jnp.tanh(x @ w.T.T)) + y  # noqa: E731 - W.T.T: parameter-only values
+    xs, ys = np.ones((3, 4), np.float32), np.zeros(3, np.float32)
+    assert memory.example_bytes(loss, w, xs, ys) == 4 * (5 + 5 + 1 + 1)  # dot, tanh, sum, + y
+    assert memory.example_bytes(loss, w, xs, ys, itemsize=8) == 8 * 12
+
+
+def test_the_subset_is_the_largest_that_fits_memory_and_time():
+    from gradlab import costs
+
+    p, each = 1_199_882, 2_932_032  # seed 003's SimpleCNN in float64 (memory.example_bytes)
+    mem = equivalence.plan_subset(6000, p, each, macs=12_000_000, seconds_left=1e9, budget_bytes=40 * each + 1)
+    assert (mem.n, mem.why, mem.reduced) == (40, "memory", True)
+    cost = lambda n: costs.equivalence_seconds(p, n, 12_000_000)  # noqa: E731
+    left = cost(25) + 1e-9
+    slow = equivalence.plan_subset(6000, p, each, macs=12_000_000, seconds_left=left, budget_bytes=10**12)
+    assert (slow.n, slow.why) == (25, "time") and cost(slow.n) <= left < cost(slow.n + 1)
+    small = equivalence.plan_subset(1437, 4810, 2568, seconds_left=26)  # the digits MLP: every example
+    assert (small.n, small.why, small.reduced) == (1437, "all", False)
+    tiny = equivalence.plan_subset(100, p, each, macs=12_000_000, seconds_left=0.0)  # nothing fits: one example
+    assert tiny.n == 1
+
+
+def test_a_reduced_comparison_is_the_comparison_of_those_examples():
+    model, x, y = _linear_problem(n=50)
+    idx = equivalence.subset_indices(50, 12)
+    assert len(set(idx.tolist())) == 12 and list(idx) == sorted(idx)
+    np.testing.assert_array_equal(idx, equivalence.subset_indices(50, 12))  # the same draw for every visitor
+    sx, sy = equivalence.take(x, y, 12)
+    np.testing.assert_array_equal(sx, x[idx])
+    assert equivalence.take(x, y, 50)[0] is x  # all of them: the arrays themselves
+    cmp = equivalence.compare(losses.mse, model, jnp.asarray(sx), jnp.asarray(sy))
+    # the oracle: Σᵢ 2(w·xᵢ + b − yᵢ) xᵢ in NumPy float64 over those 12 rows
+    w, b = np.asarray(model.layer.weight, np.float64)[0], float(model.layer.bias[0])
+    r = x[idx].astype(np.float64) @ w + b - y[idx]
+    np.testing.assert_allclose(cmp.way_b[".layer.weight"][0], 2 * r @ x[idx].astype(np.float64), rtol=1e-4)
+    assert cmp.n == 12

@@ -349,3 +349,83 @@ def test_flax_nnx_state_is_params_too():
     xs, ys = m.data.x_train, m.data.y_train
     np.testing.assert_allclose(np.asarray(engine.per_example_norms(m.loss_fn, m.params, xs, ys)),
                                loop_norms(m.loss_fn, m.params, xs, ys), rtol=1e-4)
+
+
+# ---------------------------------------------------------------- issue 40: what a researcher found
+
+
+def _classifier(n_out):
+    """A linear classifier of `n_out` outputs on 4 features whose loss indexes the logits by the label, as most do."""
+    w = jnp.asarray(np.random.default_rng(0).normal(size=(4, n_out)), jnp.float32)
+
+    def loss(w, x, y):
+        logits = x @ w
+        return jax.nn.logsumexp(logits) - logits[y]  # JAX clamps y ≥ n_out to the last class: no error
+
+    return loss, w
+
+
+def test_labels_past_the_models_outputs_are_refused_at_load():
+    x = np.random.default_rng(1).normal(size=(60, 4)).astype(np.float32)
+    y = np.arange(60) % 12 + 1  # labels 1..12 on a model of 10 outputs (the researcher's file)
+    loss, w = _classifier(10)
+    # the oracle for what went wrong: JAX scores labels 10, 11 and 12 exactly as label 9
+    assert float(loss(w, x[0], 12)) == float(loss(w, x[0], 9))
+    with pytest.raises(own.OwnModelError, match=r"labels 9\.\.12 .* at most 10 outputs \(class ids 0\.\.9\)"):
+        own.from_objects(loss, w, (x, y))
+    with pytest.raises(own.OwnModelError, match="predict_fn gives 10 outputs"):  # with a predict_fn: its output size
+        own.from_objects(loss, w, (x, y), predict_fn=lambda w, x: x @ w)
+    # labels 0..11 on a model of 12 outputs load, with or without predict_fn
+    loss12, w12 = _classifier(12)
+    assert own.from_objects(loss12, w12, (x, y - 1)).data.n_classes == 12
+    assert own.from_objects(loss12, w12, (x, y - 1), predict_fn=lambda w, x: x @ w).data.n_classes == 12
+
+
+def test_explore_removes_its_pickle_when_stopped(monkeypatch, tmp_path):
+    """`explore` pickles params and data into the temporary folder for its server; `stop()` removes the file once the
+    server has ended (a stand-in process here: the file's life is the point, not Streamlit's)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(serve.tempfile, "tempdir", str(tmp_path))
+    started = {}
+
+    def start(path, **kw):
+        started["path"] = Path(path)
+        return serve.Server(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), "http://x")
+
+    monkeypatch.setattr(serve, "start", start)
+    server = serve.explore(linear_loss, jnp.zeros(3), (np.zeros((9, 3), np.float32), np.zeros(9, np.float32)))
+    assert started["path"].is_file() and started["path"].parent == tmp_path  # the server reads it
+    server.stop()
+    assert server.process.poll() is not None and not started["path"].exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_accepts_streamlits_spelling_of_its_flags(capsys):
+    from gradlab import cli
+
+    args = cli.parser().parse_args(["serve", "m.py", "--server.port", "8765", "--server.address", "0.0.0.0",
+                                    "--server.headless", "true"])
+    assert (args.port, args.address, args.headless) == (8765, "0.0.0.0", True)
+    args = cli.parser().parse_args(["serve", "m.py", "--port", "8766", "--headless"])
+    assert (args.port, args.address, args.headless) == (8766, "127.0.0.1", True)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert "test_size=0.2, random_state=0" in " ".join(capsys.readouterr().out.split())  # the 80/20 split, said
+
+
+def test_the_80_20_split_is_said_where_a_researcher_reads():
+    """Data without a test split is split by `train_test_split(x, y, test_size=0.2, random_state=0)`: the oracle is that
+    call itself; the dataset names it (the sidebar's caption shows it), and docs/own-model.md says it."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    d = own.as_dataset((x.astype(np.float32), y))
+    _, x_test, _, _ = train_test_split(x.astype(np.float32), y, test_size=0.2, random_state=0)
+    np.testing.assert_array_equal(d.x_test, x_test)
+    assert d.split == "train_test_split(x, y, test_size=0.2, random_state=0)"
+    given = own.as_dataset((x[:10], y[:10], x[10:15], y[10:15]))
+    assert given.split == ""  # a split of the user's own: nothing to say
+    assert "train_test_split(x, y, test_size=0.2, random_state=0)" in (ROOT / "docs" / "own-model.md").read_text()

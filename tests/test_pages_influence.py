@@ -26,12 +26,14 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     assert _metric(at, "θ̂")[0].value == "minimum"
     # self-influence: gradient norm, TracIn and the influence function, with AUCs
     aucs = _metric(at, "AUC")
-    assert {m.label for m in aucs} == {"AUC · gradient norm", "AUC · TracIn", "AUC · influence function"}
+    assert {m.label for m in aucs} == {"AUC · gradient norm", "AUC · TracIn", "AUC · influence function",
+                                       "AUC · projected (LoGra)", "AUC · EK-FAC"}
     assert all(0.5 < float(m.value) <= 1.0 for m in aucs)
     # every single-model method is scored: agreement metrics against the chosen one (influence function); TRAK
     # trains its ensemble only when it is picked
     assert {m.label for m in _metric(at, "ρ(influence function,")} == {
-        "ρ(influence function, grad dot)", "ρ(influence function, grad cosine)", "ρ(influence function, TracIn)"}
+        "ρ(influence function, grad dot)", "ρ(influence function, grad cosine)", "ρ(influence function, TracIn)",
+        "ρ(influence function, projected (LoGra))", "ρ(influence function, EK-FAC)"}
     # TRAK on a convex model with k ≥ P (650 parameters) and no damping: the Gauss–Newton matrix of softmax
     # regression is its Hessian and both ensemble models converge to the one optimum, so TRAK is the influence function
     at.select_slider(key="infl_damping").set_value(0.0)
@@ -40,7 +42,7 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     assert float(_metric(at, "ρ(TRAK, influence function)")[0].value) >= 0.99
-    assert len(_metric(at, "ρ(TRAK,")) == 4
+    assert len(_metric(at, "ρ(TRAK,")) == 6
     at.select_slider(key="infl_damping").set_value(1e-2)
     # under Adam, TracIn says it follows the SGD-trained run
     at.number_input(key="infl_test").set_value(5)
@@ -73,7 +75,8 @@ def test_influence_page_linear_digits_with_noise_retraining_and_lds():
     at.run()
     assert_clean(at)
     lds = {m.label: float(m.value) for m in _metric(at, "LDS ·")}
-    assert set(lds) == {"LDS · grad dot", "LDS · grad cosine", "LDS · TracIn", "LDS · influence function", "LDS · TRAK"}
+    assert set(lds) == {"LDS · grad dot", "LDS · grad cosine", "LDS · TracIn", "LDS · influence function", "LDS · TRAK",
+                        "LDS · projected (LoGra)", "LDS · EK-FAC"}
     assert all(-1 <= v <= 1 for v in lds.values())
     assert lds["LDS · influence function"] > 0.3  # a convex model: far better than chance
 
@@ -135,7 +138,7 @@ def test_influence_page_method_added_the_registry_way_end_to_end():
     assert not at.error, [e.value for e in at.error]
     assert any(h.value == "Proponents and opponents: Last-layer gradient dot product (representer kernel)"
                for h in at.subheader)
-    assert len(_metric(at, "ρ(last layer,")) == 4                 # against every other single-model method
+    assert len(_metric(at, "ρ(last layer,")) == 6                 # against every other single-model method
     assert 0.5 < float(_metric(at, "AUC · last layer")[0].value) <= 1.0
     at.select_slider(key="infl_lds_m").set_value(20)
     at.select_slider(key="infl_lds_t").set_value(16)
@@ -144,7 +147,7 @@ def test_influence_page_method_added_the_registry_way_end_to_end():
     assert_clean(at)
     lds = {m.label: float(m.value) for m in _metric(at, "LDS ·")}
     assert set(lds) == {"LDS · grad dot", "LDS · grad cosine", "LDS · TracIn", "LDS · influence function", "LDS · TRAK",
-                        "LDS · last layer"}
+                        "LDS · last layer", "LDS · projected (LoGra)", "LDS · EK-FAC"}
     assert lds["LDS · last layer"] > 0.2                          # far better than chance on a small MLP
     # a linear model: the method is not offered, and the page says why
     linear = open_page("influence", **dict(FAST, dataset="moons", model="linear"))

@@ -274,3 +274,37 @@ def test_a_full_collection_frees_cycles_that_were_frozen_while_alive():
         assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
+
+
+def test_a_long_call_shows_progress_even_when_it_reports_none():
+    """Issue 40: a served model's Influence ran 197 s behind a still bar. A nested gated call's progress moves the
+    running computation's bar, and a computation that reports nothing shows its seconds and moves by its estimate."""
+    from gradlab.store import Job
+    from gradlab.ui.cache import CLOCK_AFTER_S, progress_view
+
+    gate, seen, release = Gate(slots=1), [], threading.Event()
+
+    def inner(report):
+        report(0.5, "half of the inner work")
+        release.wait(5)
+        return 1
+
+    job = gate.submit("outer", "outer", lambda report: gate.run("inner", "inner", inner))
+    try:
+        deadline = time.monotonic() + 5
+        while job.fraction == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append((job.fraction, job.text))
+    finally:
+        release.set()
+        gate.leave(job)
+    job.done.wait(5)
+    assert seen == [(0.5, "half of the inner work")] and job.result == 1
+
+    silent = Job("k", "influence", lambda r: None, est_seconds=100.0, est_bytes=0, started=1000.0)
+    assert progress_view(silent, "Scoring", 1000.0 + CLOCK_AFTER_S / 2) == (0.0, "Scoring…")  # a blink: no clock
+    fraction, text = progress_view(silent, "Scoring", 1050.0)
+    assert fraction == 0.5 and text == "Scoring… (50 s so far, about 100 s in all)"
+    assert progress_view(silent, "Scoring", 1300.0) == (0.95, "Scoring… (300 s so far)")  # past its estimate
+    silent.report(0.2, "test point 3 of 16")  # its own progress wins over the clock's
+    assert progress_view(silent, "Scoring", 1050.0) == (0.2, "Scoring… test point 3 of 16 (50 s so far, about 100 s in all)")

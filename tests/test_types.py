@@ -67,6 +67,8 @@ def test_every_annotated_function_is_checked_here(problem):
         "engine.layer_norms_and_grad_sum": lambda f: f(mlp, params, xs, ys),
         "engine.per_example_dots": lambda f: f(mlp, params, xs, ys, engine.batch_grad(mlp, params, xs, ys)),
         "engine.flatten_per_example": lambda f: f(engine.per_example_grads(mlp, params, xs, ys)),
+        "engine.per_example_projections": lambda f: f(mlp, params, xs, ys,
+                                                      engine.projections(mlp, params, xs, ys, k_in=2, k_out=2)),
         "privacy.noisy_clipped_sum": lambda f: f(mlp, params, xs, ys, key, clip_norm=1.0, noise_multiplier=1.0,
                                                  weights=mask),
         "privacy.dp_sgd_gradient": lambda f: f(mlp, params, xs, ys, key, clip_norm=1.0, noise_multiplier=1.0,

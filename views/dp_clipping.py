@@ -52,26 +52,27 @@ def analysis_at(exp, checkpoint, clip_norm, _fitted):
 
 # ------------------------------------------------------------------ clipping at a checkpoint
 st.header("Clipping at a checkpoint")
-c1, c2, c3, c4 = st.columns([3, 1.3, 1.3, 1.3])
-with c1:
-    ckpt = ui.checkpoint_picker(fitted, key="dp_clip_checkpoint")
-norms = norms_at(exp, ckpt, ui.summary_size(exp, fitted), fitted)
-median = float(np.median(norms))
-if len(norms) < n_train:
-    st.caption(f"The median norm is that of {len(norms):,} of the {n_train:,} training examples (a fixed random "
-               "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
-with c2:
-    c_in = ui.control(st.number_input,
-        "Clipping norm C", value=None, min_value=1e-12, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
-        help=f"Empty: the median per-example gradient norm at this checkpoint, {median:.4g} (Abadi et al. 2016's advice).")
-with c3:
-    sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
-                         help="The noise added to the clipped sum has std σ·C.")
-with c4:
-    batch_a = ui.control(st.number_input, "Batch size B", value=int(min(256, n_train)), step=32, key="dp_clip_batch",
-                         help="The noise on the averaged gradient has std σ·C/B per coordinate.")
-log = ui.control(st.toggle, "Log-scale norms", value=True, key="dp_clip_log",
-                 help="Per-example norms of a trained model are heavy-tailed: log₁₀ shows both the bulk and the tail.")
+with ui.point_controls("dp_per_class"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+    c1, c2, c3, c4 = st.columns([3, 1.3, 1.3, 1.3])
+    with c1:
+        ckpt = ui.checkpoint_picker(fitted, key="dp_clip_checkpoint")
+    norms = norms_at(exp, ckpt, ui.summary_size(exp, fitted), fitted)
+    median = float(np.median(norms))
+    if len(norms) < n_train:
+        st.caption(f"The median norm is that of {len(norms):,} of the {n_train:,} training examples (a fixed random "
+                   "subset, as on Gradient norms): all of them would pass what a shared link may compute.")
+    with c2:
+        c_in = ui.control(st.number_input,
+            "Clipping norm C", value=None, min_value=1e-12, format="%.4g", placeholder=f"{median:.2g}", key="dp_clip_c",  # a number fits
+            help=f"Empty: the median per-example gradient norm at this checkpoint, {median:.4g} (Abadi et al. 2016's advice).")
+    with c3:
+        sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, format="%.3g", key="dp_clip_sigma",
+                             help="The noise added to the clipped sum has std σ·C.")
+    with c4:
+        batch_a = ui.control(st.number_input, "Batch size B", value=int(min(256, n_train)), step=32, key="dp_clip_batch",
+                             help="The noise on the averaged gradient has std σ·C/B per coordinate.")
+    log = ui.control(st.toggle, "Log-scale norms", value=True, key="dp_clip_log",
+                     help="Per-example norms of a trained model are heavy-tailed: log₁₀ shows both the bulk and the tail.")
 clip_norm = median if c_in is None else float(c_in)
 
 with ui.guard("The clipping analysis could not be computed"):
@@ -163,29 +164,30 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
                    "so the whole run spends ε = 3 (RDP accountant). Switches the sidebar to digits + linear.")
     dp = {"expected_batch": 256, "steps": 200, "lr": 0.02, **DP_SGD_DEFAULTS.get(exp.model, {})}  # this model's start
     NOISE_MODES = {"epsilon": "σ calibrated to spend the target ε", "sigma": "σ set by hand"}
-    d1, d2, d3, d4 = st.columns(4)
-    with d1:
-        q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, dp["expected_batch"] / n_train), 4),
-                       format="%.4f", step=0.01, key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
-        steps = ui.control(st.number_input, "Training steps T", value=dp["steps"], min_value=1, max_value=5000, step=50,
-                           key="dp_sgd_steps")
-    with d2:
-        c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
-        optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
-    with d3:
-        mode = ui.choice(st.radio, "Noise", NOISE_MODES, "dp_sgd_mode", horizontal=True)
-        if mode == "epsilon":
-            eps_target = ui.control(st.number_input, "Target ε", value=3.0, step=0.5, key="dp_sgd_eps")
-            sigma_in = None
-        else:
-            sigma_in = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma")
-            eps_target = None
-        lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=dp["lr"], key="dp_sgd_lr")
-    with d4:
-        delta = ui.control(st.number_input, "δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta",
-                           help=f"Default below 1/N = {1 / n_train:.1e}.")
-        accountant = ui.choice(st.radio, "Accountant", privacy.ACCOUNTANTS, "dp_sgd_accountant", horizontal=True)
-        seed = ui.control(st.number_input, "Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed")
+    with ui.point_controls("dp_sgd"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+        d1, d2, d3, d4 = st.columns(4)
+        with d1:
+            q = ui.control(st.number_input, "Sampling rate q", value=round(min(1.0, dp["expected_batch"] / n_train), 4),
+                           format="%.4f", step=0.01, key="dp_sgd_q", help="Probability that an example joins a batch: q ∈ (0, 1].")
+            steps = ui.control(st.number_input, "Training steps T", value=dp["steps"], min_value=1, max_value=5000, step=50,
+                               key="dp_sgd_steps")
+        with d2:
+            c_dp = ui.control(st.number_input, "Clipping norm C", value=1.0, format="%.4g", step=0.1, key="dp_sgd_c")
+            optimizer = ui.choice(st.selectbox, "Optimizer (optax)", OPTIMIZERS, "dp_sgd_opt")
+        with d3:
+            mode = ui.choice(st.radio, "Noise", NOISE_MODES, "dp_sgd_mode", horizontal=True)
+            if mode == "epsilon":
+                eps_target = ui.control(st.number_input, "Target ε", value=3.0, step=0.5, key="dp_sgd_eps")
+                sigma_in = None
+            else:
+                sigma_in = ui.control(st.number_input, "Noise multiplier σ", value=1.0, step=0.1, key="dp_sgd_sigma")
+                eps_target = None
+            lr = ui.control(st.select_slider, "Learning rate", options=LRS, value=dp["lr"], key="dp_sgd_lr")
+        with d4:
+            delta = ui.control(st.number_input, "δ", value=1e-5, format="%.1e", step=1e-6, key="dp_sgd_delta",
+                               help=f"Default below 1/N = {1 / n_train:.1e}.")
+            accountant = ui.choice(st.radio, "Accountant", privacy.ACCOUNTANTS, "dp_sgd_accountant", horizontal=True)
+            seed = ui.control(st.number_input, "Seed", value=0, min_value=0, max_value=10_000, key="dp_sgd_seed")
 
 
     def dp_sgd_cost(fitted, q, steps, *_):

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import equivalence, ui
+from gradlab import equivalence, memory, ui
 from gradlab.ui.figures import plots
 
 st.title("Equivalence")
@@ -19,25 +19,28 @@ ui.intro(
 )
 
 EXAMPLES = {"experiment": "the current experiment (sidebar)", "scalar": "the seeds' (w·x)², w = 1, x = [1, 2]"}
-c1, c2 = st.columns([3, 2])
-with c1:
-    example = ui.choice(st.radio, "Example", EXAMPLES, "eq_example", horizontal=True)
-with c2:
-    reduction = ui.control(st.radio, "Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction",
-                           help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
+with ui.point_controls("equivalence"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+    c1, c2 = st.columns([3, 2])
+    with c1:
+        example = ui.choice(st.radio, "Example", EXAMPLES, "eq_example", horizontal=True)
+    with c2:
+        reduction = ui.control(st.radio, "Reduction", ["sum", "mean"], horizontal=True, key="eq_reduction",
+                               help="sum: seed 002's Σᵢ gᵢ vs ∇ Σᵢ ℓᵢ. mean: (1/N) Σᵢ gᵢ vs ∇ mean ℓᵢ.")
 
 exp = ui.experiment()
 
 
 @ui.shared(label="Computing both ways in float32 and float64")
-def comparison(exp, example, _fitted=None):
-    """Both reductions at once (one pass of each way per precision): the Reduction radio is then a cache hit."""
+def comparison(exp, example, n, _fitted=None):
+    """Both reductions at once (one pass of each way per precision): the Reduction radio is then a cache hit.
+    `n`: how many training examples (`ui.equivalence_plan`; all, or a fixed random subset)."""
     if example == "scalar":
         loss, w, xs, ys = equivalence.scalar_example()
         return *equivalence.compare_all(loss, w, xs, ys), None
     f = _fitted
-    xs, ys = f.data.x_train, f.data.y_train
-    return *equivalence.compare_all(f.loss_fn, f.model, xs, ys), equivalence.shapes(f.loss_fn, f.model, xs, ys)
+    xs, ys = equivalence.take(f.data.x_train, f.data.y_train, n)
+    return (*equivalence.compare_all(f.loss_fn, f.model, xs, ys, between=memory.release_memory),
+            equivalence.shapes(f.loss_fn, f.model, xs, ys))
 
 
 @ui.shared(label="Running the pitfalls")
@@ -45,18 +48,30 @@ def pitfalls():
     return equivalence.run_pitfalls()
 
 
-fitted = result = None
+def subset_note(plan) -> str:
+    """Which examples a reduced comparison takes, how they were chosen and why (gradlab's Markdown, no user text)."""
+    if plan.why == "memory":
+        why = (f"way (b), one gradient of the summed float64 loss, keeps about {memory.mb(plan.bytes_per_example)} per "
+               f"example for its backward pass, and {plan.n:,} examples fill this server's "
+               f"{memory.mb(plan.budget_bytes)} per computation (all {plan.total:,}: "
+               f"{memory.mb(plan.bytes_per_example * plan.total)})")
+    else:
+        why = (f"all {plan.total:,} in float64 would take about {plan.seconds_all:,.0f} CPU-seconds, more than the "
+               f"{plan.seconds_left:.0f} a link may spend on this comparison")
+    return (f"**Compared on {plan.n:,} of the {plan.total:,} training examples**, drawn at random (seed "
+            f"{equivalence.SUBSET_SEED}: the same examples for every visitor): {why}. The two ways agree on any set "
+            "of examples, so the check is the same; `equivalence.compare_all` takes every example in a notebook or "
+            "script.")
+
+
+fitted = result = plan = None
 with ui.guard("The two ways could not be compared"):
     if example == "experiment":
-        # Refuse before training: the widest MLP would train for minutes and hold its checkpoints first.
-        if (p := ui.num_params(exp)) > equivalence.PAGE_MAX_PARAMS:
-            raise ValueError(f"This model has {p:,} parameters; this page compares both "
-                             f"ways in float64 over every example and allows at most {equivalence.PAGE_MAX_PARAMS:,} "
-                             "on a shared server. Use a hidden width of 256 with 2 layers or smaller, or the "
-                             "seeds' scalar example above.")
-        fitted = ui.fitted(exp)
+        fitted = ui.fitted(exp)  # a model too large to train from a link asks for its button here
+        plan = ui.equivalence_plan(exp, fitted)
     with st.spinner("Computing both ways in float32 and float64…"):
-        by_reduction, scaling, shape_rows = comparison(exp if example == "experiment" else None, example, fitted)
+        by_reduction, scaling, shape_rows = comparison(exp if example == "experiment" else None, example,
+                                                       plan.n if plan else None, fitted)
     result = cmp = by_reduction[reduction]
 
 if result is not None:
@@ -64,7 +79,8 @@ if result is not None:
         if example == "scalar":  # the seeds' numbers as a figure: [2, 8] per example, 10 both ways
             ui.chart(plots.scalar_gradients(*ui.shared(gated=False)(equivalence.scalar_gradients)()))
         m = st.columns(4)
-        m[0].metric("N examples", f"{cmp.n:,}", help=f"P = {cmp.num_params:,} parameters")
+        m[0].metric("N examples", f"{cmp.n:,}" + (f" of {plan.total:,}" if plan and plan.reduced else ""),
+                    help=f"P = {cmp.num_params:,} parameters")
         m[1].metric("float32: max rel. |a − b|", f"{cmp.max_rel32:.1e}",
                     help="Largest over leaves of max|a − b| / max|b|: float32 rounding, about N·ε₃₂ at worst.")
         m[2].metric("float64: max rel. |a − b|", f"{cmp.max_rel64:.1e}", help="The same in float64: ~1e-16.")
@@ -74,6 +90,8 @@ if result is not None:
             st.markdown(f"Way (a) = **{float(a):g}**, way (b) = **{float(b):g}** "
                         f"(the seeds: per-example gradients `[2., 8.]`, summed 10).")
 
+        if plan and plan.reduced:
+            st.info(subset_note(plan), icon=":material/filter_alt:")
         names = [l.name for l in cmp.leaves]
         ui.chart(plots.equivalence_bars(names, [l.rel32 for l in cmp.leaves], [l.rel64 for l in cmp.leaves], reduction=reduction),
                         width="stretch")

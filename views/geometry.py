@@ -162,9 +162,12 @@ with left:
                                      removed=removed.index if removed else None, kind=kind),
                  on_select="rerun", selection_mode="points", key=PICK)
 with right:
-    ui.control(st.number_input, "Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
-               placeholder="none", disabled=name == "scalar",
-               help="Or click a point in the chart. Retrain without it (Newton's method) and compare with the influence function.")
+    with ui.point_controls("geo_removal"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+        ui.control(st.number_input, "Remove training example #", min_value=0, max_value=p.n - 1, value=None, key="geo_remove",
+                   placeholder="none", disabled=name == "scalar",
+                   help="Or click a point in the chart. Retrain without it (Newton's method) and compare with the influence function.")
+    if remove is not None and name != "scalar":
+        ui.card_link(int(remove), f"Open example {int(remove)}'s record card", rec_set=name)
     with ui.point("geo_removal"):  # a lecture step opens on this block (gradlab.ui.points; issue 41)
         if removed is not None:
             moved = np.linalg.norm(removed.retrained - removed.optimum)

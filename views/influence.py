@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import influence as inf
-from gradlab import costs, engine, export, losses, memory, ui
+from gradlab import costs, engine, export, losses, ui
 from gradlab.influence import fitted as ifit
 from gradlab.influence import methods as registry
 from gradlab.metrics import detection_roc, fraction_in_top
@@ -19,8 +19,10 @@ st.title("Influence")
 st.markdown(
     "Pick a test point. Every training example gets a **score**: how much it helped (**proponent**, positive) or "
     "hurt (**opponent**, negative) that prediction, by the gradient dot product, **TracIn**, the **influence "
-    "function**, **TRAK** or the last layer's gradients. Scores alone can mean nothing: the bottom of the page "
-    "**retrains** without the top examples and scores every method by the **linear datamodeling score**."
+    "function**, **TRAK**, the last layer's gradients or **projected gradients** at the trained model. Scores alone "
+    "can mean nothing: the bottom of the page **retrains** without the top examples and scores every method by the "
+    "**linear datamodeling score**. Each method runs where its own cost fits this server: on a large model, those "
+    "that need no re-converged optimum θ̂."
 )
 
 ui.terms("influence function", "proponents and opponents", "L-BFGS", "H⁻¹v", "TracIn", "TRAK", "LDS", "self-influence")
@@ -28,19 +30,20 @@ exp = ui.experiment()
 OPTIMUM_ITERS = costs.OPTIMUM_ITERS
 
 
-def check_work(P: int, n: int, extra=lambda p_: 0.0) -> None:
-    """Refuse influence scores over the work budget, naming the largest model that fits (ValueError); `extra(P)`:
-    the picked method's own CPU-seconds beyond the page's shared work (`Method.cost_seconds`)."""
-    work = lambda p_: (costs.influence_page_seconds(p_, n, steps=exp.steps, batch_size=exp.batch_size)  # noqa: E731
-                       + extra(p_))
-    p_fits = costs.largest([2**i * 1000 for i in range(12)], work)
-    costs.check_work(work(P), f"Influence scores for P = {P:,} parameters", f"Use a model with at most "
-                     f"{p_fits:,} parameters (a smaller width or fewer layers)." if p_fits else "Use a smaller model.")
+def check_work(w) -> None:
+    """Refuse the page when no method fits this server (`escape.Refusal`): each method is gated on its own cost."""
+    g = ifit.gate(METHODS, w, registry.defaults())
+    if not any(g.fits(n_) for n_ in METHODS):
+        cheapest = min(g.first, key=g.first.get)
+        costs.check_work(g.first[cheapest], f"Influence scores for P = {w.num_params:,} parameters (by the cheapest "
+                         f"method, {METHODS[cheapest].label.lower()})", "Use a smaller model.")
 
 
 if not exp.source.brings_model:  # before training: a model this page refuses whatever it scores is not trained for it
     with ui.guard("The influence scores do not fit this server", stop=True):
-        check_work(ui.num_params(exp), ui.num_examples(exp))
+        n_train = ui.num_examples(exp)
+        check_work(inf.Work(num_params=ui.num_params(exp), n=n_train, steps=exp.steps, batch_size=exp.batch_size,
+                            macs=ui.macs(exp)))
 fitted = ui.fitted(exp)
 data = fitted.data
 classify = data.task == "classification"
@@ -129,8 +132,9 @@ st.subheader("The test point")
 left, right = st.columns([1, 2])
 name = (lambda c: data.class_names[int(c)]) if classify else (lambda v: f"{float(v):.2f}")
 with left:
-    test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
-                            help="Or click a point in the chart.")
+    with ui.point_controls("influence_proponents"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+        test_index = ui.control(st.number_input, "Test point (index)", min_value=0, max_value=n_test - 1, value=0, key=INDEX,
+                                help="Or click a point in the chart.")
     test_index = int(min(max(int(test_index), 0), n_test - 1))
     if data.image_shape is not None:
         ui.chart(plots.image_grid(pixels(data.x_test[[test_index]]), [f"test #{data.row(test_index, 'test')}"], cols=1,
@@ -152,16 +156,19 @@ with right:
 
 # ------------------------------------------------------------------ controls
 use, not_here = ifit.available(fitted)  # the registry's methods that apply to this model, in its order
+work = ifit.work(fitted, macs=ui.macs(exp))
+opened_on = ifit.gate(use, work, registry.defaults()).default(use)  # the default, or the first fallback that fits
 settings = {}
 c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
 with c1:
     method = ui.choice(st.selectbox, "Scoring method", {n_: m_.label for n_, m_ in use.items()}, "infl_method",
-                       index=list(use).index(registry.DEFAULT) if registry.DEFAULT in use else 0)
+                       index=list(use).index(opened_on))
 for col, control in zip((c2, c3), registry.SETTINGS):
     with col:
         settings[control.name] = draw(control, settings)
 with c4:
-    k = ui.control(st.number_input, "Top-k", min_value=1, max_value=24, value=8, key="infl_k")
+    with ui.point_controls("influence_proponents"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+        k = ui.control(st.number_input, "Top-k", min_value=1, max_value=24, value=8, key="infl_k")
 for m_ in use.values():  # each method's own controls, in its expander
     if m_.controls:
         with st.expander(f"{m_.short[:1].upper()}{m_.short[1:]} settings"):
@@ -174,28 +181,40 @@ if not_here:
 l2, damping = float(settings["l2"]), float(settings["damping"])
 P = engine.num_params(fitted.model)
 chosen = METHODS[method] if method in use else next(iter(use.values()))
-run_now = {n_: m_ for n_, m_ in use.items() if not m_.on_demand or m_ is chosen}  # ensembles train when picked
 
-# ------------------------------------------------------------------ what it will hold, before it runs
-with ui.guard("The influence scores do not fit this server", stop=True):
-    n_ckpt = len(fitted.run.checkpoints)
-    held = {n_: m_.held_bytes(P, settings, n_ckpt) for n_, m_ in use.items()}  # every method: the LDS runs them all
-    largest = max(held, key=held.get)
-    memory.check(f"Influence scores for a model of P = {P:,} parameters",
-                 memory.influence_bytes(P, 0, 0, 0) + sum(held.values()),
-                 use[largest].fix(P, settings, n_ckpt))
-    if not optimum.stored(fitted, l2):
-        check_work(P, len(data.y_train), lambda p_: sum(
-            m_.cost_seconds(p_, len(data.y_train), settings, steps=exp.steps, batch_size=exp.batch_size)
-            for m_ in run_now.values()))
-
-# ------------------------------------------------------------------ the one optimum
-with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} iterations)…"):
-    base = None
-    with ui.guard("Could not converge the objective"):
-        base = optimum(fitted, l2)
-if base is None:
+# ------------------------------------------------------------------ each method gated on its own cost, before it runs
+gate = ifit.gate(use, work, settings, optimum_stored=optimum.stored(fitted, l2))
+if not gate.fits(chosen.name):
+    fallback = gate.default(use)
+    st.warning(f"**{chosen.label}** does not fit this server: {ui.inert(gate.why[chosen.name])}. "
+               + (f"Showing **{METHODS[fallback].label}** instead, which does." if gate.fits(fallback) else ""),
+               icon=":material/hourglass_disabled:")
+    chosen = METHODS[fallback]
+    method = chosen.name
+if not gate.fits(chosen.name):
+    st.error(f"**No attribution method fits this server for P = {P:,} parameters.** "
+             f"{ui.inert(gate.why[chosen.name])}. Use a smaller model.", icon="⚠️")
     st.stop()
+if opened_on != registry.DEFAULT and method == opened_on and registry.DEFAULT in use:
+    st.info(f"Opened on **{chosen.label}**: the {METHODS[registry.DEFAULT].label.lower()} does not fit this server "
+            f"here ({ui.inert(gate.why.get(registry.DEFAULT, ''))}).", icon=":material/speed:")
+run_now = {n_: m_ for n_, m_ in use.items() if m_ is chosen or gate.joins(n_, m_)}  # ensembles train when picked
+left_out = [n_ for n_, m_ in use.items() if n_ not in run_now and not m_.on_demand]
+if left_out:
+    st.caption("Not computed beside the picked method (pick one to run it): " + "; ".join(
+        f"**{METHODS[n_].short}**: " + (ui.inert(gate.why[n_]) if n_ in gate.why else
+                                        f"about {gate.click[n_]:,.0f} CPU-seconds per test point")
+        for n_ in left_out) + ".")
+
+# ------------------------------------------------------------------ the one optimum, only for a method that needs it
+base = None
+if any(m_.needs_optimum for m_ in run_now.values()):
+    with st.spinner(f"Converging mean loss + λ/2‖θ‖² from the trained model (L-BFGS, up to {OPTIMUM_ITERS} "
+                    "iterations)…"):
+        with ui.guard("Could not converge the objective"):
+            base = optimum(fitted, l2)
+    if base is None:
+        run_now = {n_: m_ for n_, m_ in run_now.items() if not m_.needs_optimum}
 verdict = st.container()  # filled below, once the retraining check is known: the evidence comes first
 
 # ------------------------------------------------------------------ every method: prepared once, then scored
@@ -272,24 +291,36 @@ with ui.point("influence_proponents"):  # a lecture step opens on this block (gr
                  width="stretch")
 table = pd.DataFrame({**export.example_columns(data, np.arange(len(s))), "label": [name(v) for v in data.y_train], "flipped label": flipped,
                       **{METHODS[m_].short: v for m_, v in scores.items()}})
-ui.dataframe(table.iloc[np.concatenate([props, opps])], hide_index=True, width="stretch")
+shown = np.concatenate([props, opps])
+card_row = ui.selected_row(ui.dataframe(table.iloc[shown], hide_index=True, width="stretch", on_select="rerun",
+                                        selection_mode="single-row", key="infl_card_pick"))
+st.caption("Select a proponent or opponent to open its record card.")
+if card_row is not None:
+    ui.open_card(shown[card_row])
 ui.download(f"gradlab_influence_{exp.dataset}_test{test_index}", table, label="Scores of every training example")
 
 # ------------------------------------------------------------------ the optimum the scores use
 st.markdown("**The optimum θ̂** the influence function, self-influence and the retraining check use (L-BFGS on "
             f"F(θ) = mean loss + {l2:g}/2‖θ‖², from the trained model)")
-o = st.columns(3)
-o[0].metric("‖∇F(θ̂)‖ at the point used", f"{base.grad_norm:.1e}",
-            help=f"Gradient norm of F(θ) = mean loss + {l2:g}/2‖θ‖² at θ̂; the target is {base.tol:.0e}.")
-o[1].metric("L-BFGS iterations", f"{base.iterations}")
-o[2].metric("θ̂", "minimum" if base.converged else "near-minimum",
-            help="Whether ‖∇F‖ reached the target. A ReLU network's F has kinks, where L-BFGS stalls near 1e-3: "
-                 "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions. The "
-                 "retraining check below measures whether the rankings still hold.")
-if not base.converged:
-    st.caption(f"θ̂ stopped at ‖∇F‖ = {base.grad_norm:.1e} after {base.iterations} iterations (target {base.tol:.0e})"
-               + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
-                  if exp.model != "linear" and exp.activation == "relu" else "."))
+if base is None:
+    st.info("θ̂ is not converged here: "
+            + (f"{ui.inert(gate.optimum_why)}. " if gate.optimum_why else
+               "no method on this view needs it (pick the influence function to converge it). ")
+            + "The methods shown score at the trained model itself: "
+            + ", ".join(METHODS[n_].short for n_ in run_now) + ".", icon=":material/info:")
+else:
+    o = st.columns(3)
+    o[0].metric("‖∇F(θ̂)‖ at the point used", f"{base.grad_norm:.1e}",
+                help=f"Gradient norm of F(θ) = mean loss + {l2:g}/2‖θ‖² at θ̂; the target is {base.tol:.0e}.")
+    o[1].metric("L-BFGS iterations", f"{base.iterations}")
+    o[2].metric("θ̂", "minimum" if base.converged else "near-minimum",
+                help="Whether ‖∇F‖ reached the target. A ReLU network's F has kinks, where L-BFGS stalls near 1e-3: "
+                     "θ̂ is then a near-minimum, and the damping δ absorbs the Hessian's negative directions. The "
+                     "retraining check below measures whether the rankings still hold.")
+    if not base.converged:
+        st.caption(f"θ̂ stopped at ‖∇F‖ = {base.grad_norm:.1e} after {base.iterations} iterations (target {base.tol:.0e})"
+                   + (f": {exp.activation} has kinks where the gradient jumps; tanh or softplus converge."
+                      if exp.model != "linear" and exp.activation == "relu" else "."))
 
 
 # ------------------------------------------------------------------ agreement between methods
@@ -378,7 +409,8 @@ with ui.point("influence_self"):  # a lecture step opens on this block (gradlab.
 RETRAIN_ITERS = 300
 st.subheader("Check against retraining")
 st.markdown(
-    f"At the same θ̂ the ranking above used (‖∇F‖ = {base.grad_norm:.1e}), take the k most positive and k most "
+    "At the same θ̂ the influence function uses"
+    + (f" (‖∇F‖ = {base.grad_norm:.1e})" if base is not None else "") + ", take the k most positive and k most "
     "negative influence-function predictions, **retrain without each example** (L-BFGS warm-started from θ̂, same λ, "
     f"up to {RETRAIN_ITERS} iterations) and measure the actual change of this test loss. Points on the diagonal mean "
     "the prediction is right. Koh & Liang (2017, Fig. 2) report Pearson 0.86 for a CNN and 0.95 for a smooth SVM."
@@ -386,7 +418,9 @@ st.markdown(
 
 
 def retraining_cost(fitted, test_index, l2, damping, solver, lissa_scale, k):
-    return costs.retraining_seconds(engine.num_params(fitted.model), len(fitted.data.y_train), k=k)
+    p_, n_ = engine.num_params(fitted.model), len(fitted.data.y_train)
+    theta = 0.0 if optimum.stored(fitted, l2) else costs.optimum_seconds(p_, n_)  # θ̂ first, when not stored
+    return costs.retraining_seconds(p_, n_, k=k) + theta
 
 
 @ui.shared(label="Retraining", cost=retraining_cost)
@@ -404,11 +438,23 @@ with c1:
 solver, lissa_scale = settings["solver"], float(settings["lissa_scale"]) if settings["solver"] == "lissa" else 0.0
 check_args = (fitted, test_index, l2, damping, solver, lissa_scale, int(rk))
 chk = None
-with c1, ui.guard("The retraining check failed"):
-    fits = costs.largest(range(2, int(rk) + 1), lambda k_: retraining_cost(*check_args[:6], k_))
-    chk = ui.on_request(retraining, *check_args, name="infl_retrain", button="Check against retraining",
-                        fix=f"Use k ≤ {fits}." if fits else "Use a smaller model.")
-if chk is None:
+fits = costs.largest(range(2, int(rk) + 1), lambda k_: retraining_cost(*check_args[:6], k_))
+if gate.optimum_why or (fits is None and not retraining.stored(*check_args)):
+    c2.info("**The retraining check does not fit this server here:** "
+            + (f"{ui.inert(gate.optimum_why)}" if gate.optimum_why else
+               f"retraining {2 * int(rk)} models would take about {retraining_cost(*check_args):,.0f} CPU-seconds, "
+               f"over the {costs.WORK_BUDGET_SECONDS:.0f} allowed")
+            + ". What fits: the rankings above, their agreement and self-influence; on a smaller model (the digits "
+              "MLP) the check runs in seconds.", icon=":material/hourglass_disabled:")
+else:
+    with c1, ui.guard("The retraining check failed"):
+        chk = ui.on_request(retraining, *check_args, name="infl_retrain", button="Check against retraining",
+                            fix=f"Use k ≤ {fits}." if fits else "Use a smaller model.")
+if chk is None and gate.optimum_why:
+    verdict.info("**Does the ranking hold?** Retraining without the top-ranked examples does not fit this server "
+                 "for this model (further down: why); the methods' agreement and self-influence below are what "
+                 "fits.", icon=":material/help:")
+elif chk is None:
     st.caption("Press the button to retrain (a few seconds for linear models, longer for an MLP).")
     verdict.info("**Does the ranking hold?** Press **Check against retraining** (further down): it retrains without "
                  "the top-ranked examples and compares the predicted with the actual change of this test loss.",
@@ -417,7 +463,7 @@ else:
     verdict.success(f"**The ranking holds against actual retraining:** for test point #{test_index}, the influence "
                     f"function's predicted changes agree with {len(chk.indices)} retrained models with Pearson "
                     f"r = {chk.pearson:.3f} (Koh & Liang 2017 report 0.86 for a CNN)."
-                    + ("" if base.converged else " θ̂ is a near-minimum (a ReLU network's loss has kinks), and "
+                    + ("" if chk.base.converged else " θ̂ is a near-minimum (a ReLU network's loss has kinks), and "
                        "the rankings still track retraining."), icon=":material/verified:")
 
     m = st.columns(4)
@@ -448,18 +494,20 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
     )
 
 
-    def lds_cost(fitted, m, n_test_, settings_):
+    def lds_cost(fitted, m, n_test_, settings_, names_=None):
         r = fitted.recipe
         return costs.lds_seconds(engine.num_params(fitted.model), models=m, steps=r["steps"], batch_size=r["batch_size"],
                                  n_test=n_test_, n=len(fitted.data.y_train))
 
 
     @ui.shared(label="Computing the LDS", cost=lds_cost)
-    def lds_results(fitted, m, n_test_, settings_, progress):
-        """Every applicable method's LDS on one ensemble of half-data models (each method prepared once, shared
-        with the scores above)."""
+    def lds_results(fitted, m, n_test_, settings_, progress, names_=None):
+        """The LDS of every applicable method in `names_` (default: all) on one ensemble of half-data models (each
+        method prepared once, shared with the scores above)."""
         opts, states_, errors_ = dict(settings_), {}, {}
         for n_, m_ in ifit.available(fitted)[0].items():
+            if names_ is not None and n_ not in names_:
+                continue
             states_[n_], why = prepared(fitted, n_, m_.key(opts, m_.prepare_reads))
             if why is not None:
                 errors_[n_] = why
@@ -472,11 +520,13 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
     c1, c2, c3 = st.columns([1, 1, 2])
     lds_m = int(ui.control(c1.select_slider, "Models M", options=[20, 50, 100], value=50, key="infl_lds_m"))
     lds_t = int(ui.control(c2.select_slider, "Test points", options=[16, 32, 64], value=32, key="infl_lds_t"))
+    fitting = tuple(n_ for n_ in use if gate.fits(n_))  # each method only where its own cost fits
     lds_args = (fitted, lds_m, lds_t, tuple(sorted(settings.items())))
+    lds_kw = {} if len(fitting) == len(use) else {"names_": fitting}  # the digits MLP keeps its stored key
     lds_out = None
     with c3, ui.guard("The LDS could not be computed"):
-        fits = costs.largest([20, 50, 100], lambda m_: lds_cost(fitted, m_, *lds_args[2:]))
-        lds_out = ui.on_request(lds_results, *lds_args, name="infl_lds", button="Compute the LDS of every method",
+        fits = costs.largest([20, 50, 100], lambda m_: lds_cost(fitted, m_, *lds_args[2:], **lds_kw))
+        lds_out = ui.on_request(lds_results, *lds_args, **lds_kw, name="infl_lds", button="Compute the LDS of every method",
                                 fix=f"Use M ≤ {fits} models." if fits else "Use fewer test points or a smaller model.")
     if lds_out is None:
         st.caption(f"Press the button: {lds_m} models train in one vmapped scan, then every method scores "
@@ -520,6 +570,13 @@ base = inf.minimize(loss, params, xs, ys, l2=lam, max_iter=500)      # base.grad
 # gradient dot product with every training example, streamed in chunks (never N x P)
 g_test = jax.grad(loss)(params, x_test, y_test)
 grad_dot = engine.per_example_dots(loss, params, xs, ys, g_test)           # (N,)
+
+# projected gradients at the trained model, no θ̂ (LoGra, Choe et al. 2024): per layer (a Pa)ᵀ(δ Pd) from the rules'
+# a and δ, never the gradient; the training features once, then each test point is one matrix-vector product
+proj = engine.projections(loss, params, xs, ys, k_in=16, k_out=16)         # Gaussian Pa (I, 16), Pd (O, 16) per layer
+Phi = engine.per_example_projections(loss, params, xs, ys, proj)            # (N, k), streamed
+phi = engine.per_example_projections(loss, params, x_test[None], y_test[None], proj)[0]
+projected = Phi @ phi                                                       # (N,) ≈ grad_dot
 
 # TracIn (Pruthi et al. 2020): checkpoints after SGD steps, each weighted by the learning rate used there
 ckpts, lrs = inf.tracin_checkpoints(sgd_run)                               # the initialization is not one

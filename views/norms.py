@@ -29,11 +29,12 @@ def summary(exp, checkpoint, size, _fitted):
     return norm_summary(_fitted, checkpoint, size=size)
 
 
-c1, c3 = st.columns([4, 1])
-with c1:
-    ckpt = ui.checkpoint_picker(fitted)
-with c3:
-    k = ui.control(st.number_input, "Top-k examples", min_value=1, max_value=48, value=16, key="topk")
+with ui.point_controls("norms_top"):  # beside its figure where a lecture step moved it (gradlab.ui.points.controls)
+    c1, c3 = st.columns([4, 1])
+    with c1:
+        ckpt = ui.checkpoint_picker(fitted)
+    with c3:
+        k = ui.control(st.number_input, "Top-k examples", min_value=1, max_value=48, value=16, key="topk")
 
 n_train = len(data.y_train)
 with st.spinner("Computing per-example gradients…"):
@@ -56,7 +57,17 @@ def histograms():
     log = ui.control(st.toggle, "Log scale", value=True, key="log")
     # one figure per row: side by side, a laptop's 1024 px with the sidebar open left each ~250 px, too narrow for
     # the histogram's title and axis
-    ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch")
+    bars = ui.chart(plots.norm_histogram(s.norms, log=log, flipped=flipped if noisy else None), width="stretch",
+                    on_select="rerun", selection_mode="points", key="norms_hist_pick")
+    bar = ui.picked_index(bars, 10**6)  # a click on a bar: its bin (customdata), whose examples open as a list
+    if bar is not None:
+        members = plots.norm_bin_members(s.norms, bar, log=log)
+        with st.container(border=True, key="norms_bin_list"):
+            st.markdown(f"**{len(members)} example{'s' * (len(members) != 1)} in this bar** (by norm; the first 24): "
+                        "open one's record card.")
+            with st.container(horizontal=True):
+                for j in members[:24]:
+                    ui.card_link(idx[j], f"#{data.row(idx[j])} ‖g‖={s.norms[j]:.2g}")
     ui.chart(plots.layer_share(s.layer_norms), width="stretch")
     if data.task == "classification":
         ui.chart(plots.norm_histogram_by_class(s.norms, y, data.class_names, log=log), width="stretch")
@@ -112,7 +123,12 @@ else:  # a served regression model without a predict_fn has none (NaN)
     predicted = {} if np.isnan(s.predictions).all() else {"prediction": s.predictions}
 table = pd.DataFrame({**who, **predicted, "loss": s.losses, "gradient norm": s.norms,
                       **({"flipped label": flipped} if noisy else {})})  # no flips, no column of empty boxes
-ui.dataframe(table.iloc[top], hide_index=True, width="stretch")
+picked_row = ui.selected_row(ui.dataframe(table.iloc[top], hide_index=True, width="stretch", on_select="rerun",
+                                          selection_mode="single-row", key="norms_topk_pick"))
+st.caption("Select a row to open that example's record card (its gradient norm over training, clipping, influence, "
+           "memorization).")
+if picked_row is not None:
+    ui.open_card(idx[top[picked_row]])
 
 if det is not None:
     loss_det = detection_roc(s.losses, flipped)

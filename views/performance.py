@@ -56,6 +56,12 @@ def problem(workload, exp, _data=None):
     return loss_for(data.task), init_model(exp, data), data.x_train, data.y_train
 
 
+@ui.shared(gated=False)
+def example_size(workload, exp, _problem) -> int:
+    """Bytes one example's forward pass keeps for the backward (`memory.example_bytes`, traced, not run)."""
+    return memory.example_bytes(*_problem)
+
+
 loss_fn = params = xs = ys = None
 with ui.guard("The workload could not be built", stop=True):
     upload_data = ui.data(exp) if workload == "experiment" else None  # loaded once per data key (an upload: its bytes)
@@ -71,14 +77,34 @@ if not approaches or not sizes:
     st.info("Pick at least one approach and one batch size.")
     st.stop()
 
-# Memory budget: a cell whose approach must hold more than the budget (N × P materialized) is skipped.
-fits = lambda a, n: memory.XLA_COPIES * bench.memory_bytes(a, n, P) <= memory.BUDGET_BYTES  # noqa: E731
-cells = tuple((a, tuple(n for n in sizes if fits(a, n))) for a in approaches)
-skipped = [f"{bench.APPROACHES[a]} above N = {max(ns)}" if ns else f"{bench.APPROACHES[a]} at every N"
-           for a, ns in cells if len(ns) < len(sizes)]
+# Memory and time: each cell (an approach at one N) is checked against the memory budget per computation (N × P
+# floats of per-example gradients, a convolution's activations), an approach that fits none of the chosen N runs at the
+# largest N that fits (timed for every approach: common ratios), and the largest N go until a link's sweep fits the work
+# budget (its compiling counted). `bench.plan_sweep` decides; this page says what it left out.
+example_bytes = example_size(workload, exp if workload == "experiment" else None, (loss_fn, params, xs, ys))
+forward = ui.macs(exp) if workload == "experiment" else 0  # the benchmark MLP: its P
+link_seconds = costs.WORK_BUDGET_SECONDS - costs.PAGE_SECONDS
+plan = bench.plan_sweep(approaches, sizes, P, n_available=n_avail, repeats=repeats, loop_max=loop_max,
+                        example_bytes=example_bytes, macs=forward, seconds=link_seconds)
+cells = plan.cells
+skipped = []
+for a in approaches:
+    if over := {n for m, n in plan.over_memory if m == a}:
+        within = [n for n in sizes if n not in over]
+        skipped.append(f"{bench.APPROACHES[a]} above N = {max(within)}" if within
+                       else f"{bench.APPROACHES[a]} at every chosen N")
 if skipped:
+    reduced = (f" So that every approach is on the figure, all of them are also timed at **N = {plan.reduced:,}**, the "
+               f"largest N at which {', '.join(bench.APPROACHES[a] for a, ns in cells if ns == (plan.reduced,))} fits."
+               if plan.reduced else "")
     st.warning(f"Over this server's {memory.mb(memory.BUDGET_BYTES)} memory budget per computation (P = {P:,} "
-               f"parameters), these cells are skipped: {'; '.join(skipped)}. Pick a smaller model or N.", icon="⚠️")
+               f"parameters, {memory.mb(example_bytes)} of intermediates per example), these cells are skipped: {'; '.join(skipped)}.{reduced}", icon="⚠️")
+if plan.over_time:
+    st.info(f"N = {', '.join(f'{n:,}' for n in plan.over_time)} left out: with "
+            f"{'it' if len(plan.over_time) == 1 else 'them'} the sweep would take more than the "
+            f"{link_seconds:.2g} CPU-seconds a link may spend on it on this shared server (compiling each approach for "
+            f"each N included; this one, about {plan.seconds:.2g}). Pick fewer approaches or batch sizes to time "
+            f"{'it' if len(plan.over_time) == 1 else 'them'}.", icon=":material/timer:")
 
 
 @ui.shared(label="Timing")
@@ -89,15 +115,17 @@ def timings(workload, exp, approach, ns, repeats, loop_max, attempt, machine, _p
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return [dict(approach=t.approach, n=t.n, run_s=t.run_s, compile_s=t.compile_s, first_s=t.first_s, measured=when)
             for t in bench.sweep(*_problem, ns, [approach], repeats=repeats, loop_max=loop_max,
-                                 progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"))]
+                                 progress=lambda f, text: progress(f, f"{bench.APPROACHES[approach]}: {text}"),
+                                 # each N compiles anew: a large model's programs must not pile up (the loop's one
+                                 # gradient is compiled once and kept)
+                                 between=None if approach == "loop" else memory.release_memory)]
 
 
 with ui.guard("The sweep does not fit this server's work budget", stop=True):
     if not all(timings.stored(workload, exp if workload == "experiment" else None, a, ns, repeats, loop_max,
                               st.session_state.get("_perf_attempt", 0), MACHINE, None) for a, ns in cells if ns):
-        timed = [(a, tuple(n for n in ns if a != "loop" or n <= loop_max)) for a, ns in cells]
-        costs.check_work(costs.timing_seconds(P, timed, repeats=repeats), "This sweep",
-                         "Pick fewer batch sizes, fewer timed runs, or run the Python loop only up to a smaller N.")
+        costs.check_work(plan.seconds, "This sweep",  # only when even the smallest sizes left do not fit
+                         "Pick fewer approaches, batch sizes or timed runs, or run the Python loop only up to a smaller N.")
 
 if st.button("Run the sweep again", help="Timings vary with the machine's load; measure again."):
     st.session_state["_perf_attempt"] = st.session_state.get("_perf_attempt", 0) + 1
@@ -118,6 +146,14 @@ n_top = max(r["n"] for r in rows)
 at_top = {r["approach"]: r for r in rows if r["n"] == n_top}
 n_loop = max((r["n"] for r in rows if r["approach"] == "loop"), default=None)
 at_loop = {r["approach"]: r for r in rows if r["n"] == n_loop}
+cell = {(r["approach"], r["n"]): r for r in rows}
+
+
+def common_n(a: str, b: str) -> int | None:
+    """The largest N at which both approaches were timed (a model too large for `vmap(grad)` at the chosen sizes
+    times it, and every approach, at a reduced N too)."""
+    both = [n for (x, n) in cell if x == a and (b, n) in cell]
+    return max(both, default=None)
 
 REFERENCE = bench.reference_timings()
 
@@ -173,17 +209,18 @@ with figure:
         else:
             st.info("Add the Python loop to see speed-ups over it.")
     m = st.columns(4)
-    if "loop" in at_loop and "vmap" in at_loop:
-        m[0].metric("vmap speed-up over loop", help=f"Loop time / vmap(grad) time at N = {n_loop}.", value=
-                    f"{at_loop['loop']['run_s'] / at_loop['vmap']['run_s']:.0f}×")
-    if "vmap" in at_top and "batch" in at_top:
-        m[1].metric("vmap / batch gradient", f"{at_top['vmap']['run_s'] / at_top['batch']['run_s']:.1f}×",
-                    help=f"At N = {n_top}: what materializing N×P per-example gradients costs on top of one gradient.")
-    if "norms" in at_top and "batch" in at_top:
-        m[2].metric("streamed norms / batch gradient", f"{at_top['norms']['run_s'] / at_top['batch']['run_s']:.2f}×", help=f"At N = {n_top}.")
-    if "vmap" in at_top:
-        m[3].metric("vmap compile time", f"{at_top['vmap']['compile_s'] * 1e3:.0f} ms",
-                    help=f"At N = {n_top}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
+    if (n := common_n("loop", "vmap")) is not None:
+        m[0].metric("vmap speed-up over loop", help=f"Loop time / vmap(grad) time at N = {n}.", value=
+                    f"{cell['loop', n]['run_s'] / cell['vmap', n]['run_s']:.0f}×")
+    if (n := common_n("vmap", "batch")) is not None:
+        m[1].metric("vmap / batch gradient", f"{cell['vmap', n]['run_s'] / cell['batch', n]['run_s']:.1f}×",
+                    help=f"At N = {n}: what materializing N×P per-example gradients costs on top of one gradient.")
+    if (n := common_n("norms", "batch")) is not None:
+        m[2].metric("streamed norms / batch gradient", f"{cell['norms', n]['run_s'] / cell['batch', n]['run_s']:.2f}×",
+                    help=f"At N = {n}.")
+    if (n := max((k for a, k in cell if a == "vmap"), default=None)) is not None:
+        m[3].metric("vmap compile time", f"{cell['vmap', n]['compile_s'] * 1e3:.0f} ms",
+                    help=f"At N = {n}: first call minus steady run: tracing + XLA compilation, paid once per shape.")
     reference_row(at_loop, n_loop, n_top)
 
 table = pd.DataFrame(rows).drop(columns="measured").assign(approach=lambda d: d["approach"].map(bench.APPROACHES))

@@ -132,11 +132,15 @@ else:
         if data.image_shape is not None:
             ui.chart(plots.image_grid(data.raw(data.x_train[top]), titles, cols=8, image_shape=data.image_shape),
                      filename="most exposed members")
-        ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
+        exposed = ui.dataframe(pd.DataFrame({**export.example_columns(data, top), "label": [data.class_names[int(data.y_train[i])] for i in top],
                                    "LiRA score, non-private": pub.scores["lira"][top], "LiRA score, DP-SGD": priv.scores["lira"][top],
-                                   "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True)
+                                   "loss, non-private": pub.losses[top], "loss, DP-SGD": priv.losses[top]}), hide_index=True,
+                               on_select="rerun", selection_mode="single-row", key="mia_card_pick")
         st.caption("Members the non-private model is most confident on compared with shadow models that never saw them: "
-                   "the examples it memorized. Their LiRA score under DP-SGD (after →) shows what the noise hides.")
+                   "the examples it memorized. Their LiRA score under DP-SGD (after →) shows what the noise hides. "
+                   "Select one to open its record card.")
+        if (exposed_row := ui.selected_row(exposed)) is not None:
+            ui.open_card(top[exposed_row])
 
 # ------------------------------------------------------------------ the audit
 st.header("Auditing gradlab's DP-SGD")

@@ -2,7 +2,8 @@
 which method to trust.
 
 - `solvers`: the one optimum θ̂ (`minimize`) and inverse Hessian-vector products at it.
-- `protocol`: what an attribution method declares (`Method`, `Control`, `Context`, `Scored`).
+- `protocol`: what an attribution method declares (`Method`, `Control`, `Context`, `Scored`) and what its cost
+  depends on (`Work`).
 - `methods`: one file per method; `METHODS` is the registry the page, the LDS and the exports loop over.
 - `scores`: the math: grad-dot, cosine, TracIn, influence functions, TRAK, self-influence.
 - `evaluation`: leave-one-out retraining (`check_against_retraining`) and the linear datamodeling
@@ -15,7 +16,7 @@ from gradlab.influence.evaluation import (
     method_agreement, random_subsets, subset_masks, subset_outputs, train_on_subsets,
 )
 from gradlab.influence.methods import METHODS, SETTINGS
-from gradlab.influence.protocol import UNAVAILABLE, Context, Control, Method, Scored
+from gradlab.influence.protocol import UNAVAILABLE, Context, Control, Method, Scored, Work
 from gradlab.influence.scores import (
     SELF_INFLUENCE, TRAK_KERNELS, gauss_newton_kernel, grad_cosine, grad_dot, grad_norm_self_influence,
     influence_scores, influence_self_influence, predicted_loo_change, self_influence, streamed_dots, tracin,
@@ -28,7 +29,7 @@ from gradlab.influence.solvers import (
 
 __all__ = [
     # the protocol and its registry
-    "METHODS", "SETTINGS", "Method", "Control", "Context", "Scored", "UNAVAILABLE",
+    "METHODS", "SETTINGS", "Method", "Control", "Context", "Scored", "Work", "UNAVAILABLE",
     # scores
     "SELF_INFLUENCE", "TRAK_KERNELS", "grad_dot", "grad_cosine", "tracin", "tracin_checkpoints",
     "influence_scores", "predicted_loo_change", "trak", "gauss_newton_kernel", "self_influence", "streamed_dots",

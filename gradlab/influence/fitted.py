@@ -2,9 +2,10 @@
 Streamlit), looping over the registry `gradlab.influence.methods.METHODS`.
 
 One θ̂: `optimum` converges the objective the page names, mean ℓ + λ/2‖θ‖², warm-started from the trained model;
-every method that needs it (the influence function, TRAK, their self-influence and the retraining check) gets that
-same `Minimum` through its `Context`. Each method is prepared once (`prepare`: a TracIn run, a TRAK ensemble) and
-then scores any test points.
+every method that needs it (`Method.needs_optimum`: the influence function, TRAK, their self-influence and the
+retraining check) gets that same `Minimum` through its `Context`, converged on first use only. Each method is
+prepared once (`prepare`: a TracIn run, a TRAK ensemble, projected training features) and then scores any test
+points. `gate` says of each method whether its own first answer (θ̂ included where it needs it) fits the server.
 """
 
 from __future__ import annotations
@@ -13,20 +14,21 @@ import dataclasses
 import functools
 from typing import Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradlab import ensemble, experiment
+from gradlab import costs, engine, ensemble, experiment, memory
 from gradlab.influence import evaluation
-from gradlab.influence.methods import METHODS, defaults
+from gradlab.influence.methods import DEFAULT, FALLBACKS, METHODS, defaults
 from gradlab.influence.methods.tracin import tracin_run
 from gradlab.influence.methods.trak import TRAK_MODELS, TRAK_PROJ_DIM, trak_models, trak_scores
-from gradlab.influence.protocol import UNAVAILABLE, Context, Method, arrays
+from gradlab.influence.protocol import UNAVAILABLE, Context, Method, Work, arrays
 from gradlab.influence.solvers import Method as Solver
-from gradlab.influence.solvers import Minimum, minimize
+from gradlab.influence.solvers import Minimum, minimize, split
 
 __all__ = ["TRAK_MODELS", "TRAK_PROJ_DIM", "arrays", "test_point", "optimum", "tracin_run", "trak_models",
-           "trak_scores", "context", "available", "prepare", "PointScores", "score_test_points",
+           "trak_scores", "context", "available", "work", "first_seconds", "CLICK_SECONDS", "Gate", "gate", "prepare", "PointScores", "score_test_points",
            "self_influence_scores", "retraining_check", "LDSTable", "lds_table"]
 
 
@@ -63,6 +65,97 @@ def available(fitted) -> tuple[dict[str, Method], dict[str, str]]:
     """The methods that apply to `fitted` (`Method.applies`), in registry order, and `{name: why}` for the others."""
     why = {name: m.applies(fitted) for name, m in METHODS.items()}
     return {n: m for n, m in METHODS.items() if why[n] is None}, {n: w for n, w in why.items() if w is not None}
+
+
+def work(fitted, macs: int | None = None) -> Work:
+    """The `Work` a method's cost is estimated from, for a fitted experiment (its recipe, checkpoints, forward
+    multiply-adds `macs`, by default `experiment.forward_macs`, and optimizer)."""
+    exp, r = fitted.experiment, fitted.recipe
+    return Work(num_params=engine.num_params(fitted.model), n=len(fitted.data.y_train), n_test=len(fitted.data.y_test),
+                steps=int(r["steps"]), batch_size=int(r["batch_size"]),
+                macs=int(experiment.forward_macs(exp, fitted.data) if macs is None else macs), n_checkpoints=len(fitted.run.checkpoints),
+                sgd=exp.optimizer == "sgd" or exp.source.brings_model,
+                shapes=tuple(tuple(a.shape) for a in jax.tree.leaves(split(engine.as_params(fitted.model))[0])))
+
+
+def first_seconds(method: Method, w: Work, settings: Mapping, *, optimum_stored: bool = False) -> float:
+    """Estimated CPU-seconds of `method`'s first answer: its own `cost_seconds` plus, for a method that
+    `needs_optimum` while θ̂ is not yet stored, θ̂'s L-BFGS (`costs.optimum_seconds`). The page gates each method on
+    this, alone."""
+    share = costs.optimum_seconds(w.num_params, w.n) if method.needs_optimum and not optimum_stored else 0.0
+    return float(method.cost_seconds(w, settings)) + share
+
+
+#: A method other than the one picked joins the page's first view (its agreement table, self-influence) only when
+#: each further test point costs it at most this many CPU-seconds: on a large model a click never repeats a pass
+#: over the training set for a method nobody picked.
+CLICK_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """Each method gated on its own cost: `first {name: CPU-s}` (`first_seconds`), `click {name: CPU-s}`
+    (`Method.click_seconds`), `held {name: bytes}` (θ̂'s L-BFGS vectors included for a method that needs it), `why
+    {name: why it does not fit}` (a fitting method is absent), and θ̂'s own `optimum_seconds`, `optimum_bytes` and
+    `optimum_why` (None when θ̂ fits: the θ̂ metrics, the retraining check)."""
+
+    first: dict
+    click: dict
+    held: dict
+    why: dict
+    optimum_seconds: float
+    optimum_bytes: int
+    optimum_why: str | None
+
+    def fits(self, name: str) -> bool:
+        return name in self.first and name not in self.why
+
+    def default(self, names) -> str:
+        """The method the page opens on among `names`: `methods.DEFAULT` when it fits, else the first of
+        `methods.FALLBACKS` that fits, else the first that fits, else the first."""
+        names = list(names)
+        for n in (DEFAULT, *FALLBACKS, *names):
+            if n in names and self.fits(n):
+                return n
+        return DEFAULT if DEFAULT in names else names[0]
+
+    def joins(self, name: str, method: Method) -> bool:
+        """Whether a method that was not picked is computed too: it fits, is not `on_demand` and each further test
+        point costs it at most `CLICK_SECONDS`."""
+        return self.fits(name) and not method.on_demand and self.click[name] <= CLICK_SECONDS
+
+
+def gate(methods: Mapping[str, Method], w: Work, settings: Mapping, *, optimum_stored: bool = False,
+         seconds: float | None = None, budget_bytes: int | None = None) -> Gate:
+    """Gate every method of `methods` on its own first answer (`first_seconds`, against `seconds`, default
+    `costs.WORK_BUDGET_SECONDS`) and bytes (`Method.held_bytes` plus θ̂'s L-BFGS vectors,
+    `memory.influence_bytes(P, 0, 0, 0)`, for a method that `needs_optimum`; against `budget_bytes`, default
+    `memory.BUDGET_BYTES`). θ̂ itself counts as stored (free) with `optimum_stored`."""
+    seconds = costs.WORK_BUDGET_SECONDS if seconds is None else seconds
+    budget_bytes = memory.BUDGET_BYTES if budget_bytes is None else budget_bytes
+    opt_s = 0.0 if optimum_stored else costs.optimum_seconds(w.num_params, w.n)
+    opt_b = memory.influence_bytes(w.num_params, 0, 0, 0)
+    opt_why = None
+    if opt_s > seconds:
+        opt_why = (f"converging θ̂ (L-BFGS over {w.n:,} examples and {w.num_params:,} parameters, up to "
+                   f"{costs.OPTIMUM_ITERS} iterations) would take about {opt_s:,.0f} CPU-seconds, over the "
+                   f"{seconds:.0f} this shared server allows")
+    elif opt_b > budget_bytes:
+        opt_why = (f"θ̂'s L-BFGS would hold about {memory.mb(opt_b)}, over this server's {memory.mb(budget_bytes)} "
+                   "per computation")
+    first, click, held, why = {}, {}, {}, {}
+    for name, m in methods.items():
+        first[name] = first_seconds(m, w, settings, optimum_stored=optimum_stored)
+        click[name] = float(m.click_seconds(w, settings))
+        held[name] = int(m.held_bytes(w, settings)) + (opt_b if m.needs_optimum else 0)
+        if m.needs_optimum and opt_why:
+            why[name] = f"it needs θ̂, and {opt_why}"
+        elif first[name] > seconds:
+            why[name] = f"it would take about {first[name]:,.0f} CPU-seconds, over the {seconds:.0f} this server allows"
+        elif held[name] > budget_bytes:
+            why[name] = (f"it would hold about {memory.mb(held[name])}, over this server's {memory.mb(budget_bytes)}. "
+                         f"{m.fix(w, settings)}")
+    return Gate(first, click, held, why, opt_s, opt_b, opt_why)
 
 
 def prepare(ctx: Context, method: Method):

@@ -11,10 +11,15 @@ A method (dattri's `BaseInnerProductAttributor`, LIT's `Interpreter`) says:
   (`self_label = None`);
 - its controls (`controls`, drawn by the page, bound to the URL) and which settings its results depend on
   (`prepare_reads`, `reads`: the cache keys);
-- when it applies (`applies(fitted)`: None, or why not) and what it costs beyond the page's shared work
-  (`cost_seconds`, `held_bytes`), so the page offers only what fits;
-- what it needs trained or converged first (`prepare`: a TracIn run, a TRAK ensemble, θ̂), done once per fitted
-  model and settings; `on_demand` methods (an ensemble to train) are prepared only when picked;
+- when it applies (`applies(fitted)`: None, or why not) and what its first answer costs (`cost_seconds`: its
+  preparation and scoring; `click_seconds`: each further test point; `held_bytes`), described by a `Work`, so the
+  page gates each method on its own cost and offers what fits;
+- whether it needs θ̂, the re-converged optimum (`needs_optimum`): only then is θ̂ converged, and its L-BFGS
+  (`costs.optimum_seconds`) is part of that method's cost (`fitted.first_seconds`); methods at the trained checkpoint
+  (gradient dot products, TracIn, projected gradients) answer at any size;
+- what it needs trained or converged first (`prepare`: a TracIn run, a TRAK ensemble, θ̂, projected training
+  features), done once per fitted model and settings; `on_demand` methods (an ensemble to train) are prepared only
+  when picked;
 - `predicts_retraining`: its scores are what the leave-one-out retraining check compares with.
 
 No Streamlit here. A method raises `ValueError` or `InfluenceError` (both `UNAVAILABLE`) with a message a visitor
@@ -30,6 +35,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from gradlab import costs
 from gradlab.influence.solvers import InfluenceError, Minimum
 
 #: What a method raises when it cannot run here (the page shows the message; the other methods go on).
@@ -58,6 +64,30 @@ class Control:
     help: str = ""
     fmt: Callable[[Any], str] | None = None
     when: tuple[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What the cost of a method depends on: `num_params` P, `n` training examples, `n_test` test points, the
+    training recipe (`steps`, `batch_size`), `macs` (multiply-adds of one forward pass: convolutions), the run's
+    `n_checkpoints`, whether it trains with SGD (`sgd`: TracIn follows it, else it trains an SGD run) and the
+    differentiable leaves' `shapes`."""
+
+    num_params: int
+    n: int
+    n_test: int = 0
+    steps: int = 0
+    batch_size: int = 0
+    macs: int = 0
+    n_checkpoints: int = 1
+    sgd: bool = True
+    #: the differentiable leaves' shapes (a method that projects per layer counts its features from them)
+    shapes: tuple = ()
+
+    def pass_seconds(self, n: int | None = None, *, setup: bool = True) -> float:
+        """One streamed per-example pass over `n` examples (default: the training set), `costs.pass_seconds`
+        (`setup`: its compiling, once per process; a further click's pass has none)."""
+        return costs.pass_seconds(self.num_params, self.n if n is None else n, self.macs, setup=setup)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -110,22 +140,32 @@ class Method:
     on_demand: bool = False
     #: Its scores are the predictions the retraining check plots (the influence function's leave-one-out change).
     predicts_retraining: bool = False
+    #: It needs θ̂, the optimum re-converged from the trained model (`Context.optimum`): the influence function, TRAK
+    #: at θ̂. θ̂ is converged only for such a method, and its cost counts toward that method's.
+    needs_optimum: bool = False
 
     # ---------------------------------------------------------------- when it applies and what it costs
     def applies(self, fitted) -> str | None:
         """None when the method applies to `fitted`'s model and task, else why not (shown on the page)."""
         return None
 
-    def cost_seconds(self, num_params: int, n: int, settings: Mapping, *, steps: int, batch_size: int) -> float:
-        """Estimated CPU-seconds beyond the page's shared work (θ̂, one streamed gradient pass per method,
-        `costs.influence_page_seconds`): an ensemble to train, for instance. 0 by default."""
-        return 0.0
+    def cost_seconds(self, work: Work, settings: Mapping) -> float:
+        """Estimated CPU-seconds of the method's first answer on the page: preparing it and scoring one test point
+        (all of them when `every_test_point`), and its self-influence; θ̂'s L-BFGS is not included (the page adds
+        `costs.optimum_seconds` once for a method that `needs_optimum`, `fitted.first_seconds`). Default: one
+        streamed pass to score, one more for the self-influence when it has one."""
+        return work.pass_seconds() * (1 + (self.self_label is not None))
 
-    def held_bytes(self, num_params: int, settings: Mapping, n_checkpoints: int) -> int:
+    def click_seconds(self, work: Work, settings: Mapping) -> float:
+        """Estimated CPU-seconds of each further test point once prepared and compiled. Default: one streamed
+        pass."""
+        return work.pass_seconds(setup=False)
+
+    def held_bytes(self, work: Work, settings: Mapping) -> int:
         """Bytes held at once beyond θ̂'s L-BFGS vectors (per-example gradients are streamed and not counted)."""
         return 0
 
-    def fix(self, num_params: int, settings: Mapping, n_checkpoints: int) -> str:
+    def fix(self, work: Work, settings: Mapping) -> str:
         """What to change when `held_bytes` does not fit."""
         return "Use a smaller model."
 

@@ -138,6 +138,15 @@ class RuleKind:
         """Bytes per example one step of this site computes beyond the loss's own values (`core.saved_bytes`)."""
         return 0
 
+    def factor_layout(self, site: Site, w):
+        """The site's (chained) weight `w` (shaped like the op's weight operand) rearranged into the layout of
+        `factors`' gradient: `(I, O)` (or a convolution's `(G, J, O)`) such that Σₜ aₜᵀ W δₜ = ⟨δ, apply(w, a)⟩.
+        A permutation of `w`'s entries, so its transpose (`jax.linear_transpose`) takes a matrix in the factors'
+        layout (a Kronecker-preconditioned gradient, `gradlab.influence.curvature`) back to the weight's. Kinds
+        without factors, or a layout that is not one matrix (a dense layer with batch dimensions), raise
+        `NotImplementedError`."""
+        raise NotImplementedError(f"{self.name}: no (I, O) layout of the weight")
+
     def project(self, site: Site, a, d, pa, pd):
         """One step's projected gradient (Paᵀ G Pd): (A Pa)ᵀ(D Pd) summed over tokens, `(k_a, k_d)`, for
         `pa` `(I, k_a)` and `pd` `(O, k_d)` over `factors`' feature axes (an embedding's A is one-hot: rows of

@@ -101,6 +101,13 @@ class Conv(RuleKind):
     def gram(self, site, a, d):
         return jax.vmap(sq_gram)(a, d).sum()
 
+    def factor_layout(self, site, w):
+        """`w` as `(G, J, O_g)`: per group, the patch features (C_g, K) by the group's outputs, as
+        `conv_from_patches` contracts it."""
+        g = conv_geometry(site.op, site.other_shape, site.weight_shape)
+        wt = jnp.transpose(w, g["rhs_spec"]).reshape(g["groups"], g["og"], g["cg"] * g["k"])
+        return jnp.swapaxes(wt, 1, 2)
+
     def extra_bytes(self, site):
         return 4 * size(site.stack) * size(site.saved.shape) * 2
 

@@ -85,6 +85,16 @@ class Dense(RuleKind):
         d = delta.reshape(t, o) if site.pos == 1 else delta.reshape(o, t).T
         return a, d
 
+    def factor_layout(self, site, w):
+        """`w` as `(I, O)`: its contracting dims (in the order paired with a's, as `factors` flattens them), then
+        its free dims (the order of δ's)."""
+        (lc, rc), (lb, rb) = site.op.params["dimension_numbers"]
+        wc, wb = (rc, rb) if site.pos == 1 else (lc, lb)
+        if wb:
+            raise NotImplementedError("a dense layer with batch dimensions: its gradient is not one (I, O) matrix")
+        free = [d for d in range(w.ndim) if d not in wc]
+        return jnp.transpose(w, list(wc) + free).reshape(size([w.shape[d] for d in wc]), -1)
+
     def orientation(self, site):
         if len(site.weight_shape) != 2 or any(c.prim.name != "transpose" for c in site.chain):
             return None

@@ -35,7 +35,7 @@ from pathlib import Path
 import jax
 import streamlit as st
 
-from gradlab import costs, memory, summary
+from gradlab import costs, equivalence, memory, summary
 from gradlab.memory import release_memory, rss_mb
 from gradlab.models import MODELS
 from gradlab.store import MB, Gate, Store, default_directory, key_of
@@ -229,6 +229,29 @@ def origin(fn) -> str:
     return path.relative_to(_ROOT).as_posix() if path.is_relative_to(_ROOT) else path.as_posix()
 
 
+#: A running computation shows its seconds so far once it has run this long (a long library call that reports no
+#: progress of its own must still show that it is working: issue 40, Influence on a served model ran 197 s silently).
+CLOCK_AFTER_S = 2.0
+
+
+def progress_view(job, label: str, now: float) -> tuple[float, str]:
+    """What the progress bar of a running gated `job` shows: `(fraction, text)`.
+
+    The computation's own progress (`job.fraction`, `job.text`, from its `progress(fraction, text)` or a nested
+    computation's) when it reports some; and after `CLOCK_AFTER_S`, the seconds so far and the estimate
+    (`job.est_seconds`: the function's `cost`, else its last run on this server), with the bar moving by time while the
+    computation reports nothing (at most 95%: an estimate is not a promise). Text: gradlab's Markdown, no user text."""
+    elapsed = 0.0 if job.started is None else max(now - job.started, 0.0)
+    fraction, text = job.fraction, f"{label}… {job.text}".rstrip()
+    if elapsed >= CLOCK_AFTER_S:
+        est = job.est_seconds if job.est_seconds and job.est_seconds > 0 else None
+        if fraction <= 0 and est:
+            fraction = min(elapsed / est, 0.95)
+        clock = f"{elapsed:.0f} s so far" + (f", about {est:.0f} s in all" if est and elapsed < est else "")
+        text = f"{text} ({clock})"
+    return float(min(max(fraction, 0.0), 1.0)), text
+
+
 def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bool = True, cost=None):
     """The one cache of page computations: shared by every session, stored, and heavy work through the gate.
 
@@ -290,7 +313,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
 
         def on_wait(job):
             ahead, wait = GATE.position(job)
-            view = ("queue", ahead, round(wait)) if ahead else ("run", round(job.fraction * 40), job.text)
+            bar = None if ahead else progress_view(job, label, time.monotonic())
+            view = ("queue", ahead, round(wait)) if ahead else ("run", round(bar[0] * 40), bar[1])
             if view == shown[0]:
                 return
             shown[0] = view
@@ -299,7 +323,7 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
             if ahead:
                 _show_queued(slot[0], ahead, wait)
             else:
-                slot[0].progress(job.fraction, text=f"{label}… {job.text}")
+                slot[0].progress(*bar)
 
         # memory: every page computation is refused above memory.BUDGET_BYTES before it runs, and a cold one compiles
         estimate = {"est_bytes": memory.BUDGET_BYTES + memory.COMPILE_BYTES}
@@ -438,6 +462,23 @@ def summary_seconds(exp: Experiment, size: int) -> float:
     """Estimated CPU-seconds of `exp`'s norm summary over `size` examples (`costs.summary_seconds`)."""
     p = num_params(exp)
     return costs.summary_seconds(p, size, macs(exp))  # a served model's 0 counts as its P
+
+
+@shared(gated=False)
+def _example_bytes(exp: Experiment, itemsize: int, _f: Fitted) -> int:
+    return memory.example_bytes(_f.loss_fn, _f.model, _f.data.x_train, _f.data.y_train, itemsize=itemsize)
+
+
+def equivalence_plan(exp: Experiment, f: Fitted) -> equivalence.SubsetPlan:
+    """How many of `f`'s training examples the Equivalence page compares before a button (`equivalence.plan_subset`):
+    all of them when the float64 comparison fits this server's memory budget per computation and what
+    `costs.WORK_BUDGET_SECONDS` leaves after the page's own work and a training that a link starts (one over
+    `costs.TRAIN_BUTTON_SECONDS` runs from its own button), else a fixed random subset. A served model gets the
+    same plan (no training before it: its owner trained it)."""
+    p, m = num_params(exp), macs(exp)
+    train = 0.0 if exp.source.brings_model else costs.training_seconds(p, exp.steps, exp.batch_size, m)
+    left = costs.WORK_BUDGET_SECONDS - costs.PAGE_SECONDS - (train if train <= costs.TRAIN_BUTTON_SECONDS else 0.0)
+    return equivalence.plan_subset(len(f.data.y_train), p, _example_bytes(exp, 8, f), macs=m, seconds_left=left)
 
 
 def fitted(exp: Experiment) -> Fitted:

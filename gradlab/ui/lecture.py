@@ -53,6 +53,9 @@ h3 { font-size: 1.15rem !important; padding: 0.2rem 0 0 0 !important; }
 .st-key-presenter:hover { opacity: 1; }
 .st-key-presenter:hover label p { display: inline; font-size: 0.7rem; }
 [data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] { gap: 0.55rem; }
+/* no scroll anchoring: with it, a control changed under a step's figure threw the page to its top (or elsewhere) in
+   about half the reruns, away from the figure the control is for (issue 41; tests/test_browser_figures_links.py) */
+[data-testid="stMain"] { overflow-anchor: none; }
 </style>
 """
 

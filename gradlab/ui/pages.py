@@ -47,6 +47,9 @@ PAGES: tuple[Page, ...] = (
     Page("views/geometry.py", "Geometry", ":material/call_split:", "geometry",
          ("geo_problem", "geo_clip", "geo_noise", "geo_paths", "geo_c", "geo_sigma", "geo_batch", "geo_steps", "geo_lr",
           "geo_t", "geo_remove")),
+    # issue 43: one example from every page's side (its card, `?example=123`) and every example's quantities together
+    Page("views/record.py", "Example record", ":material/badge:", "record",
+         ("example", "rec_set", "rec_c", "rec_eps", "rec_x", "rec_y")),
     Page("views/lecture.py", "Lecture", ":material/school:", "lecture"),
     # GRADLAB_PRACTICE=off: a deployer who will not run visitors' code leaves the page out of the app
     *([Page("views/practice.py", "Practice", ":material/edit_note:", "practice", ("problem",))] if practice_enabled() else []),

@@ -12,6 +12,11 @@ narration: the block is drawn into its slot, so the projector opens on the figur
 rest of the page follows below. A slot is an `st.empty`: a block drawn twice in one run (Geometry's Play) replaces
 itself. Mark no block inside an `st.fragment`: the fragment's own reruns do not pass through the lecture, so they
 would draw it in place beside the copy in the slot.
+
+The controls a block's figure reads go with it (`READS`): the page draws them inside `controls(name)`, which puts
+them right under the block in its slot when a step moved the block, and where they stand otherwise. A lecturer who
+changes C under step 9's per-class chart sees the chart change, instead of scrolling to a control screens below and
+back (issue 41).
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ _RUN = threading.local()  # this script thread's slots: {name: st.empty}, and th
 KEY = "lecture_point"
 
 
+#: The page controls (`gradlab.ui.pages`) that each block's figure and metrics read, drawn inside `controls(name)`.
+READS: dict[str, tuple[str, ...]] = {
+    "equivalence": ("eq_example", "eq_reduction"),
+    "norms_top": ("checkpoint", "topk"),
+    "dp_per_class": ("dp_clip_checkpoint", "dp_clip_c", "dp_clip_sigma", "dp_clip_batch", "dp_clip_log"),
+    "dp_sgd": ("dp_sgd_q", "dp_sgd_steps", "dp_sgd_c", "dp_sgd_opt", "dp_sgd_mode", "dp_sgd_eps", "dp_sgd_sigma",
+               "dp_sgd_lr", "dp_sgd_delta", "dp_sgd_accountant", "dp_sgd_seed"),
+    "influence_proponents": ("infl_test", "infl_k"),
+    "influence_self": ("infl_self", "infl_top_pct"),
+    "geo_removal": ("geo_remove",),
+}
+
+
 def _slots() -> dict:
     return getattr(_RUN, "slots", {})
 
@@ -37,8 +55,10 @@ def slots(names):
     marks with those names into them for the duration. **Yields** the set of names drawn so far (filled as the
     page draws them)."""
     drawn: set = set()
+    holders = {}
     with st.container(key=KEY):
-        holders = {name: st.empty() for name in names}
+        for name in names:  # the block, then the controls its figure reads (`controls`)
+            holders[name] = (st.empty(), st.container(key=f"{KEY}_{name}_controls"))
     before = _slots(), getattr(_RUN, "drawn", set())
     _RUN.slots, _RUN.drawn = holders, drawn
     try:
@@ -54,6 +74,19 @@ def point(name: str):
     if holder is None:
         yield
         return
-    with holder.container():
+    with holder[0].container():
         yield
     _RUN.drawn.add(name)
+
+
+@contextlib.contextmanager
+def controls(name: str):
+    """The controls block `name`'s figure reads (`READS[name]`): drawn right under the block in the lecture's slot when
+    a step moved it there, else in place. Use it where the page draws them (before the block: a slot is filled in
+    any order)."""
+    holder = _slots().get(name)
+    if holder is None:
+        yield
+        return
+    with holder[1]:
+        yield

@@ -54,9 +54,13 @@ def own_model_caption() -> None:
     except own.OwnModelError as err:
         st.error(f"**Your model could not be loaded.** {inert(err)}", icon="⚠️")
         return
-    st.caption(f"**{inert(m.source)}**: P = {engine.num_params(m.params):,} parameters, {len(m.data.y_train):,} training and {len(m.data.y_test):,} "
-               f"test examples ({m.data.task}), {len(m.run.checkpoints)} checkpoint(s). Trained by you: the training "
-               "controls do not apply. "
+    n, n_test = len(m.data.y_train), len(m.data.y_test)
+    split = (f" (your data had no test split: gradlab held out {n_test / (n + n_test):.0%} as test points with "
+             f"scikit-learn's `{m.data.split}`, the same on every run; give `x_train`, `y_train`, `x_test`, `y_test` to "
+             "choose them)" if m.data.split else "")
+    st.caption(f"**{inert(m.source)}**: P = {engine.num_params(m.params):,} parameters, {n:,} training and {n_test:,} "
+               f"test examples{split} ({m.data.task}), {len(m.run.checkpoints)} checkpoint(s). Trained by you: the "
+               "training controls do not apply. "
                + (f"Its `init_fn` and recipe ({m.train_steps} steps of {m.batch_size}) let gradlab's loop train it "
                   "again (DP-SGD, membership attack, LDS, TRAK)." if m.trainable else
                   "Without an `init_fn` gradlab's loop cannot train it again (DP-SGD, membership attack, LDS)."))

@@ -6,7 +6,7 @@ exports and the self-influence section loop over this table, in its order (the f
 
 from __future__ import annotations
 
-from gradlab.influence.methods import grad_cosine, grad_dot, influence, last_layer, trak, tracin
+from gradlab.influence.methods import ekfac, grad_cosine, grad_dot, influence, last_layer, logra, trak, tracin
 from gradlab.influence.protocol import Control, Method
 
 #: The registry: name (the URL code) -> method, in the page's order.
@@ -15,12 +15,17 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     grad_cosine.METHOD,
     tracin.METHOD,
     influence.METHOD,
+    ekfac.METHOD,
     trak.METHOD,
     last_layer.METHOD,
+    logra.METHOD,
 )}
 
 #: The method the page opens on.
 DEFAULT = influence.METHOD.name
+#: Where the default does not fit the server (a large model: θ̂'s L-BFGS alone would take minutes), the page opens on
+#: the first of these that fits: projected gradients at the trained checkpoint, then the gradient dot product.
+FALLBACKS = (logra.METHOD.name, grad_dot.METHOD.name)
 
 #: The settings every method shares: θ̂'s objective λ and the Hessian's damping δ (the page draws them first).
 SETTINGS = (
@@ -48,4 +53,4 @@ def labels() -> dict[str, str]:
     return {name: m.label for name, m in METHODS.items()}
 
 
-__all__ = ["METHODS", "DEFAULT", "SETTINGS", "controls", "defaults", "labels"]
+__all__ = ["METHODS", "DEFAULT", "FALLBACKS", "SETTINGS", "controls", "defaults", "labels"]

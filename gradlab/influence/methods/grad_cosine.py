@@ -16,6 +16,12 @@ class GradCosine(Method):
 
     name, label, short = "grad_cosine", "Gradient cosine", "grad cosine"
 
+    def cost_seconds(self, work, settings) -> float:
+        return 2 * work.pass_seconds()  # the norms and the dot products
+
+    def click_seconds(self, work, settings) -> float:
+        return 2 * work.pass_seconds(setup=False)
+
     def test_features(self, ctx: Context, state, test_xs, test_ys):
         g = scores.flat_gradients(ctx.fitted.loss_fn, ctx.fitted.model, test_xs, test_ys)
         norm = jnp.linalg.norm(g, axis=1, keepdims=True)

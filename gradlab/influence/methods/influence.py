@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gradlab import costs
 from gradlab.influence import scores
 from gradlab.influence.protocol import Context, Control, Method, Scored
 from gradlab.influence.solvers import SOLVERS
@@ -24,8 +25,15 @@ class InfluenceFunction(Method):
                 min_value=0.0, step=1.0, when=("solver", "lissa")),
     )
     predicts_retraining = True
+    needs_optimum = True
     prepare_reads = ("l2",)
     reads = ("l2", "damping", "solver", "lissa_scale")
+
+    def cost_seconds(self, work, settings) -> float:
+        return self.click_seconds(work, settings) + 2 * work.pass_seconds()  # + compiling, its self-influence's pass
+
+    def click_seconds(self, work, settings) -> float:
+        return costs.inverse_hvp_seconds(work.num_params, work.n) + work.pass_seconds(setup=False)
 
     def prepare(self, ctx: Context):
         return ctx.optimum()

@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from gradlab import experiment
+from gradlab import costs, experiment
 from gradlab.influence import scores
 from gradlab.influence.protocol import Context, Method, Scored
 
@@ -35,8 +35,16 @@ class TracIn(Method):
     name, label, short = "tracin", "TracIn (checkpoints × learning rate used)", "TracIn"
     self_label, self_short = scores.SELF_INFLUENCE["tracin"], "TracIn"
 
-    def held_bytes(self, num_params, settings, n_checkpoints) -> int:
-        return 4 * int(num_params) * int(n_checkpoints)
+    def cost_seconds(self, work, settings) -> float:
+        run = 0.0 if work.sgd else costs.training_seconds(work.num_params, work.steps, work.batch_size, work.macs)
+        # scores and self-influence: a pass per checkpoint each, one compile each
+        return run + 2 * (work.pass_seconds() - work.pass_seconds(setup=False)) + 2 * self.click_seconds(work, settings)
+
+    def click_seconds(self, work, settings) -> float:
+        return max(int(work.n_checkpoints) - 1, 1) * work.pass_seconds(setup=False)
+
+    def held_bytes(self, work, settings) -> int:
+        return 4 * int(work.num_params) * int(work.n_checkpoints)
 
     def prepare(self, ctx: Context):
         run, note = tracin_run(ctx.fitted)

@@ -76,6 +76,7 @@ class Trak(Method):
 
     name, label, short = "trak", "TRAK (Gauss–Newton after-kernel, ensemble)", "TRAK"
     on_demand = True
+    needs_optimum = True
     controls = (
         Control("n_models", "infl_trak_models", "Models in the ensemble", TRAK_MODELS, "number", min_value=1,
                 max_value=10, help="θ̂ (as the influence function) plus models trained with seeds seed+1, … on the "
@@ -87,18 +88,19 @@ class Trak(Method):
     prepare_reads = ("l2", "n_models")
     reads = ("l2", "n_models", "proj_dim")
 
-    def cost_seconds(self, num_params, n, settings, *, steps, batch_size) -> float:
-        page = lambda extra: costs.influence_page_seconds(num_params, n, steps=steps, batch_size=batch_size,  # noqa: E731
-                                                          trak_models=extra)
-        return page(int(settings["n_models"]) - 1) - page(0)
+    def cost_seconds(self, work, settings) -> float:
+        p, n, extra = work.num_params, work.n, int(settings["n_models"]) - 1
+        ensemble = extra * (costs.optimum_seconds(p, n) + costs.training_seconds(p, work.steps, work.batch_size,
+                                                                                   work.macs))
+        return ensemble + work.pass_seconds() + costs.inverse_hvp_seconds(p, n)  # its kernel: about one solve's work
 
-    def held_bytes(self, num_params, settings, n_checkpoints) -> int:
-        p, k = int(num_params), proj_dim(settings, num_params)
+    def held_bytes(self, work, settings) -> int:
+        p, k = int(work.num_params), proj_dim(settings, work.num_params)
         trak = p * k + 3 * k * k if k < p else 5 * p * memory.TRAK_CG_BLOCK
         return 4 * (trak + p * int(settings["n_models"]))
 
-    def fix(self, num_params, settings, n_checkpoints) -> str:
-        return memory.influence_fix(num_params, PROJ_DIMS, int(settings["n_models"]), n_checkpoints)
+    def fix(self, work, settings) -> str:
+        return memory.influence_fix(work.num_params, PROJ_DIMS, int(settings["n_models"]), work.n_checkpoints)
 
     def prepare(self, ctx: Context):
         try:
