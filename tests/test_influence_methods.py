@@ -152,3 +152,21 @@ def test_a_method_registered_in_one_line_reaches_the_scores_and_the_lds(moons, m
     assert "same_label" in ifit.self_influence_scores(ctx, names=["same_label"])[0]
     table = ifit.lds_table(ctx, m=6, n_test=4, names=["same_label"])
     assert set(table.results) == {"same_label"} and -1 <= table.results["same_label"].mean <= 1
+
+
+def test_the_stored_lds_table_names_registered_methods_and_reproducing_commands():
+    """The SimpleCNN LDS table shipped in gradlab/data (benchmarks/lds_cnn.py): every gradlab row is a registered
+    method, every row carries the command that reproduces it, and a measured LDS is a Spearman mean in [-1, 1]."""
+    import json
+    from importlib import resources
+
+    from gradlab.influence import METHODS, stored_lds
+
+    table, about = stored_lds("fashion", "simple_cnn")
+    raw = json.loads(resources.files("gradlab").joinpath("data", "lds_simple_cnn.json").read_text())
+    assert {r["method"] for r in raw["methods"] if r["side"] == "gradlab"} <= set(METHODS)
+    assert {r["side"] for r in raw["methods"]} == {"gradlab", "dattri"}
+    assert len(table) == len(raw["methods"]) and table["command"].str.startswith("python -m benchmarks.lds_cnn").all()
+    measured = table["LDS"].dropna()
+    assert measured.between(-1, 1).all() and (table["SE"].dropna() >= 0).all()
+    assert about["experiment"]["model"] == "simple_cnn" and stored_lds("digits", "mlp") is None

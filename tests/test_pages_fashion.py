@@ -167,6 +167,9 @@ def test_influence_on_simple_cnn_opens_on_projected_gradients_with_images():
     assert any(h.value.startswith("Proponents and opponents: Projected gradients") for h in at.subheader)
     assert any("Top 8 proponents" in md.value for md in at.markdown)
     assert any("θ̂ is not converged here" in i.value for i in at.info)
+    # the LDS measured offline on this model, beside dattri's, with the command that reproduces it
+    assert any("measured offline" in md.value and "benchmarks.lds_cnn" in md.value for md in at.markdown)
+    assert any({"LDS", "SE", "CPU-s", "command"} <= set(d.value.columns) for d in at.dataframe)
     at.number_input(key="infl_test").set_value(3)
     at.run()
     assert_clean(at)

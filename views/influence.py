@@ -483,6 +483,7 @@ else:
              width="stretch")
 
 # ------------------------------------------------------------------ the linear datamodeling score
+stored = inf.stored_lds(exp.dataset, exp.model)  # a larger model's LDS, measured offline (dattri's protocol)
 if fitted.trainable:  # the LDS retrains from the initialization with gradlab's loop
     st.subheader("Which method ranks training data best? The linear datamodeling score")
     st.markdown(
@@ -549,6 +550,15 @@ if fitted.trainable:  # the LDS retrains from the initialization with gradlab's 
         ui.download(f"gradlab_lds_{exp.dataset}", lds_table_, label="LDS table")
 else:
     ui.needs_training_loop("The linear datamodeling score")
+if stored is not None:
+    lds_stored, about = stored
+    st.markdown(f"**The LDS on this model, measured offline** beside dattri's TRAK and EK-FAC on the same weights and "
+                f"tensors (`{about['benchmark']}`, {about['measured']}; {about['machine']}). Each row's command "
+                f"reproduces it; the table's: `{about['command']}`.")
+    ui.dataframe(lds_stored, hide_index=True, width="stretch",
+                 column_config={"LDS": st.column_config.NumberColumn(format="%.3f"),
+                                "SE": st.column_config.NumberColumn(format="%.3f"),
+                                "CPU-s": st.column_config.NumberColumn(format="%.0f")})
 
 
 ui.code_panel(

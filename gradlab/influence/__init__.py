@@ -7,13 +7,13 @@ which method to trust.
 - `methods`: one file per method; `METHODS` is the registry the page, the LDS and the exports loop over.
 - `scores`: the math: grad-dot, cosine, TracIn, influence functions, TRAK, self-influence.
 - `evaluation`: leave-one-out retraining (`check_against_retraining`) and the linear datamodeling
-  score (`lds`, `train_on_subsets`).
+  score (`lds`, `train_on_subsets`; `stored_lds`: tables a benchmark measured offline).
 - `fitted` (imported on its own): the same for a `gradlab.experiment.Fitted` (what the Influence page calls).
 """
 
 from gradlab.influence.evaluation import (
     LDS, RetrainingCheck, check_against_retraining, correlations, extreme_indices, lds, lds_of_predictions,
-    method_agreement, random_subsets, subset_masks, subset_outputs, train_on_subsets,
+    method_agreement, random_subsets, stored_lds, subset_masks, subset_outputs, train_on_subsets,
 )
 from gradlab.influence.methods import METHODS, SETTINGS
 from gradlab.influence.protocol import UNAVAILABLE, Context, Control, Method, Scored, Work
@@ -40,4 +40,5 @@ __all__ = [
     # evaluation
     "LDS", "RetrainingCheck", "check_against_retraining", "lds", "lds_of_predictions", "correlations",
     "method_agreement", "extreme_indices", "random_subsets", "subset_masks", "subset_outputs", "train_on_subsets",
+    "stored_lds",
 ]

@@ -14,12 +14,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from importlib import resources
 from typing import Callable, Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from gradlab import engine, ensemble
@@ -203,3 +206,28 @@ def lds_of_predictions(predicted, outputs) -> LDS:
     rho = np.where(denom > 0, (rp * ro).sum(1) / np.where(denom > 0, denom, 1.0), np.nan)
     ok = np.isfinite(rho)
     return LDS(float(rho[ok].mean()) if ok.any() else float("nan"), rho)
+
+
+#: LDS tables measured offline by a benchmark and shipped with the package: (dataset, model) -> file in gradlab/data.
+STORED_LDS = {("fashion", "simple_cnn"): "lds_simple_cnn.json"}
+
+
+def stored_lds(dataset: str, model: str):
+    """The LDS table a benchmark measured offline for (`dataset`, `model`) (`STORED_LDS`; written by
+    `python -m benchmarks.lds_cnn`, dattri's protocol: random halves, −ℓ on held-out test points, Spearman over
+    subsets averaged over test points), or None when none is shipped.
+
+    **Returns** `(table, about)`: a pandas DataFrame, one row per method and side (gradlab or dattri), with its
+    `LDS`, `SE` (over test points), `CPU-s` (preparing and scoring, process time) and the `command` that reproduces
+    it (NaN where not measured), and `about`, the file's header (`command`, `measured`, `machine`, `experiment`).
+    **Raises** `ValueError` for a file of another schema."""
+    name = STORED_LDS.get((dataset, model))
+    if name is None:
+        return None
+    raw = json.loads(resources.files("gradlab").joinpath("data", name).read_text())
+    if raw.get("schema") != 1:
+        raise ValueError(f"{name}: schema {raw.get('schema')!r}, expected 1")
+    rows = [{"side": r["side"], "method": r["label"], "LDS": r["lds"], "SE": r["se"], "CPU-s": r["cpu_s"],
+             "command": r["command"], "note": r.get("note") or ""} for r in raw["methods"]]
+    table = pd.DataFrame(rows).astype({"LDS": float, "SE": float, "CPU-s": float})
+    return table, {k: raw[k] for k in ("command", "measured", "machine", "experiment", "benchmark") if k in raw}
