@@ -500,7 +500,7 @@ def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agr
     """Rank-correlation matrix (e.g. Spearman ρ) between score vectors, annotated."""
     m = np.asarray(matrix, np.float64)
     fig = go.Figure(go.Heatmap(z=m, x=names, y=names, zmin=-1, zmax=1, colorscale="RdBu", reversescale=False,
-                               text=np.round(m, 2), texttemplate="%{text}", colorbar=dict(title="Spearman ρ")))
+                               text=np.round(m, 2), texttemplate="%{text}", colorbar=dict(title="Spearman ρ", tickvals=[-1, 0, 1])))
     fig.update_yaxes(autorange="reversed")
     return style_figure(fig, title, "method", "method", height=380)
 

@@ -87,6 +87,9 @@ class Ekfac(Method):
     (two streamed passes for EK-FAC, one for K-FAC), independent of δ."""
 
     name, label, short = "ekfac", "Influence function, EK-FAC curvature (trained model, no θ̂)", "EK-FAC"
+    #: Prepared only when picked (or for the LDS): its curvature's passes and eigendecompositions beside every other
+    #: method took the extreme links' server to 703 MB (tests/test_browser.py, limit 690).
+    on_demand = True
     self_label, self_short = "EK-FAC influence ∇ℓᵢᵀ(F + δI)⁻¹∇ℓᵢ / N at the trained model", "EK-FAC"
     controls = (
         Control("ekfac_kind", "infl_ekfac_kind", "Curvature", "ekfac", "select", tuple(KINDS), fmt=KINDS.get,
