@@ -502,6 +502,7 @@ def agreement_heatmap(matrix: np.ndarray, names: list[str], *, title: str = "Agr
     fig = go.Figure(go.Heatmap(z=m, x=names, y=names, zmin=-1, zmax=1, colorscale="RdBu", reversescale=False,
                                text=np.round(m, 2), texttemplate="%{text}", colorbar=dict(title="Spearman ρ", tickvals=[-1, 0, 1])))
     fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(tickangle=-90)  # upright names: six or more overlap when Plotly tilts them (1024 px, presenter)
     return style_figure(fig, title, "method", "method", height=380)
 
 
