@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.torch_cnn import torch_simple_cnn
 from gradlab import influence as inf
 from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data, recipe
 from gradlab.influence import fitted as ifit
@@ -345,27 +346,8 @@ def dattri_available() -> bool:
 
 
 def torch_cnn(n_classes: int = 10):
-    """The SimpleCNN in torch (`benchmarks.torch_cnn`'s network: conv1 1→32, conv2 32→64, 2×2 max-pool, fc1
-    9,216→128, fc2 128→K, log-softmax), in `eval()` mode."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class TorchCNN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 32, 3, 1)
-            self.conv2 = nn.Conv2d(32, 64, 3, 1)
-            self.fc1 = nn.Linear(9216, 128)
-            self.fc2 = nn.Linear(128, n_classes)
-
-        def forward(self, x):
-            x = F.relu(self.conv1(x))
-            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-            x = F.relu(self.fc1(torch.flatten(x, 1)))
-            return F.log_softmax(self.fc2(x), dim=1)
-
-    return TorchCNN().eval()
+    """The SimpleCNN in torch (`benchmarks.torch_cnn.torch_simple_cnn`), in `eval()` mode."""
+    return torch_simple_cnn(n_classes).eval()
 
 
 def torch_state(model) -> dict:

@@ -84,17 +84,12 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _torch_contenders(batch: int, seed: int):
-    """Build the torch model, data and the torch-side contenders; None if torch is missing."""
-    if importlib.util.find_spec("torch") is None:
-        return None
+def torch_simple_cnn(n_classes: int = 10):
+    """Seed 003's SimpleCNN in torch (conv1 1→32, conv2 32→64, 2×2 max-pool, fc1 9,216→128, fc2 128→K,
+    log-softmax; torch's layer names and layouts), freshly initialized. **Raises** ImportError without torch."""
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
-    from torch.func import functional_call, grad, vmap
-
-    torch.manual_seed(seed)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # torch on the GPU when it sees one
+    from torch import nn
 
     class TorchCNN(nn.Module):
         def __init__(self):
@@ -102,17 +97,29 @@ def _torch_contenders(batch: int, seed: int):
             self.conv1 = nn.Conv2d(1, 32, 3, 1)
             self.conv2 = nn.Conv2d(32, 64, 3, 1)
             self.fc1 = nn.Linear(9216, 128)
-            self.fc2 = nn.Linear(128, 10)
+            self.fc2 = nn.Linear(128, n_classes)
 
         def forward(self, x):
             x = F.relu(self.conv1(x))
-            x = F.relu(self.conv2(x))
-            x = F.max_pool2d(x, 2)
-            x = torch.flatten(x, 1)
-            x = F.relu(self.fc1(x))
+            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+            x = F.relu(self.fc1(torch.flatten(x, 1)))
             return F.log_softmax(self.fc2(x), dim=1)
 
-    model = TorchCNN().to(dev)
+    return TorchCNN()
+
+
+def _torch_contenders(batch: int, seed: int):
+    """Build the torch model, data and the torch-side contenders; None if torch is missing."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(seed)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # torch on the GPU when it sees one
+
+    model = torch_simple_cnn(10).to(dev)
     data = torch.randn(batch, 1, 28, 28).to(dev)
     targets = torch.randint(10, (batch,)).to(dev)
     params = {k: v.detach() for k, v in model.named_parameters()}
@@ -142,7 +149,7 @@ def _torch_contenders(batch: int, seed: int):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            gsm = GradSampleModule(TorchCNN().to(dev), loss_reduction="sum")
+            gsm = GradSampleModule(torch_simple_cnn(10).to(dev), loss_reduction="sum")
         gsm._module.load_state_dict(model.state_dict())
 
         def opacus():
