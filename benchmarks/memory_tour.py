@@ -80,11 +80,16 @@ def main() -> int:
     print(f"\npages: {'the extreme links' if args.extreme else ', '.join(n for _, n, _ in PAGES)}; rounds {args.rounds}; sessions {args.sessions}; "
           f"query {args.query or '(defaults)'}; {time.time() - t0:.0f} s")
     print(f"RSS at start {idle:.0f} MB, at end {final:.0f} MB")
-    print(f"PEAK RSS (server + children): {sampler.peak:.0f} MB  (target < {TARGET_MB} MB: "
-          f"{'OK' if sampler.peak < TARGET_MB else 'OVER'})")
+    return verdict(sampler.peak, errors)
+
+
+def verdict(peak_mb: float, errors) -> int:
+    """Print the peak against `TARGET_MB` and every page error; the exit status (0: under the target, no error)."""
+    print(f"PEAK RSS (server + children): {peak_mb:.0f} MB  (target < {TARGET_MB} MB: "
+          f"{'OK' if peak_mb < TARGET_MB else 'OVER'})")
     for e in errors:
         print("ERROR", e)
-    return 0 if sampler.peak < TARGET_MB and not errors else 1
+    return 0 if peak_mb < TARGET_MB and not errors else 1
 
 
 if __name__ == "__main__":

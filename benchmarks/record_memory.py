@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from benchmarks.browser import Sampler, launch, page_errors, streamlit_server, tree_rss_mb, wait_until_idle
+from benchmarks.memory_tour import verdict
 
-TARGET_MB = 690
 
 
 def main() -> int:
@@ -67,11 +67,7 @@ def main() -> int:
         time.sleep(1.0)
         sampler.stop.set()
         sampler.join()
-    print(f"PEAK RSS (server + children): {sampler.peak:.0f} MB  (target < {TARGET_MB} MB: "
-          f"{'OK' if sampler.peak < TARGET_MB else 'OVER'})")
-    for e in errors:
-        print("ERROR", e)
-    return 0 if sampler.peak < TARGET_MB and not errors else 1
+    return verdict(sampler.peak, errors)
 
 
 if __name__ == "__main__":
