@@ -124,15 +124,6 @@ def lds_seconds(num_params: int, *, models: int, steps: int, batch_size: int, n_
 OPTIMUM_ITERS = 500
 
 
-def influence_page_seconds(num_params: int, n: int, *, steps: int, batch_size: int, trak_models: int = 0) -> float:
-    """Estimated CPU-seconds of the Influence page's first view: θ̂ by L-BFGS (`OPTIMUM_ITERS` iterations over
-    `n` examples), TracIn's SGD run, inverse-HVP solves (about 200 iterations' worth) and, when TRAK is picked,
-    its `trak_models` extra models each converged the same way (2 s of set-up)."""
-    lbfgs = OPTIMUM_ITERS * n * num_params / LBFGS_RATE
-    return (2.0 + lbfgs + training_seconds(num_params, steps, batch_size) + 200 * n * num_params / LBFGS_RATE
-            + trak_models * (lbfgs + training_seconds(num_params, steps, batch_size)))
-
-
 def optimum_seconds(num_params: int, n: int) -> float:
     """Estimated CPU-seconds of θ̂: L-BFGS on mean ℓ + λ/2‖θ‖² over `n` examples, `OPTIMUM_ITERS` iterations. Only the methods that need θ̂ (`Method.needs_optimum`) pay it."""
     return OPTIMUM_ITERS * n * num_params / LBFGS_RATE
