@@ -840,7 +840,8 @@ def gradient_field(surface, theta, grads, mean, *, scale: float, labels, marked,
         _arrows(fig, theta, theta + scale * shown[sel], CLASS_COLORS[k % len(CLASS_COLORS)], 1.6,
                 f"{word}, class {k}" if len(classes) > 1 else word, opacity=0.7)
     if marked.any():
-        _arrows(fig, theta, theta + scale * shown[marked], FLIPPED_COLOR, 2.8, f"{word} of a {marked_name}")
+        article = "an" if marked_name[:1] and marked_name[0] in "aeiou" else "a"
+        _arrows(fig, theta, theta + scale * shown[marked], FLIPPED_COLOR, 2.8, f"{word} of {article} {marked_name}")
     _arrows(fig, theta, theta + scale * np.asarray(mean)[None, :], "#000000", 5, "mean gradient (batch_grad)")
     if clipped_mean is not None:
         _arrows(fig, theta, theta + scale * np.asarray(clipped_mean)[None, :], CLIPPED_COLOR, 5, "clipped mean")

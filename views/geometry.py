@@ -22,9 +22,18 @@ st.markdown(
 
 # figure first: the field on the left, every control beside it
 field_col, side = st.columns([5, 2], gap="medium")
+
+
+def _problem_changed() -> None:
+    """A new problem brings its own learning rate and batch size: the sliders kept the old problem's, which the
+    link (it omits a default, and the defaults are the new problem's) did not reproduce."""
+    q = geometry.problem(st.session_state["geo_problem"])
+    st.session_state["geo_lr"], st.session_state["geo_batch"] = q.lr, min(q.batch_size, q.n)
+
+
 with side:
     name = ui.control(st.radio, "Model and data", list(geometry.PROBLEMS), key="geo_problem", index=1,
-                      horizontal=True)  # short names: a bound radio writes the shown option into the URL
+                      horizontal=True, on_change=_problem_changed)  # short names: a bound radio writes them
     st.caption(geometry.PROBLEMS[name])
     p = geometry.problem(name)
     clip_on = ui.control(st.toggle, "Clip each gᵢ at C", value=False, key="geo_clip")
