@@ -607,6 +607,11 @@ class AuditResult:
         return [n for n, e in self.valid.items() if e > self.epsilon_claimed]
 
     @property
+    def guesses(self) -> np.ndarray:
+        """(n,) bool: the audit's test on each trial, "in" when direction·score ≥ direction·threshold."""
+        return self.direction * self.scores >= self.direction * self.threshold
+
+    @property
     def tightest(self) -> str:
         """The estimator with the largest bound (the most informative), among `valid`."""
         return max(self.valid, key=self.valid.get)
@@ -784,7 +789,7 @@ def canary_record(result: AuditResult, trial: int | None = None) -> CanaryRecord
     loss_fn, params, xs, ys = canary_example(result.canary, c)
     g = float(engine.per_example_norms(loss_fn, params, xs, ys)[0])
     keep = lambda norm: float(min(1.0, c / max(norm, 1e-30)))  # noqa: E731
-    guess = result.direction * scores >= result.direction * result.threshold
+    guess = np.asarray(result.guesses, bool)
     g_trained = None
     if trial is not None and result.canary == "input":
         x, y = np.asarray(xs[0, 1:], np.float64), float(ys[0])
@@ -793,8 +798,8 @@ def canary_record(result: AuditResult, trial: int | None = None) -> CanaryRecord
     features, label = (None, None) if result.canary == "gradient" else (np.asarray(INPUT_CANARY[0]), float(INPUT_CANARY[1]))
     return CanaryRecord(
         canary=result.canary,
-        loss=(f"{CANARY_SCALE:g}·C·θ_r: linear in its trial's own parameter θ_r" if result.canary == "gradient" else
-              "logistic loss softplus(−y·w_r·x) of a mislabeled outlier x in its trial's logistic regression w_r"),
+        loss=(f"{CANARY_SCALE:g}·C·θᵣ, linear in its trial's own parameter θᵣ" if result.canary == "gradient" else
+              "the logistic loss softplus(−y·wᵣ·x) of a mislabeled outlier x in its trial's logistic regression wᵣ"),
         features=features, label=label, clip_norm=c, grad_norm=g, clip_factor=keep(g),
         grad_norm_trained=g_trained, clip_factor_trained=None if g_trained is None else keep(g_trained),
         scores_in=scores[is_in], scores_out=scores[~is_in], threshold=float(result.threshold),
