@@ -607,6 +607,11 @@ class AuditResult:
         return [n for n, e in self.valid.items() if e > self.epsilon_claimed]
 
     @property
+    def guesses(self) -> np.ndarray:
+        """(n,) bool: the audit's test on each trial, "in" when direction·score ≥ direction·threshold."""
+        return self.direction * self.scores >= self.direction * self.threshold
+
+    @property
     def tightest(self) -> str:
         """The estimator with the largest bound (the most informative), among `valid`."""
         return max(self.valid, key=self.valid.get)
@@ -684,3 +689,120 @@ def audit_dp_sgd(
                        steps=int(steps), sample_rate=float(sample_rate), clip_norm=float(clip_norm), delta=float(delta),
                        bug=bug, canary=canary, confidence=confidence, estimates=estimates, curves=curves,
                        mu_lower=gdp_mu_lower_bound(scores, is_in, confidence=confidence))
+
+
+# ---------------------------------------------------------------- one canary's record
+
+
+def canary_example(canary: str, clip_norm: float) -> tuple[Callable, dict, jnp.ndarray, jnp.ndarray]:
+    """The canary of an audit as one example of a one-trial run, where the audit starts from.
+
+    **Arguments** `canary`: a name in `CANARIES`; `clip_norm` C > 0 (the gradient canary's loss scales with it).
+
+    **Returns** `(loss_fn, params, xs (1, d), ys (1,))`, gradlab's engine contract: `loss_fn(params, x, y)` is the
+    canary's own loss (`gradient_canary_loss`: 10·C·θ₀; `input_canary_loss`: the logistic loss of `INPUT_CANARY`),
+    `params` the audit's initial parameters (zeros) of trial block 0, `xs[0] = [block 0, features…]`.
+
+    **Raises** `ValueError` for an unknown canary or C ≤ 0.
+    """
+    if canary not in CANARIES:
+        raise ValueError(f"unknown canary {canary!r}; choose one of {', '.join(CANARIES)}")
+    clip_norm = privacy.check_clip_norm(clip_norm)
+    if canary == "gradient":
+        return (gradient_canary_loss, {"theta": jnp.zeros(1)}, jnp.zeros((1, 1)),
+                jnp.array([CANARY_SCALE * clip_norm], jnp.float32))
+    features, label = INPUT_CANARY
+    return (input_canary_loss, {"w": jnp.zeros((1, 2))}, jnp.asarray(np.r_[0.0, features][None], jnp.float32),
+            jnp.array([label], jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryRecord:
+    """One audit's canary, as the Example record card shows an example (`canary_record`).
+
+    - `canary`: its kind (`CANARIES`); `loss`: its loss in words; `features (2,)` and `label`: the input canary's
+      input and the label it was planted with (None for the gradient canary, which has no input, only a loss).
+    - `grad_norm`: ‖g‖ of its own loss at the parameters the audit starts from (loss units per parameter unit);
+      `clip_factor`: min(1, C/‖g‖) at the audit's `clip_norm` C, the share of it correct DP-SGD keeps.
+    - `grad_norm_trained`, `clip_factor_trained`: the same at trial `trial`'s trained model (input canary with a
+      trial; None otherwise: the gradient canary's loss is linear, so its gradient is the same at every θ).
+    - `scores_in (n_in,)`, `scores_out (n_out,)`: the observations of the trials with and without it.
+    - `threshold`, `direction`: the audit's test (guess "in" when direction·score ≥ direction·threshold); `tpr`,
+      `fpr`: that test's rates over all the trials.
+    - `trial`, `observation`, `trial_in`, `guessed_in`: one chosen trial (None when none is chosen).
+    """
+
+    canary: str
+    loss: str
+    features: np.ndarray | None
+    label: float | None
+    clip_norm: float
+    grad_norm: float
+    clip_factor: float
+    grad_norm_trained: float | None
+    clip_factor_trained: float | None
+    scores_in: np.ndarray
+    scores_out: np.ndarray
+    threshold: float
+    direction: int
+    tpr: float
+    fpr: float
+    trial: int | None = None
+    observation: float | None = None
+    trial_in: bool | None = None
+    guessed_in: bool | None = None
+
+    @property
+    def correct(self) -> bool | None:
+        """Whether the test guessed the chosen trial's membership right (None: no trial chosen)."""
+        return None if self.trial is None else self.guessed_in == self.trial_in
+
+
+def canary_record(result: AuditResult, trial: int | None = None) -> CanaryRecord:
+    """Describe the canary of an audit: what it is, what clipping does to it, and what the trials say about it.
+
+    The gradient norm is `engine.per_example_norms` of the canary's own loss (`canary_example`) at the parameters
+    the audit starts from: the gradient canary's is exactly 10·C (a Dirac gradient, clipped to C: factor 0.1). For
+    the input canary and a chosen trial it is also taken at that trial's trained model: the logistic loss's
+    gradient −y·σ(−m)·x depends on the trained weights only through the margin m = y·w·x, which is the trial's
+    observation, so weights w = m·y·x/‖x‖² (the same margin) give the trained model's gradient exactly, without
+    retraining. The evidence is the audit's own threshold test (`AuditResult.threshold`, `direction`) on its trials.
+
+    **Arguments**
+    - `result`: an `audit_dp_sgd` result (`scores (n,)`, `is_in (n,)`, its `canary` and `clip_norm` C).
+    - `trial`: a trial r in [0, n) to describe, or None.
+
+    **Returns** a `CanaryRecord`.
+
+    **Raises** `ValueError` for a trial outside [0, n) or a result without trials in both worlds.
+
+    Canaries: Jagielski et al. 2020 ("Auditing differentially private machine learning"); Nasr et al. 2023 ("Tight
+    auditing of differentially private machine learning"), whose white-box gradient canary this is.
+    """
+    scores, is_in = np.asarray(result.scores, np.float64), np.asarray(result.is_in, bool)
+    n = len(scores)
+    if is_in.all() or not is_in.any():
+        raise ValueError("the audit needs trials both with and without the canary")
+    if trial is not None and not (0 <= int(trial) < n):
+        raise ValueError(f"trial {trial} is not one of this audit's trials (0 to {n - 1})")
+    c = float(result.clip_norm)
+    loss_fn, params, xs, ys = canary_example(result.canary, c)
+    g = float(engine.per_example_norms(loss_fn, params, xs, ys)[0])
+    keep = lambda norm: float(min(1.0, c / max(norm, 1e-30)))  # noqa: E731
+    guess = np.asarray(result.guesses, bool)
+    g_trained = None
+    if trial is not None and result.canary == "input":
+        x, y = np.asarray(xs[0, 1:], np.float64), float(ys[0])
+        w = scores[int(trial)] * y * x / (x @ x)  # the trained margin m = y·w·x
+        g_trained = float(engine.per_example_norms(loss_fn, {"w": jnp.asarray(w[None], jnp.float32)}, xs, ys)[0])
+    features, label = (None, None) if result.canary == "gradient" else (np.asarray(INPUT_CANARY[0]), float(INPUT_CANARY[1]))
+    return CanaryRecord(
+        canary=result.canary,
+        loss=(f"{CANARY_SCALE:g}·C·θᵣ, linear in its trial's own parameter θᵣ" if result.canary == "gradient" else
+              "the logistic loss softplus(−y·wᵣ·x) of a mislabeled outlier x in its trial's logistic regression wᵣ"),
+        features=features, label=label, clip_norm=c, grad_norm=g, clip_factor=keep(g),
+        grad_norm_trained=g_trained, clip_factor_trained=None if g_trained is None else keep(g_trained),
+        scores_in=scores[is_in], scores_out=scores[~is_in], threshold=float(result.threshold),
+        direction=int(result.direction), tpr=float(guess[is_in].mean()), fpr=float(guess[~is_in].mean()),
+        **({} if trial is None else dict(trial=int(trial), observation=float(scores[int(trial)]),
+                                         trial_in=bool(is_in[int(trial)]), guessed_in=bool(guess[int(trial)]))))

@@ -10,6 +10,8 @@ from gradlab.membership import dp_roc_bound
 from gradlab.plots import TEMPLATE, figure, style_figure
 
 FLOOR = 1e-4  # log axes: rates below this are drawn at it
+#: The x axis of `observation_histogram` for each canary of `gradlab.audit.CANARIES`: what its auditor observes.
+OBSERVATION = {"gradient": "−Δθ_canary·qN/C (gradient canary)", "input": "model's margin on the canary"}
 
 
 @figure
@@ -55,13 +57,18 @@ def epsilon_vs_trials(trials: np.ndarray, lower: np.ndarray | dict[str, np.ndarr
 
 @figure
 def observation_histogram(scores: np.ndarray, is_in: np.ndarray, threshold: float, *, xlabel: str,
-                          title: str = "What the auditor observes") -> go.Figure:
-    """Histograms of the observation with and without the canary, and the test's threshold."""
+                          title: str = "What the auditor observes", marked: float | None = None,
+                          marked_name: str = "this trial") -> go.Figure:
+    """Histograms of the observation with and without the canary (`scores (n,)`, `is_in (n,)`), and the test's
+    threshold; `marked`: one trial's observation drawn as a line named `marked_name` (the canary's record card)."""
     fig = go.Figure()
     for label, mask, color in (("canary out", ~is_in, "#1f77b4"), ("canary in", is_in, "#d62728")):
         fig.add_trace(go.Histogram(x=scores[mask], name=label, opacity=0.55, marker_color=color, nbinsx=80,
                                    histnorm="probability density"))
     if np.isfinite(threshold):
         fig.add_vline(x=threshold, line=dict(color="black", dash="dash"), annotation_text="threshold")
+    if marked is not None and np.isfinite(marked):
+        fig.add_vline(x=marked, line=dict(color="#2ca02c", width=3), annotation_text=marked_name,
+                      annotation_position="top left")
     fig.update_layout(barmode="overlay", template=TEMPLATE, legend=dict(orientation="h", y=-0.2))
     return style_figure(fig, title, xlabel, "density", height=400)

@@ -206,3 +206,46 @@ def test_audit_reports_every_estimator_sound_and_gdp_tight():
     assert r.estimates["Gaussian DP"] > 0.75 * r.epsilon_claimed and r.tightest == "Gaussian DP"
     assert 0.4 < r.mu_lower < 0.5  # μ = 1/σ
     assert all(c.shape == r.trials_curve.shape for c in r.curves.values())
+
+
+def test_gradient_canary_record_is_a_dirac_of_norm_10c_clipped_to_c():
+    c = 0.7
+    r = audit.audit_dp_sgd(noise_multiplier=2.0, steps=1, clip_norm=c, trials=256, seed=3)
+    rec = audit.canary_record(r, trial=7)
+    # closed form: ∇θ (10·C·θ_r) = 10·C·e_r, so ‖g‖ = 10·C and clipping at C keeps C/(10·C) = 0.1
+    assert rec.grad_norm == pytest.approx(10 * c, rel=1e-6) and rec.clip_factor == pytest.approx(0.1, rel=1e-6)
+    assert rec.features is None and rec.label is None and rec.grad_norm_trained is None
+    # the evidence: the audit's own threshold test counted by hand over every trial
+    guess = r.direction * r.scores >= r.direction * r.threshold
+    assert rec.tpr == pytest.approx(np.mean(guess[r.is_in])) and rec.fpr == pytest.approx(np.mean(guess[~r.is_in]))
+    assert len(rec.scores_in) + len(rec.scores_out) == r.trials and len(rec.scores_in) == r.is_in.sum()
+    assert (rec.observation, rec.trial_in, rec.guessed_in) == (r.scores[7], r.is_in[7], guess[7])
+    assert rec.correct == (guess[7] == r.is_in[7])
+    assert audit.canary_record(r).trial is None and audit.canary_record(r).correct is None
+    with pytest.raises(ValueError, match="not one of this audit's trials"):
+        audit.canary_record(r, trial=r.trials)
+
+
+def test_input_canary_record_norm_matches_jax_grad_at_the_start_and_at_a_trained_margin():
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    r = audit.audit_dp_sgd(noise_multiplier=1.0, steps=2, clip_norm=0.5, trials=256, canary="input", seed=2)
+    x, y = jnp.asarray(audit.INPUT_CANARY[0], jnp.float32), audit.INPUT_CANARY[1]
+
+    def norm_at(w):  # an independent oracle: the logistic loss of the canary written out, through jax.grad
+        return float(jnp.linalg.norm(jax.grad(lambda w: jax.nn.softplus(-y * jnp.dot(w, x)))(w)))
+
+    rec = audit.canary_record(r)
+    assert rec.grad_norm == pytest.approx(norm_at(jnp.zeros(2)), rel=1e-5)  # 0.5·‖x‖ at w = 0
+    assert rec.clip_factor == pytest.approx(min(1.0, 0.5 / norm_at(jnp.zeros(2))), rel=1e-5)
+    assert list(rec.features) == list(audit.INPUT_CANARY[0]) and rec.label == y
+    # a trained model w (any: here a random one) reaches the card only through its margin y·w·x, the observation
+    w = jnp.asarray(np.random.default_rng(0).normal(size=2), jnp.float32)
+    scores = r.scores.copy()
+    scores[11] = float(y * jnp.dot(w, x))
+    rec = audit.canary_record(dataclasses.replace(r, scores=scores), trial=11)
+    assert rec.grad_norm_trained == pytest.approx(norm_at(w), rel=1e-4)
+    assert rec.clip_factor_trained == pytest.approx(min(1.0, 0.5 / norm_at(w)), rel=1e-4)

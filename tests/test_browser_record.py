@@ -1,6 +1,6 @@
 """The record card in a real browser (issue 43): it opens from every place that shows an example (a norms histogram
-bar, a top-k row, a proponent, an exposed member, a Geometry point, the whole picture), and its link reproduces it
-for a second visitor. Screenshots at 1024×768 in screenshots/record_*.png, to look at."""
+bar, a top-k row, a proponent, an exposed member, a Geometry point, the whole picture, the audit's canary), and its
+link reproduces it for a second visitor. Screenshots at 1024×768 in screenshots/record_*.png, to look at."""
 
 from __future__ import annotations
 
@@ -127,9 +127,32 @@ def test_the_card_opens_from_every_place_and_its_link_reproduces_it(page, browse
     select_row(pg, tables.nth(1), row=0)
     on_card(pg, timeout=300)
 
+    # 7. Privacy audit: the canary, by its link and by a trial's row, once the audit has run (C = 0.5: ‖g‖ = 10·C = 5)
+    audit = "audit_c=0.5&audit_trials=4096"
+    visit(pg, f"{server}/privacy_audit?{FAST}&{audit}")
+    pg.get_by_role("button", name=re.compile("Run the audit")).click()
+    pg.get_by_text("Open the canary's record").wait_for(timeout=300_000)
+    wait_until_idle(pg, timeout=300)
+    pg.get_by_text("Open the canary's record").click()
+    pg.wait_for_url(re.compile(r"/record\?.*rec_set=canary"), timeout=300_000)
+    wait_until_idle(pg, timeout=300)
+    assert pg.locator("h3", has_text="The card of the canary (gradient)").count() == 1
+    assert "audit_c=0.5" in pg.url, pg.url  # the card writes its audit into its own address
+    pg.screenshot(path=str(SHOTS / "record_canary.png"), full_page=True)
+    visit(pg, f"{server}/privacy_audit?{FAST}&{audit}")  # stored: no button this time
+    tables = pg.locator('[data-testid="stDataFrame"]')
+    select_row(pg, tables.last, row=0)
+    pg.wait_for_url(re.compile(r"/record\?.*rec_trial=\d+"), timeout=300_000)
+    wait_until_idle(pg, timeout=300)
+    assert pg.locator("h3", has_text=re.compile(r"The card of the canary \(gradient\) at trial \d+")).count() == 1
+    assert not page_errors(pg)
+
     # the card's link, opened by a second visitor in a fresh browser context, shows the same card
     other = browser.new_context(viewport=VIEWPORT).new_page()
     visit(other, f"{server}/record?{FAST}&example={top}")
     assert other.locator("h3", has_text=f"The card of example {top} (").count() == 1
+    assert not page_errors(other)
+    visit(other, f"{server}/record?rec_set=canary&{audit}&rec_trial=2")  # the canary's card too
+    assert other.locator("h3", has_text="The card of the canary (gradient) at trial 2").count() == 1
     assert not page_errors(other)
     other.context.close()

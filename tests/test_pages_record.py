@@ -100,3 +100,90 @@ def test_influence_and_privacy_audit_open_the_card():
     at.run()
     assert_clean(at)
     assert at.title[0].value == "Example record" and at.session_state["example"] == int(exposed["example"].iloc[2])
+
+
+# an audit no other test computes (C = 0.5, 4096 trials): its card opens from a link, first behind the audit's button
+CANARY_AUDIT = dict(audit_sigma="2.0", audit_steps="1", audit_q="1.0", audit_c="0.5", audit_trials="4096",
+                    audit_canary="gradient", audit_bug="none (correct DP-SGD)")
+
+
+def open_canary(trial: int | None = None, **audit_params):
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.run()
+    at.query_params.update({"rec_set": "canary", **audit_params, **({} if trial is None else {"rec_trial": str(trial)})})
+    at.switch_page("views/record.py")
+    at.run()
+    return at
+
+
+def test_the_canary_card_from_a_link_shows_its_norm_clip_and_trial():
+    from gradlab import audit
+
+    at = open_canary(**CANARY_AUDIT)
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    if "run_audit" in {b.key for b in at.button}:  # a link never starts the audit: its button, with its estimate
+        assert any("about" in b.label for b in at.button if b.key == "run_audit")
+        at.button(key="run_audit").click().run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert metric(at, "Gradient norm ‖g‖") == "5"  # 10·C at C = 0.5: a Dirac gradient
+    assert metric(at, "Clipped at C = 0.5?") == "yes: ×0.10"
+    assert not any(m.label == "The canary was" for m in at.metric)  # no trial picked yet
+    # trial 3: the numbers of the same audit computed by the library (the page's audit has seed 0)
+    ref = audit.audit_dp_sgd(noise_multiplier=2.0, steps=1, clip_norm=0.5, trials=4096)
+    at.number_input(key="rec_trial").set_value(3).run()
+    assert_clean(at)
+    assert metric(at, "Trial 3's observation") == f"{ref.scores[3]:.3g}"
+    assert metric(at, "The canary was") == ("in" if ref.is_in[3] else "out")
+    assert metric(at, "The test guessed") == ("in" if ref.guesses[3] else "out")
+    guess = ref.guesses
+    assert metric(at, "The test: TPR at its FPR") == f"{guess[ref.is_in].mean():.1%} at {guess[~ref.is_in].mean():.1%}"
+    assert len(at.get("plotly_chart")) == 1  # its trials, in and out, with trial 3 marked
+
+
+def test_a_canary_link_with_a_bad_setting_is_a_message():
+    at = open_canary(**dict(CANARY_AUDIT, audit_sigma="0.1", audit_canary="gradient"))
+    assert_clean(at)
+    assert any("noise multiplier σ" in e.value and "below 0.3" in e.value for e in at.error), [e.value for e in at.error]
+    assert not any("does not use" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_the_privacy_audit_opens_the_canary_card_by_link_and_by_a_trial_row():
+    at = open_page("privacy_audit", **FAST, audit_c=0.5, audit_trials=4096)
+    if "run_audit" in {b.key for b in at.button}:
+        at.button(key="run_audit").click().run()
+    assert_clean(at)
+    link = next(link for link in at.get("page_link") if "canary" in link.proto.label)
+    assert link.proto.page.endswith("record") and "rec_set=canary" in link.proto.query_string
+    assert "audit_c=0.5" in link.proto.query_string and "audit_trials=4096" in link.proto.query_string
+    trials = next(d.value for d in at.dataframe if "test guessed" in d.value.columns)
+    assert set(trials["canary"]) == {"in", "out"}
+    at.session_state["audit_card_pick"] = {"selection": {"rows": [1], "columns": [], "cells": []}}
+    at.run()
+    assert_clean(at)
+    trial = int(trials["trial"].iloc[1])
+    assert at.title[0].value == "Example record" and at.session_state["rec_trial"] == trial
+    assert "run_audit" not in {b.key for b in at.button}  # the page's stored audit: the card opens at once
+    assert any(s.value == f"The card of the canary (gradient) at trial {trial}" for s in at.subheader)
+    assert metric(at, "Gradient norm ‖g‖") == "5"
+
+
+def test_the_canary_link_round_trips_the_audit_settings_and_refuses_what_the_page_would():
+    from gradlab.ui import audit as audit_ui
+    from gradlab.ui import pages
+
+    for settings in [audit_ui.from_url({}), (0.35, 3, 0.25, 2.5, 65536, "input", "noise not scaled by C")]:
+        assert audit_ui.from_url(audit_ui.link(settings)) == settings
+    assert audit_ui.from_url({}) == (2.0, 1, 1.0, 1.0, 16384, "gradient", None)  # the Privacy audit page's defaults
+    # the card reads exactly the Privacy audit page's controls, declared there once
+    assert set(pages.page("views/record.py").reads) == set(audit_ui.KEYS) <= set(pages.page("views/privacy_audit.py").controls)
+    for bad, says in [({"audit_steps": "2.5"}, "whole number"), ({"audit_q": "2"}, "above 1"),
+                      ({"audit_trials": "1000"}, "not one of"), ({"audit_canary": "loss"}, "not a canary"),
+                      ({"audit_bug": "typo"}, "not a planted bug"), ({"audit_c": "nan"}, "not a number")]:
+        with pytest.raises(ValueError, match=says):
+            audit_ui.from_url(bad)

@@ -8,6 +8,7 @@ import streamlit as st
 from gradlab import audit, costs, engine, export, membership, privacy, ui
 from gradlab.experiment import init_model
 from gradlab.train import OPTIMIZERS
+from gradlab.ui import audit as audit_ui
 from gradlab.ui.figures import audit_plots, plots
 
 st.title("Privacy audit: what ε means")
@@ -157,41 +158,30 @@ st.markdown(
 )
 a1, a2, a3, a4 = st.columns(4)
 with a1:
-    sigma_a = ui.control(st.number_input, "Noise multiplier σ", value=2.0, min_value=0.3, step=0.5, key="audit_sigma")
-    steps_a = ui.control(st.number_input, "Steps T", value=1, min_value=1, max_value=16, key="audit_steps")
+    sigma_a = ui.control(st.number_input, "Noise multiplier σ", **audit_ui.CONTROLS["audit_sigma"], step=0.5,
+                         key="audit_sigma")
+    steps_a = ui.control(st.number_input, "Steps T", **audit_ui.CONTROLS["audit_steps"], key="audit_steps")
 with a2:
-    q_a = ui.control(st.number_input, "Sampling rate q", value=1.0, min_value=0.01, max_value=1.0, step=0.1, format="%.2f",
+    q_a = ui.control(st.number_input, "Sampling rate q", **audit_ui.CONTROLS["audit_q"], step=0.1, format="%.2f",
                      key="audit_q", help="1 = full batch (the tightest audit).")
-    c_a = ui.control(st.number_input, "Clipping norm C", value=1.0, min_value=0.01, step=0.5, format="%.3g", key="audit_c",
-                     help="'Noise not scaled by C' only shows for C > 1.")
+    c_a = ui.control(st.number_input, "Clipping norm C", **audit_ui.CONTROLS["audit_c"], step=0.5, format="%.3g",
+                     key="audit_c", help="'Noise not scaled by C' only shows for C > 1.")
 with a3:
-    trials = ui.control(st.select_slider, "Trials", options=[4096, 16384, 65536, 131072, 262144], value=16384, key="audit_trials",
+    trials = ui.control(st.select_slider, "Trials", **audit_ui.CONTROLS["audit_trials"], key="audit_trials",
                         help="Each trial is one training run's worth of canary; 2048 run at once.")
     canary = ui.choice(st.radio, "Canary", audit.CANARIES, "audit_canary", horizontal=True)
 with a4:
-    bug = ui.control(st.selectbox, "Spot the bug: plant one", ["none (correct DP-SGD)"] + list(audit.BUGS), key="audit_bug",
+    bug = ui.control(st.selectbox, "Spot the bug: plant one", [audit_ui.NO_BUG] + list(audit.BUGS), key="audit_bug",
                      help="A mistake real DP-SGD code has shipped, planted in the DP-SGD step.")
-bug = None if bug.startswith("none") else bug
+bug = None if bug == audit_ui.NO_BUG else bug
 if bug:
     st.info(f"**Planted bug: {bug}.** {audit.BUGS[bug].description}")
 
 
-def audit_cost(sigma, steps, q, c, trials, canary, bug):
-    return costs.audit_seconds(trials=trials, steps=steps, canary=canary)
-
-
-@ui.shared(label="Auditing", cost=audit_cost)
-def run_audit(sigma, steps, q, c, trials, canary, bug, progress):
-    return audit.audit_dp_sgd(noise_multiplier=sigma, steps=steps, sample_rate=q, clip_norm=c, bug=bug, trials=trials,
-                              canary=canary, progress=lambda i, n: progress(i / n, f"training run {i} of {n}"))
-
-
 res = None
 with ui.guard("The audit could not run with these settings"):
-    audit_args = (float(sigma_a), int(steps_a), float(q_a), float(c_a), int(trials), canary, bug)
-    fits = costs.largest([4096, 16384, 65536, 131072, 262144], lambda t: audit_cost(*audit_args[:4], t, *audit_args[5:]))
-    res = ui.on_request(run_audit, *audit_args, name="audit", button="Run the audit",
-                        fix=f"Use at most {fits:,} trials or fewer steps." if fits else "Use fewer steps.")
+    audit_args = audit_ui.arguments(sigma_a, steps_a, q_a, c_a, trials, canary, bug)
+    res = audit_ui.result(audit_args)  # the same shared computation the canary's record card opens
 if res is not None:
     m = st.columns(len(res.estimates) + 2)
     m[0].metric("Accountant's ε (PLD)", f"{res.epsilon_claimed:.2f}", help=f"dp-accounting, δ = {res.delta:g}")
@@ -221,12 +211,25 @@ if res is not None:
     with left, ui.half_column():
         ui.chart(audit_plots.epsilon_vs_trials(res.trials_curve, res.curves, res.epsilon_claimed, confidence=res.confidence))
     with right, ui.half_column():
-        xlabel = "−Δθ_canary·qN/C (gradient canary)" if canary == "gradient" else "model's margin on the canary"
-        ui.chart(audit_plots.observation_histogram(res.scores, res.is_in, res.threshold, xlabel=xlabel))
+        ui.chart(audit_plots.observation_histogram(res.scores, res.is_in, res.threshold,
+                                                   xlabel=audit_plots.OBSERVATION[res.canary]))
     st.caption("Each point of the left curve is a 95% bound on its own. Clopper–Pearson: a quarter of the trials picks "
                "the threshold, the other three quarters measure FPR and TPR, so the bound is honest about the choice. "
                f"Gaussian DP: μ ≥ {res.mu_lower:.3f} at 95% (full batch, μ = √T/σ = "
                f"{np.sqrt(res.steps) / res.noise_multiplier:.3f}), Bonferroni over the thresholds of the ROC's hull.")
+
+    # the canary opens its record card as members open theirs: the link carries the audit's settings
+    ui.canary_link(audit_ui.link(audit_args))
+    few = np.sort(np.r_[np.flatnonzero(res.is_in)[:4], np.flatnonzero(~res.is_in)[:4]])  # a few trials of each world
+    guessed = res.guesses[few]
+    picked = st.dataframe(pd.DataFrame({"trial": few, "canary": np.where(res.is_in[few], "in", "out"),
+                                        "observation": res.scores[few], "test guessed": np.where(guessed, "in", "out"),
+                                        "right?": np.where(guessed == res.is_in[few], "yes", "no")}),
+                          hide_index=True, on_select="rerun", selection_mode="single-row", key="audit_card_pick")
+    st.caption("A few trials: whether the coin put the canary in, what the auditor observed and what the threshold test "
+               "guessed. Select one to open the canary's record at that trial.")
+    if (trial_row := ui.selected_row(picked)) is not None and 0 <= trial_row < len(few):
+        ui.open_canary(int(few[trial_row]))
 
 ui.code_panel(
     """

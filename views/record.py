@@ -5,8 +5,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gradlab import card, export, geometry, record, ui
-from gradlab.ui.figures import plots
+from gradlab import audit, card, export, geometry, record, ui
+from gradlab.ui import audit as audit_ui
+from gradlab.ui.figures import audit_plots, plots
 
 st.title("Example record")
 ui.intro(
@@ -22,7 +23,8 @@ ui.intro(
 ui.terms("per-example gradient", "self-influence", "LiRA", "ε and δ")
 
 SETS = {"training": "the experiment's training set (the sidebar's)",
-        **{k: f"Geometry page: {v}" for k, v in geometry.PROBLEMS.items() if k != "scalar"}}
+        **{k: f"Geometry page: {v}" for k, v in geometry.PROBLEMS.items() if k != "scalar"},
+        "canary": "Privacy audit: its canary (the audit of the settings in the link)"}
 # one row of controls above the card: which examples, which one, C and ε
 controls = st.columns([1.1, 1.7, 1, 1])
 with controls[0]:
@@ -341,7 +343,98 @@ def training_set_record() -> None:
     ui.download(f"gradlab_record_{exp.dataset}_all", full, label="Every example's quantities", key="record_all_download")
 
 
-if which != "training":
+@ui.shared(gated=False)
+def canary_of(settings, trial, _result):
+    """`audit.canary_record` of the audit of `settings` (its result `_result`) at `trial`."""
+    return audit.canary_record(_result, trial)
+
+
+def canary_record() -> None:
+    """The card of the Privacy audit's canary: its input, what clipping does to its gradient, and what the audit's
+    trials say about its membership. The audit is the Privacy audit page's own shared result for the settings in
+    the link (a stored one opens at once), else its button."""
+    settings = None
+    with ui.guard("This link's audit settings cannot be used"):
+        settings = audit_ui.card_settings(st.query_params)
+    if settings is None:
+        return
+    audit_ui.show_in_url(settings)
+    sigma, steps, q, c, trials, kind, bug = settings
+    st.caption(f"The audit of the Privacy audit page with the {audit.CANARIES[kind]}, noise multiplier σ = {sigma:g}, "
+               f"T = {steps} steps, sampling rate q = {q:g}, clipping norm C = {c:g}, {trials:,} trials, "
+               + (f"planted bug: {bug}." if bug else "correct DP-SGD."))
+    links = st.columns(2)
+    with links[0]:
+        st.page_link("views/privacy_audit.py", label="Change them on the Privacy audit page", icon=":material/policy:",
+                     query_params=audit_ui.link(settings))
+    with links[1]:  # the card's own address, whatever the address bar shows
+        ui.canary_link(audit_ui.link(settings), label="Link to this card")
+    res = None
+    with ui.guard("The audit could not run with these settings"):
+        res = audit_ui.result(settings)
+    if res is None:
+        st.info("The canary's card reads the audit's trials: it shows here once the audit has run (above, or on the "
+                "Privacy audit page).")
+        return
+    with controls[1]:
+        trial = ui.control(st.number_input, f"Trial (0 to {res.trials - 1})", min_value=0, max_value=res.trials - 1,
+                           value=None, step=1, key="rec_trial", placeholder="none: select one on the Privacy audit page",
+                           help="One trial: one training run in which a coin put the canary in or left it out.")
+    rec = None
+    with ui.guard("The canary could not be described"):
+        rec = canary_of(settings, None if trial is None else int(trial), res)
+    if rec is None:
+        return
+    st.subheader(f"The card of the canary ({kind})" + ("" if rec.trial is None else f" at trial {rec.trial}"))
+    left, right = st.columns([1, 2])
+    with left:
+        if rec.features is not None:
+            st.dataframe(pd.DataFrame({"its input": rec.features}, index=[f"x{i + 1}" for i in range(len(rec.features))]),
+                         width="stretch")
+            st.metric("Label it was planted with", f"{rec.label:+g}", delta="mislabeled outlier", delta_color="off",
+                      delta_arrow="off", help="The trials' two blobs say nothing about this point: a model only gets "
+                      "it right by remembering it, which is what membership reveals.")
+        else:
+            st.metric("Input", "none: a loss only", help="The white-box canary is not an input: it is a loss whose "
+                      "gradient points at its trial's own parameter (Nasr et al. 2023).")
+        st.markdown(f"**Its loss:** {rec.loss}.")
+    with right:
+        ui.chart(audit_plots.observation_histogram(res.scores, res.is_in, res.threshold,
+                                                   xlabel=audit_plots.OBSERVATION[kind], title="Its trials, in and out",
+                                                   marked=rec.observation, marked_name=f"trial {rec.trial}"))
+    mt = st.columns(4)
+    mt[0].metric("Gradient norm ‖g‖", f"{rec.grad_norm:.3g}",
+                 help="The engine's per-example gradient norm of its own loss where the audit starts (θ = 0)."
+                      + (" Its loss is linear: the same at every θ." if kind == "gradient" else ""))
+    mt[1].metric(f"Clipped at C = {c:g}?", "no" if rec.clip_factor >= 1 else f"yes: ×{rec.clip_factor:.2f}",
+                 help="min(1, C/‖g‖): the share of its gradient correct DP-SGD keeps."
+                      + (f" The planted bug ({bug}) changes what the code really keeps." if bug else ""))
+    if kind == "gradient":
+        mt[2].metric("Clipped norm min(‖g‖, C)", f"{min(rec.grad_norm, c):.3g}",
+                     help=f"What it adds to a step of correct DP-SGD, under noise of std σ·C = {sigma * c:.3g}.")
+    elif rec.grad_norm_trained is not None:
+        mt[2].metric(f"‖g‖ at trial {rec.trial}'s trained model", f"{rec.grad_norm_trained:.3g}",
+                     delta=f"clip ×{rec.clip_factor_trained:.2f}" if rec.clip_factor_trained < 1 else "not clipped",
+                     delta_color="off", delta_arrow="off",
+                     help="Exact from its observation: the logistic loss's gradient depends on the trained model only "
+                          "through its margin on the canary.")
+    mt[3].metric("The test: TPR at its FPR", f"{rec.tpr:.1%} at {rec.fpr:.1%}",
+                 help=f"Guess “in” when the observation is {'≥' if rec.direction > 0 else '≤'} {rec.threshold:.3g} "
+                      f"(the threshold the audit's bound uses), over all {res.trials:,} trials.")
+    if rec.trial is not None:
+        mr = st.columns(3)
+        mr[0].metric(f"Trial {rec.trial}'s observation", f"{rec.observation:.3g}")
+        mr[1].metric("The canary was", "in" if rec.trial_in else "out", help="The trial's coin: in its training set or not.")
+        mr[2].metric("The test guessed", "in" if rec.guessed_in else "out", delta="right" if rec.correct else "wrong",
+                     delta_color="normal" if rec.correct else "inverse", delta_arrow="off")
+    else:
+        st.caption("Pick a trial above (or select one on the Privacy audit page) to mark it and see whether the test "
+                   "guessed it right.")
+
+
+if which == "canary":
+    canary_record()
+elif which != "training":
     geometry_record(which)
 else:
     training_set_record()

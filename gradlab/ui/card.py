@@ -3,6 +3,8 @@
 The card is the page "Example record" (`views/record.py`), its example the URL parameter `example` (a control the
 page registry declares), so `/record?example=123` reproduces it for anyone who opens it. Other pages open it with a
 link (`card_link`: a real link a visitor can copy) or on a click (`open_card`: from a chart's or a table's selection).
+The Privacy audit's canary has a card too (`rec_set=canary`, with the audit's settings in the link): `canary_link`,
+and `open_canary` at one trial.
 """
 
 from __future__ import annotations
@@ -36,3 +38,21 @@ def selected_row(event) -> int | None:
         return int(rows[0]) if rows else None
     except (KeyError, IndexError, TypeError, ValueError):
         return None
+
+
+#: The card page's choice of examples that shows the Privacy audit's canary, and its control naming one trial.
+SET, CANARY, TRIAL = "rec_set", "canary", "rec_trial"
+
+
+def canary_link(audit_params: dict[str, str], label: str = "Open the canary's record") -> None:
+    """A link to the card of the audit's canary: `audit_params` are the Privacy audit page's settings as URL
+    parameters (`gradlab.ui.audit.link`), so the link reproduces that audit's card for anyone who opens it."""
+    st.page_link(PAGE, label=label, icon=":material/badge:", query_params={SET: CANARY, **audit_params})
+
+
+def open_canary(trial: int) -> None:
+    """Go to the card of this session's last audit's canary at trial `trial` now (stops this run), as `open_card` goes
+    to an example's. Call it from the Privacy audit page: its settings, bound to its controls, cannot go in the switch's
+    parameters; the card takes this session's last audit and writes them into its own URL."""
+    st.session_state[SET], st.session_state[TRIAL] = CANARY, int(trial)
+    st.switch_page(PAGE, query_params={SET: CANARY, TRIAL: str(int(trial))})

@@ -18,13 +18,15 @@ from gradlab.practice import enabled as practice_enabled
 
 @dataclasses.dataclass(frozen=True)
 class Page:
-    """One page: `path` (its script), `title`, `icon`, `url_path` and `controls` (widget keys = URL parameters)."""
+    """One page: `path` (its script), `title`, `icon`, `url_path` and `controls` (widget keys = URL parameters);
+    `reads`: another page's controls it reads from its own URL without drawing them (a link carries them)."""
 
     path: str
     title: str
     icon: str
     url_path: str
     controls: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
 
 
 PAGES: tuple[Page, ...] = (
@@ -47,9 +49,11 @@ PAGES: tuple[Page, ...] = (
     Page("views/geometry.py", "Geometry", ":material/call_split:", "geometry",
          ("geo_problem", "geo_clip", "geo_noise", "geo_paths", "geo_c", "geo_sigma", "geo_batch", "geo_steps", "geo_lr",
           "geo_t", "geo_remove")),
-    # issue 43: one example from every page's side (its card, `?example=123`) and every example's quantities together
+    # issue 43: one example from every page's side (its card, `?example=123`) and every example's quantities together;
+    # the audit's canary (`?rec_set=canary`) is the audit of the Privacy audit page's settings, which its link carries
     Page("views/record.py", "Example record", ":material/badge:", "record",
-         ("example", "rec_set", "rec_c", "rec_eps", "rec_x", "rec_y")),
+         ("example", "rec_set", "rec_c", "rec_eps", "rec_x", "rec_y", "rec_trial"),
+         reads=("audit_sigma", "audit_steps", "audit_q", "audit_c", "audit_trials", "audit_canary", "audit_bug")),
     Page("views/lecture.py", "Lecture", ":material/school:", "lecture"),
     # GRADLAB_PRACTICE=off: a deployer who will not run visitors' code leaves the page out of the app
     *([Page("views/practice.py", "Practice", ":material/edit_note:", "practice", ("problem",))] if practice_enabled() else []),

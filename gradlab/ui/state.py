@@ -255,10 +255,11 @@ def url_warnings(slot, url_path: str) -> None:
     if bad:
         slot.warning("This link has values this page cannot use, so it shows others: " + ", ".join(bad)
                      + ". Check the spelling, or pick the value with the control.", icon=":material/link_off:")
+    reads = pages.BY_URL[url_path].reads  # another page's settings this page takes from its link (it checks them)
     unknown = [f"**{inert(k)}={inert(v)}**" for k, v in first.items() if k not in keys and not k.startswith("_")
-               and k not in APP_PARAMS]
+               and k not in APP_PARAMS and k not in reads]
     if unknown:
-        elsewhere = [k for k in first if k in pages.control_keys() and k not in keys]
+        elsewhere = [k for k in first if k in pages.control_keys() and k not in keys and k not in reads]
         slot.warning("This link has parameters this page does not use, so it ignores them: " + ", ".join(unknown)
                      + (". Pages are chosen by their path (`/norms`, `/dp_clipping`, …), not a parameter"
                         if "page" in first else "")
