@@ -131,9 +131,9 @@ def test_the_card_opens_from_every_place_and_its_link_reproduces_it(page, browse
     audit = "audit_c=0.5&audit_trials=4096"
     visit(pg, f"{server}/privacy_audit?{FAST}&{audit}")
     pg.get_by_role("button", name=re.compile("Run the audit")).click()
-    pg.get_by_text("Open the canary's record").wait_for(timeout=300_000)
+    pg.get_by_text("Open the canary's record", exact=True).wait_for(timeout=300_000)
     wait_until_idle(pg, timeout=300)
-    pg.get_by_text("Open the canary's record").click()
+    pg.get_by_text("Open the canary's record", exact=True).click()
     pg.wait_for_url(re.compile(r"/record\?.*rec_set=canary"), timeout=300_000)
     wait_until_idle(pg, timeout=300)
     assert pg.locator("h3", has_text="The card of the canary (gradient)").count() == 1
