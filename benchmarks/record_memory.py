@@ -6,11 +6,15 @@ Gradient norms page (a visitor arrives from a page), opens `/record?example=5` w
 samples the RSS of the server and its children every 0.1 s. Prints the RSS after each step and the peak against the
 smallest Community Cloud instance (690 MB).
 
-    python -m benchmarks.record_memory [--query "steps=50"]
+    python -m benchmarks.record_memory [--query "steps=50"] [--room 20]
+
+`--room N`: after the press, N more visitors (each its own browser context) open N different cards at once, as a
+class following a lecturer's link does; the ensembles are the room's (stored once), each visitor's card its own.
 
 Measured on the 2-core machine (load ~20 from other work, 27 Nov 2026): the two ensembles in one gated run peaked at
 831 MB; as two gated runs (compiled programs dropped between them, `views/record.py`) 566 MB (the norms page 458,
-the record page's cheap card 458).
+the record page's cheap card 458). With `--room 20` (28 Nov 2026, load ≤ 10): the same 567 MB peak; 20 cards at once
+left it at 468 MB.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--query", default="", help="sidebar settings for every visit, e.g. 'steps=50'")
     ap.add_argument("--log", default="/tmp/gradlab_record_memory.log")
+    ap.add_argument("--room", type=int, default=0, help="visitors who then open a card each, at once")
     args = ap.parse_args()
     q = f"&{args.query}" if args.query else ""
     from playwright.sync_api import sync_playwright
@@ -63,6 +68,14 @@ def main() -> int:
             page.goto(f"{base}/record?example=6{q}")
             wait_until_idle(page, timeout=900)
             step("record, another card")
+            if args.room:
+                room = [browser.new_context(viewport={"width": 1024, "height": 768}).new_page() for _ in range(args.room)]
+                for k, visitor in enumerate(room):  # goto returns at the page's load; the runs overlap
+                    visitor.goto(f"{base}/record?example={10 + k}{q}")
+                for visitor in room:
+                    wait_until_idle(visitor, timeout=900)
+                    errors.extend(f"room: {e[:300]}" for e in page_errors(visitor))
+                step(f"record, a room of {args.room}")
             browser.close()
         time.sleep(1.0)
         sampler.stop.set()

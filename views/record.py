@@ -361,7 +361,7 @@ def canary_record() -> None:
     audit_ui.show_in_url(settings)
     sigma, steps, q, c, trials, kind, bug = settings
     st.caption(f"The audit of the Privacy audit page with the {audit.CANARIES[kind]}, noise multiplier σ = {sigma:g}, "
-               f"T = {steps} steps, sampling rate q = {q:g}, clipping norm C = {c:g}, {trials:,} trials, "
+               f"T = {steps} step{'s' * (steps != 1)}, sampling rate q = {q:g}, clipping norm C = {c:g}, {trials:,} trials, "
                + (f"planted bug: {bug}." if bug else "correct DP-SGD."))
     links = st.columns(2)
     with links[0]:
