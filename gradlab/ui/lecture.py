@@ -46,7 +46,7 @@ h4 { font-size: 1.0rem !important; font-weight: 500 !important; padding: 0 !impo
 [data-testid="stMainBlockContainer"] .stElementContainer:has([data-testid="stPageLink"]) { display: none; }
 h2 { font-size: 1.3rem !important; padding: 0.3rem 0 0.1rem 0 !important; }
 h3 { font-size: 1.15rem !important; padding: 0.2rem 0 0 0 !important; }
-[data-testid="stMarkdownContainer"]:has(h3) { margin-bottom: 0 !important; }
+[data-testid="stMarkdownContainer"]:has(h2), [data-testid="stMarkdownContainer"]:has(h3) { margin-bottom: 0 !important; }
 [data-testid="stPopover"] { display: none; }
 .st-key-presenter { position: fixed; bottom: 0.3rem; right: 1rem; z-index: 999991; width: auto !important;
                     background: rgba(255, 255, 255, 0.85); padding: 0 0.4rem; border-radius: 0.4rem; opacity: 0.45; }
