@@ -171,6 +171,21 @@ _BOX_JS = """(sel) => { const el = document.querySelector(sel); if (!el) return 
   const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom}; }"""
 
 
+def _settled_box(page, selector: str, *, still: float = 1.0, timeout: float = 30.0) -> dict | None:
+    """The on-screen box of `selector` once it has not moved for `still` s (Plotly lays a figure out after
+    Streamlit's run has ended: a box read before that moved by hundreds of px when the figures grew, and Playwright's
+    click then scrolled the control back into view, which read as the change moving the block)."""
+    box, since, deadline = None, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = page.evaluate(_BOX_JS, selector)
+        if now != box:
+            box, since = now, time.monotonic()
+        elif time.monotonic() - since >= still:
+            break
+        page.wait_for_timeout(200)
+    return box
+
+
 @pytest.mark.timeout(1800)
 def test_a_moved_figures_controls_are_beside_it_and_a_change_keeps_it_in_view(server, browser):
     page = browser.new_page(viewport={"width": 1024, "height": 768})
@@ -191,16 +206,16 @@ def test_a_moved_figures_controls_are_beside_it_and_a_change_keeps_it_in_view(se
         key = CHANGE[s.point[0]]
         if key not in shown or key in outside:
             continue
+        _settled_box(page, slot)  # the block's figures lay out after the run ends: their growth moved the control
         page.locator(f".st-key-{key}").first.scroll_into_view_if_needed()
-        before = page.evaluate(_BOX_JS, slot)
+        before = _settled_box(page, slot)
         try:
             change(page, key)
         except RuntimeError as err:
             bad.append(f"step {step}: {err}")
             continue
         wait_until_idle(page, timeout=900, settle=0.5)
-        page.wait_for_timeout(500)
-        after = page.evaluate(_BOX_JS, slot)
+        after = _settled_box(page, slot)
         moved = abs(after["top"] - before["top"]) if after and before else None
         if moved is None or moved > 40 or after["bottom"] < 100 or after["top"] > 768 - 100:
             bad.append(f"step {step}: after {key} the block went from {before} to {after}")
