@@ -41,7 +41,6 @@ ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every def
 page = st.navigation(PAGES, position="top" if ui_lecture.presenter_mode() else "sidebar")
 started = time.perf_counter()
 try:
-    ui.refresh_url_copy()  # the server's copy of the URL parameters = the address bar (see its docstring)
     ui.remember_url()  # the link as opened: url_warnings names what in it could not be used
     ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
     ui.experiment_sidebar()

@@ -16,7 +16,7 @@ Pages import `from gradlab import ui` and use the names re-exported here.
 from gradlab.ui.cache import (data, equivalence_plan, fill_store_in_background, fitted, macs, num_examples, num_params, on_request, practice_wait,
                               requested, sandboxed, shared, summary_seconds, summary_size)
 from gradlab.ui.state import (DEFAULT, LEARNING_RATES, STEPS, apply_preset, experiment, experiment_from_state,
-                              experiment_sidebar, follow_preset, preset_banner, preset_picker, refresh_url_copy, remember_url,
+                              experiment_sidebar, follow_preset, preset_banner, preset_picker, remember_url,
                               share_link, url_warnings)
 from gradlab.ui.card import canary_link, card_link, open_canary, open_card, selected_row
 from gradlab.ui.figures import half_column
@@ -32,5 +32,5 @@ __all__ = [
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "half_column", "inert", "intro",
     "macs", "needs_training_loop", "open_canary", "open_card", "selected_row", "practice_wait", "sandboxed", "num_examples", "num_params", "picked_index", "plotly_config", "point", "point_controls", "preset_banner", "preset_picker", "on_request", "requested",
     "summary_seconds", "summary_size",
-    "refresh_url_copy", "remember_url", "share_link", "shared", "url_warnings", "terms", "upload_controls", "uploaded",
+    "remember_url", "share_link", "shared", "url_warnings", "terms", "upload_controls", "uploaded",
 ]

@@ -18,7 +18,6 @@ from gradlab.ui import pages
 from gradlab.ui.presets import BY_NAME, PRESETS
 from gradlab.ui.upload import upload_controls, upload_dataset
 from gradlab.ui.widgets import inert, set_through_session_state, without_default
-from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
 LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
@@ -219,36 +218,6 @@ def share_link() -> str | None:
 _FIRST_URL = "_first_url"
 #: Parameters of the app itself, on every page: presenter mode, a lecture's step and room, the speaker view.
 APP_PARAMS = frozenset({"presenter", "step", "room", "speaker"})
-
-
-_URL_PAGE = "_url_page"
-
-
-def refresh_url_copy() -> None:
-    """Make Streamlit's server-side copy of the URL parameters the address bar this run started from (call first in
-    every full run, before any widget is drawn).
-
-    Streamlit (1.67) takes that copy when a page opens and afterwards changes only what it writes itself: a bound
-    control's change reaches the address bar from the browser alone. A later run that writes the URL (a bound control
-    it restores, one set through Session State) sends its copy, which lacks the browser's newer parameters, and the
-    controls drawn further down put theirs back only when they are drawn: a run cut short by the visitor's next change
-    (a busy server) left them out of the address bar, and so out of the link (issue 41: Influence's test point, Gradient
-    norms' checkpoint, once or twice per run of the copy-box test on a loaded machine). A rerun's query string is the
-    address bar's when it was asked for, so the copy is refreshed from it, on the same page only: on a page change
-    Streamlit itself drops the other page's parameters from the copy. Nothing is sent to the browser.
-    """
-    ctx = get_script_run_ctx()
-    if ctx is None:
-        return
-    same_page = st.session_state.get(_URL_PAGE) == ctx.page_script_hash
-    st.session_state[_URL_PAGE] = ctx.page_script_hash
-    if not same_page:
-        return
-    try:
-        with ctx.session_state.query_params() as qp:
-            qp.populate_from_query_string(ctx.query_string)
-    except AttributeError:  # Streamlit's internals moved (another version): its own copy stays
-        pass
 
 
 def remember_url() -> None:
