@@ -32,9 +32,7 @@ html { font-size: 21px; }
 .st-key-page_intro_more { display: none; }
 [data-testid="stMetricValue"] { font-size: min(1.55rem, 22cqi); }
 [data-testid="stMetricLabel"] p { font-size: min(0.85rem, 11cqi); }
-/* a screen of room below the step: while a rerun redraws what is under a changed control, the page is briefly shorter,
-   and the browser clamped the scroll to it, moving the figure the control is for by hundreds of pixels (issue 41) */
-[data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; padding-top: 3.7rem; padding-bottom: 100vh; }
+[data-testid="stMainBlockContainer"] { padding-left: 1.5rem; padding-right: 1.5rem; max-width: 100%; padding-top: 3.7rem; padding-bottom: 2rem; }
 /* figure first on a 768 px projector: a compact title, no second page title, the toggle in the top bar */
 h1 { font-size: 1.65rem !important; padding: 0.1rem 0 0.2rem 0 !important; }
 .stElementContainer:has(h1) ~ .stElementContainer:has(h1), .st-key-lecture_page .stElementContainer:has(h1) { display: none; }
