@@ -123,3 +123,15 @@ def test_removal_close_up_frames_the_three_points():
     apart = np.abs(r.retrained - r.predicted) / np.array([u1 - u0, v1 - v0])
     assert apart.max() >= 1 / 3, apart
     assert (u0 < pts[1:, 0]).all() and (pts[1:, 0] < u1).all() and (v0 < pts[1:, 1]).all() and (pts[1:, 1] < v1).all()
+
+
+def test_a_new_problem_brings_its_own_learning_rate_and_batch_size(page):
+    """The page's η and B follow the problem picked: the sliders kept the old problem's values while their defaults
+    (what a link without them gives) became the new one's, so a copied link showed another η (issue 41)."""
+    at = page("geometry")
+    for name in ("scalar", "logistic", "line"):
+        at.radio(key="geo_problem").set_value(name).run()
+        assert not at.exception, [e.value for e in at.exception]
+        q = geometry.problem(name)
+        assert at.select_slider(key="geo_lr").value == q.lr, name
+        assert at.number_input(key="geo_batch").value == min(q.batch_size, q.n), name
