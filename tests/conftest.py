@@ -147,6 +147,7 @@ WHOLE_SUITE_ONLY = {
                            # the engine's own chunks at N = 256: floats_zoo (where XLA's miscompile showed) stays quick
                            "test_the_default_chunks_at_n_256_match_a_loop_of_grad[tied_zoo]",
                            "test_the_default_chunks_at_n_256_match_a_loop_of_grad[transposed_conv_zoo]"],
+    "test_geometry.py": ["test_a_new_problem_brings_its_own_learning_rate_and_batch_size"],
     "test_equivalence.py": ["test_compare_all_is_compare_for_both_reductions_and_mean_vs_sum"],
     "test_influence.py": ["test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel",
                           "test_subset_models_are_the_models_train_returns_on_each_subset",
