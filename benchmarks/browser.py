@@ -177,6 +177,12 @@ def wait_until_idle(page, *, timeout: float = 240, settle: float = 1.0) -> None:
     raise TimeoutError(f"the app was still running after {timeout} s: {page.url} ({script_state(page)})")
 
 
+def visit(page, url: str, *, timeout: float = 300) -> None:
+    """Open `url` in `page` and wait until the app has run and stopped (`wait_until_idle`)."""
+    page.goto(url)
+    wait_until_idle(page, timeout=timeout)
+
+
 def page_errors(page) -> list[str]:
     """Texts of Streamlit exception boxes on the page (a traceback shown to the user)."""
     return [e.inner_text()[:2000] for e in page.locator('[data-testid="stException"]').all()]

@@ -118,6 +118,15 @@ def browser():
         b.close()
 
 
+@pytest.fixture
+def browser_page(browser, request):
+    """A page in a browser context of its own (no cookies or storage from another test), sized to the test module's
+    `VIEWPORT`."""
+    context = browser.new_context(viewport=request.module.VIEWPORT)
+    yield context.new_page()
+    context.close()
+
+
 #: Library and page tests of the quick subset that take over ~3 s from an empty compile cache on 2 cores: they run in
 #: the whole suite only, so that `-m "not slow"` stays an inner loop (measured: benchmarks/RESULTS.md#test-suite).
 #: The library code they reach keeps a faster quick test; the Privacy audit and Influence pages and the restart are

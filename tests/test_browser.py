@@ -32,6 +32,7 @@ from benchmarks.browser import (
     page_errors,
     streamlit_server,
     title,
+    visit,
     wait_for_metrics,
     wait_until_idle,
 )
@@ -58,7 +59,7 @@ def test_first_visit_to_a_fresh_server_runs_the_router(browser):
     entry point (no router, no sidebar, the link's settings ignored): hence `views/`."""
     with streamlit_server() as (base, proc):
         pg = browser.new_page(viewport=VIEWPORT)
-        _visit(pg, f"{base}/norms?dataset=moons")
+        visit(pg, f"{base}/norms?dataset=moons")
         sidebar = pg.locator('[data-testid="stSidebar"]').inner_text()
         pg.close()
     # the dataset box shows the link's dataset ("Moons (2-D toy, 2 classes)"), not the default digits
@@ -66,21 +67,13 @@ def test_first_visit_to_a_fresh_server_runs_the_router(browser):
 
 
 @pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport=VIEWPORT)
-    pg = context.new_page()
-    yield pg
-    context.close()
-
-
-def _visit(page, url: str, *, timeout: float = 300):
-    page.goto(url)
-    wait_until_idle(page, timeout=timeout)
+def page(browser_page):
+    return browser_page
 
 
 @pytest.mark.parametrize("path,label,heading", PAGES, ids=[p[1] for p in PAGES])
 def test_every_page_renders_without_errors(server, page, path, label, heading):
-    _visit(page, f"{server}/{path}")
+    visit(page, f"{server}/{path}")
     page.screenshot(path=str(SHOTS / f"page_{path or 'home'}.png"))
     assert page_errors(page) == []
     assert heading in normalized(title(page)), title(page)
@@ -94,7 +87,7 @@ def test_every_page_renders_without_errors(server, page, path, label, heading):
 def test_the_copy_box_is_the_address_bar_after_a_control_in_a_fragment(server, page):
     """Gradient norms' log-scale toggle reruns only its fragment: the box drawn at the end of a full run kept
     `log=true` while the address bar said `log=false` (issue 41). The box now shows the address bar itself."""
-    _visit(page, f"{server}/norms?dataset=moons&steps=50&checkpoint_every=25")
+    visit(page, f"{server}/norms?dataset=moons&steps=50&checkpoint_every=25")
     assert copy_link(page) == page.url
     page.get_by_text("Log scale", exact=True).click()
     page.wait_for_url("**log=false**", timeout=60_000)
@@ -111,7 +104,7 @@ def test_shared_link_shows_the_library_numbers(server, page):
     from gradlab.summary import norm_summary
 
     url = f"{server}/norms?dataset=moons&label_noise=0.1&steps=100"
-    _visit(page, url)
+    visit(page, url)
     page.screenshot(path=str(SHOTS / "shared_link_norms.png"))
     assert page_errors(page) == []
     shown = wait_for_metrics(page, ["Training examples N", "Median norm", "Mislabel detection AUC"])
@@ -127,13 +120,13 @@ def test_shared_link_shows_the_library_numbers(server, page):
     # a second person opening the copied link (a fresh browser context: a new session) sees the same
     other_context = page.context.browser.new_context(viewport=VIEWPORT)
     other = other_context.new_page()
-    _visit(other, link)
+    visit(other, link)
     assert wait_for_metrics(other, shown) == shown
     other_context.close()
 
 
 def test_preset_click_sets_the_url_and_opens_the_page(server, page):
-    _visit(page, f"{server}/")
+    visit(page, f"{server}/")
     page.get_by_role("button", name="Mislabeled digits stand out").click()
     page.wait_for_url("**/norms**", timeout=60_000)
     wait_until_idle(page)
@@ -221,7 +214,7 @@ def _csv(rows: int, seed: int, separable: bool) -> bytes:
 
 
 def _upload(page, url: str, raw: bytes, name: str):
-    _visit(page, url)
+    visit(page, url)
     page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(
         files=[{"name": name, "mimeType": "text/csv", "buffer": raw}])
     page.wait_for_selector(f'text={name}', timeout=60_000)
@@ -292,7 +285,7 @@ def test_extreme_shared_links_keep_the_server_up_and_within_690_mb(browser):
         pg = browser.new_context(viewport=VIEWPORT).new_page()
         peaks = []  # (link, peak RSS in MB so far): says which link took the memory
         for path, query in EXTREME_LINKS:
-            _visit(pg, f"{base}/{path}?{query}", timeout=600)
+            visit(pg, f"{base}/{path}?{query}", timeout=600)
             if path == "dp_clipping" and pg.get_by_role("button", name="Train private and non-private models").count():
                 pg.get_by_role("button", name="Train private and non-private models").click()
                 wait_until_idle(pg, timeout=600)

@@ -4,18 +4,22 @@ link reproduces it for a second visitor. Screenshots at 1024×768 in screenshots
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 from conftest import BROWSER_MARKS
 
 from benchmarks.browser import ROOT, page_errors, streamlit_server, title, wait_until_idle
+from benchmarks.browser import visit as _visit
 
 pytestmark = BROWSER_MARKS
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 SHOTS = ROOT / "screenshots"
 VIEWPORT = {"width": 1024, "height": 768}
+#: A visit waits up to 10 minutes for the page (the record's ensembles on a loaded machine).
+visit = functools.partial(_visit, timeout=600)
 #: Small, quick settings every visit shares (the sidebar's keys in the URL).
 FAST = "steps=50&checkpoint_every=25"
 
@@ -25,19 +29,6 @@ def server(browser):
     SHOTS.mkdir(exist_ok=True)
     with streamlit_server(log_path=SHOTS / "streamlit_record.log") as (base, proc):
         yield base
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport=VIEWPORT)
-    pg = context.new_page()
-    yield pg
-    context.close()
-
-
-def visit(pg, url: str, timeout: float = 600):
-    pg.goto(url)
-    wait_until_idle(pg, timeout=timeout)
 
 
 def on_card(pg, example: int | None = None, timeout: float = 300) -> int:
@@ -62,8 +53,8 @@ def select_row(pg, table, row: int = 0):
     assert box is not None
 
 
-def test_the_card_opens_from_every_place_and_its_link_reproduces_it(page, browser, server):
-    pg = page
+def test_the_card_opens_from_every_place_and_its_link_reproduces_it(browser_page, browser, server):
+    pg = browser_page
     # 1. Gradient norms: a top-k row
     visit(pg, f"{server}/norms?{FAST}")
     select_row(pg, pg.locator('[data-testid="stDataFrame"]').first, row=0)
