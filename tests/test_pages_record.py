@@ -7,6 +7,13 @@ import pytest
 from conftest import FAST, assert_clean, open_page
 
 
+def select_row(at, key: str, row: int) -> None:
+    """Select `row` of the selectable table `key` as a click does (its selection event), run, and check the page."""
+    at.session_state[key] = {"selection": {"rows": [row], "columns": [], "cells": []}}
+    at.run()
+    assert_clean(at)
+
+
 def metric(at, label):
     return next(m.value for m in at.metric if m.label.startswith(label))
 
@@ -60,9 +67,7 @@ def test_norms_page_opens_the_card_from_a_top_k_row_and_a_histogram_bar():
     links = at.get("page_link")
     assert links and all(link.proto.page.endswith("record") or "record" in link.proto.page for link in links), \
         [link.proto for link in links][:1]
-    at.session_state["norms_topk_pick"] = {"selection": {"rows": [1], "columns": [], "cells": []}}
-    at.run()
-    assert_clean(at)
+    select_row(at, "norms_topk_pick", 1)
     assert at.title[0].value == "Example record"
     assert at.session_state["example"] == int(table["example"].iloc[1])
 
@@ -86,9 +91,7 @@ def test_influence_and_privacy_audit_open_the_card():
     at = open_page("influence", dataset="moons", model="linear", **FAST)
     assert_clean(at)
     table = next(d.value for d in at.dataframe if "example" in d.value.columns)
-    at.session_state["infl_card_pick"] = {"selection": {"rows": [0], "columns": [], "cells": []}}
-    at.run()
-    assert_clean(at)
+    select_row(at, "infl_card_pick", 0)
     assert at.title[0].value == "Example record" and at.session_state["example"] == int(table["example"].iloc[0])
 
     # a pool no other page test uses: the attack is computed here (a stored result would show no button)
@@ -96,9 +99,7 @@ def test_influence_and_privacy_audit_open_the_card():
     at.button(key="run_mia").click().run()
     assert_clean(at)
     exposed = next(d.value for d in at.dataframe if "LiRA score, non-private" in d.value.columns)
-    at.session_state["mia_card_pick"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
-    at.run()
-    assert_clean(at)
+    select_row(at, "mia_card_pick", 2)
     assert at.title[0].value == "Example record" and at.session_state["example"] == int(exposed["example"].iloc[2])
 
 
@@ -163,9 +164,7 @@ def test_the_privacy_audit_opens_the_canary_card_by_link_and_by_a_trial_row():
     assert "audit_c=0.5" in link.proto.query_string and "audit_trials=4096" in link.proto.query_string
     trials = next(d.value for d in at.dataframe if "test guessed" in d.value.columns)
     assert set(trials["canary"]) == {"in", "out"}
-    at.session_state["audit_card_pick"] = {"selection": {"rows": [1], "columns": [], "cells": []}}
-    at.run()
-    assert_clean(at)
+    select_row(at, "audit_card_pick", 1)
     trial = int(trials["trial"].iloc[1])
     assert at.title[0].value == "Example record" and at.session_state["rec_trial"] == trial
     assert "run_audit" not in {b.key for b in at.button}  # the page's stored audit: the card opens at once
