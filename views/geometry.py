@@ -7,6 +7,7 @@ import numpy as np
 import streamlit as st
 
 from gradlab import geometry, ui
+from gradlab.ui.geometry import removal
 from gradlab.ui.figures import plots
 
 st.title("Geometry of per-example gradients")
@@ -79,11 +80,6 @@ def at_point(name, theta):
 @ui.shared(gated=False)
 def surface(name):
     return geometry.loss_surface(geometry.problem(name))
-
-
-@ui.shared(label="Retraining without the example")
-def removal(name, index):
-    return geometry.remove_example(geometry.problem(name), index)
 
 
 # click a training example (in the data chart) to remove it

@@ -7,6 +7,7 @@ import streamlit as st
 
 from gradlab import audit, card, export, geometry, record, ui
 from gradlab.ui import audit as audit_ui
+from gradlab.ui.geometry import removal
 from gradlab.ui.figures import audit_plots, plots
 
 st.title("Example record")
@@ -36,11 +37,6 @@ def geometry_path(problem):
     p = geometry.problem(problem)
     path = geometry.trajectory(p, "sgd", lr=p.lr, steps=GEO_STEPS, batch_size=min(p.batch_size, p.n))
     return path, geometry.norms_along(p, path)
-
-
-@ui.shared(label="Retraining without the example")
-def geometry_removal(problem, index):
-    return geometry.remove_example(geometry.problem(problem), index)
 
 
 GEO_STEPS = 20  # the Geometry page's default path
@@ -74,7 +70,7 @@ def geometry_record(problem: str) -> None:
     kept = float(card.clip_factor([g], c)[0])
     mt[1].metric(f"Clipped at C = {c:.3g}?", "no" if kept >= 1 else f"yes: ×{kept:.2f}", help="C: the median ‖gᵢ‖.")
     with ui.guard("This example cannot be removed"):
-        removed = geometry_removal(problem, i)
+        removed = removal(problem, i)
         mt[2].metric("Removing it moves the optimum by", f"{np.linalg.norm(removed.retrained - removed.optimum):.3g}",
                      help=f"Retrained without it; the influence function predicts within {removed.error:.0%}.")
 

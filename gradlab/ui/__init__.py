@@ -7,6 +7,7 @@
 - `card`: the per-example record's page and the links and clicks that open it (`open_card`, `card_link`), and the
   audit canary's (`canary_link`, `open_canary`);
 - `audit`: the DP-SGD audit both the Privacy audit page and the canary's card show (imported as a module);
+- `geometry`: the Geometry page's removal of an example, which its examples' cards show too (imported as a module);
 - `points`: a page's block that a lecture step opens on (`point`), and the controls its figure reads (`point_controls`);
 - `widgets`: error guard, code panel, checkpoint picker, downloads, charts, tables; `inert` (a user's text in Markdown).
 
