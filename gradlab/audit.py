@@ -40,6 +40,7 @@ import optax
 from scipy import optimize, special, stats
 
 from gradlab import engine, privacy
+from gradlab.clipping import clip_factor
 from gradlab.train import train_dp_sgd
 
 # ---------------------------------------------------------------- planted bugs
@@ -788,7 +789,7 @@ def canary_record(result: AuditResult, trial: int | None = None) -> CanaryRecord
     c = float(result.clip_norm)
     loss_fn, params, xs, ys = canary_example(result.canary, c)
     g = float(engine.per_example_norms(loss_fn, params, xs, ys)[0])
-    keep = lambda norm: float(min(1.0, c / max(norm, 1e-30)))  # noqa: E731
+    keep = lambda norm: float(clip_factor(norm, c))  # noqa: E731
     guess = np.asarray(result.guesses, bool)
     g_trained = None
     if trial is not None and result.canary == "input":

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gradlab import costs, engine, record
+from gradlab.clipping import clip_factor
 from gradlab.experiment import DP_SGD_DEFAULTS, Fitted
 from gradlab.summary import SUBSET_SIZES, norm_summary
 
@@ -101,12 +102,6 @@ def norms_over_training(f: Fitted, i: int) -> np.ndarray:
     d = f.data
     xs, ys = d.x_train[i:i + 1], d.y_train[i:i + 1]
     return np.asarray([float(engine.per_example_norms(f.loss_fn, m, xs, ys)[0]) for m in f.run.checkpoints])
-
-
-def clip_factor(norms, clip_norm: float) -> np.ndarray:
-    """min(1, C/‖gᵢ‖): what clipping at C keeps of each gradient (1: not clipped). `norms (n,)` → `(n,)`."""
-    norms = np.asarray(norms, np.float64)
-    return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
 
 
 def table(f: Fitted, t: Trajectory, *, clip_norm: float, outputs: record.EnsembleOutputs | None = None,

@@ -32,6 +32,15 @@ GRID_BYTES = 128 * 2**20
 MAX_FLOPS = 2e10
 
 
+def clip_factor(norms, clip_norm: float) -> np.ndarray:
+    """min(1, C/‖gᵢ‖): what clipping at C keeps of each per-example gradient (1: not clipped), in float64.
+
+    **Arguments** `norms (n,)` (or a scalar) ‖gᵢ‖; `clip_norm` C. **Returns** `(n,)` float64 in (0, 1]. (In a
+    traced program: `engine.clip_factors`.)"""
+    norms = np.asarray(norms, np.float64)
+    return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ClippingAnalysis:
     """Per-example clipping at one clipping norm C, and the bias it causes as C varies.

@@ -38,6 +38,7 @@ from jaxtyping import Float
 from scipy import stats
 
 from gradlab import engine
+from gradlab.clipping import clip_factor
 from gradlab.influence import fitted as influence_fitted
 from gradlab.influence.methods import METHODS
 from gradlab.influence.protocol import Method
@@ -179,7 +180,7 @@ def per_example_table(fitted, outputs: EnsembleOutputs, *, dp: EnsembleOutputs |
         "clean_label": np.asarray(data.y_train_clean), "flipped": np.asarray(data.flipped, bool),
         "prediction": logits.argmax(1), "correct": logits.argmax(1) == labels, "loss": losses,
         "confidence": probs[np.arange(n), labels], "phi": phi, "grad_norm": norms,
-        "clip_factor": np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30)), "clipped": norms > clip_norm,
+        "clip_factor": clip_factor(norms, clip_norm), "clipped": norms > clip_norm,
         "self_influence": si, "memorization": mem.value, "memorization_se": mem.se, "p_in": mem.p_in,
         "p_out": mem.p_out,
         "lira": lira_online(phi, outputs.conf, outputs.masks, global_variance=global_variance),
