@@ -19,7 +19,7 @@ import pandas as pd
 from gradlab import costs, engine, record
 from gradlab.clipping import clip_factor
 from gradlab.experiment import DP_SGD_DEFAULTS, Fitted
-from gradlab.summary import SUBSET_SIZES, norm_summary
+from gradlab.summary import norm_summary, summary_size
 
 #: The whole picture's quantities: a column of `record.per_example_table` (or of `table`, without the ensembles) →
 #: what it is (an axis title). Every one is per training example; `record.strongest_relation` picks the default pair
@@ -89,12 +89,8 @@ def trajectory_seconds(num_params: int, n: int, checkpoints: int, macs: int = 0)
 def trajectory_size(n: int, num_params: int, checkpoints: int, macs: int = 0, training_seconds: float = 0.0) -> int:
     """How many of the `n` examples `trajectory` covers before a button: all when its estimate fits what
     `costs.WORK_BUDGET_SECONDS` leaves after the training and the page (`costs.PAGE_SECONDS`), else the largest of
-    `summary.SUBSET_SIZES` that fits (at least the smallest), as `summary.summary_size` does for one checkpoint."""
-    left = costs.WORK_BUDGET_SECONDS - training_seconds - costs.PAGE_SECONDS
-    if trajectory_seconds(num_params, n, checkpoints, macs) <= left:
-        return n
-    fits = [m for m in SUBSET_SIZES if m < n and trajectory_seconds(num_params, m, checkpoints, macs) <= left]
-    return fits[-1] if fits else min(SUBSET_SIZES[0], n)
+    `summary.SUBSET_SIZES` that fits (at least the smallest): `summary.summary_size` at `checkpoints`."""
+    return summary_size(n, num_params, macs, training_seconds, checkpoints=checkpoints)
 
 
 def norms_over_training(f: Fitted, i: int) -> np.ndarray:

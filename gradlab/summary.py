@@ -44,16 +44,18 @@ class NormSummary:
         return len(self.index) < self.n_train
 
 
-def summary_size(n: int, num_params: int, macs: int, training_seconds: float = 0.0) -> int:
-    """How many of the `n` training examples a summary covers: all of them when `costs.summary_seconds` fits what
+def summary_size(n: int, num_params: int, macs: int, training_seconds: float = 0.0, *, checkpoints: int = 1) -> int:
+    """How many of the `n` training examples a summary covers (at each of `checkpoints` checkpoints: the record's
+    trajectory takes one per checkpoint): all of them when `checkpoints` × `costs.summary_seconds` fits what
     `costs.WORK_BUDGET_SECONDS` leaves after the training's estimate (`training_seconds`: a shared link trains and
     summarizes before any button) and the page's own work (`costs.PAGE_SECONDS`), else the largest of `SUBSET_SIZES`
     that fits (at least the smallest: the page always shows some examples)."""
     left = costs.WORK_BUDGET_SECONDS - training_seconds - costs.PAGE_SECONDS
-    if costs.summary_seconds(num_params, n, macs) <= left:
+    fits = lambda m: checkpoints * costs.summary_seconds(num_params, m, macs) <= left  # noqa: E731
+    if fits(n):
         return n
-    fits = [m for m in SUBSET_SIZES if m < n and costs.summary_seconds(num_params, m, macs) <= left]
-    return fits[-1] if fits else min(SUBSET_SIZES[0], n)
+    smaller = [m for m in SUBSET_SIZES if m < n and fits(m)]
+    return smaller[-1] if smaller else min(SUBSET_SIZES[0], n)
 
 
 def subset(n: int, size: int) -> np.ndarray:
