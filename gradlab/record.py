@@ -39,6 +39,7 @@ from scipy import stats
 
 from gradlab import engine
 from gradlab.clipping import clip_factor
+from gradlab.privacy import check_clip_norm
 from gradlab.influence import fitted as influence_fitted
 from gradlab.influence.methods import METHODS
 from gradlab.influence.protocol import Method
@@ -161,8 +162,7 @@ def per_example_table(fitted, outputs: EnsembleOutputs, *, dp: EnsembleOutputs |
     n = len(data.y_train)
     if outputs.masks.shape[1] != n or (dp is not None and dp.masks.shape[1] != n):
         raise ValueError(f"the ensemble covers {outputs.masks.shape[1]} examples, the training set has {n}")
-    if not clip_norm > 0:
-        raise ValueError(f"the clipping norm C must be > 0, got {clip_norm:g}")
+    clip_norm = check_clip_norm(clip_norm)
     xs, ys = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
     model = fitted.model
     forward = (lambda x: model(x)) if fitted.predict_fn is None else (lambda x: fitted.predict_fn(model, x))
