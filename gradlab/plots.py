@@ -218,8 +218,9 @@ def _power_ticks(ax, fig: go.Figure, letter: str) -> None:
 
 
 #: The house's subscripted symbols, written plainly in the builders and typeset after escaping (Plotly's `<sub>`):
-#: the clipped mean gradient Ḡ_C (and per layer k), the true mean G_k.
-_SUBSCRIPTS = (("Ḡ_C,k", "Ḡ<sub>C,k</sub>"), ("Ḡ_C", "Ḡ<sub>C</sub>"), ("G_k", "G<sub>k</sub>"))
+#: the clipped mean gradient Ḡ_C (and per layer k), the true mean G_k, the audit canary's parameter θ_canary.
+_SUBSCRIPTS = (("Ḡ_C,k", "Ḡ<sub>C,k</sub>"), ("Ḡ_C", "Ḡ<sub>C</sub>"), ("G_k", "G<sub>k</sub>"),
+               ("θ_canary", "θ<sub>canary</sub>"))
 
 
 def _typeset(text: str) -> str:

@@ -133,3 +133,11 @@ def test_style_is_an_argument_and_the_library_keeps_no_state():
     assert plots.norm_histogram(norms, style=library.Style(presenter=True)).to_json() == big.to_json()
     source = inspect.getsource(library) + inspect.getsource(audit_library)
     assert "threading" not in source and "global " not in source
+
+
+def test_the_audit_observations_axis_typesets_the_canarys_parameter():
+    """θ_canary is typeset as a subscript on the Privacy audit's and the canary card's histogram (a literal
+    underscore showed on the projector, as Ḡ_C once did: issue 41)."""
+    fig = audit_library.observation_histogram(np.r_[0.0, 1, 2, 3], np.r_[0, 1, 0, 1].astype(bool), 1.5,
+                                              xlabel=audit_library.OBSERVATION["gradient"])
+    assert "θ<sub>canary</sub>" in fig.layout.xaxis.title.text and "_" not in fig.layout.xaxis.title.text
