@@ -176,10 +176,10 @@ def test_influence_panel(small):
                    x_test=x_tests[0], y_test=y_tests[0], sgd_run=sgd_run, models=[eqx.filter(m, eqx.is_array)],
                    x_tests=x_tests, y_tests=y_tests, K=data.n_classes, M=4)
     close(ns["grad_dot"], scores.grad_dot(cross_entropy, m, xs, ys, x_tests[0], y_tests[0]))
-    # the page's projected gradients (inner product, k = 16 per side) are the panel's
+    # the page's projected gradients (its default after-kernel, k = 16 per side) are the panel's
     fitted = SimpleNamespace(model=m, loss_fn=cross_entropy, data=SimpleNamespace(
         x_train=xs, y_train=ys, x_test=x_tests[:1], y_test=y_tests[:1]))
-    ctx = Context(fitted, {"logra_k": 16, "logra_kernel": "inner"}, lambda: None)
+    ctx = Context(fitted, {"logra_k": 16, "logra_kernel": "after"}, lambda: None)
     logra = METHODS["logra"]
     close(ns["projected"], logra.scores(ctx, logra.prepare(ctx), x_tests[:1], y_tests[:1]).values[0], rtol=1e-4)
     ckpts, lrs = scores.tracin_checkpoints(sgd_run)

@@ -586,7 +586,10 @@ grad_dot = engine.per_example_dots(loss, params, xs, ys, g_test)           # (N,
 proj = engine.projections(loss, params, xs, ys, k_in=16, k_out=16)         # Gaussian Pa (I, 16), Pd (O, 16) per layer
 Phi = engine.per_example_projections(loss, params, xs, ys, proj)            # (N, k), streamed
 phi = engine.per_example_projections(loss, params, x_test[None], y_test[None], proj)[0]
-projected = Phi @ phi                                                       # (N,) ≈ grad_dot
+# scored with TRAK's after-kernel (ΦᵀΦ + λI)⁻¹, damped by λ = 0.3 × its mean eigenvalue (the plain Φφ: ≈ grad_dot)
+gram = Phi.T @ Phi
+ridge = 0.3 * jnp.trace(gram) / gram.shape[0]
+projected = Phi @ jnp.linalg.solve(gram + ridge * jnp.eye(gram.shape[0]), phi)   # (N,)
 
 # TracIn (Pruthi et al. 2020): checkpoints after SGD steps, each weighted by the learning rate used there
 ckpts, lrs = inf.tracin_checkpoints(sgd_run)                               # the initialization is not one
