@@ -4,7 +4,8 @@ method there (projected gradients at the checkpoint, `gradlab/influence/methods/
 process, at the library level.
 
 Stages (process CPU time from `resource.getrusage`, both cores, and wall time; the peak RSS is the process's VmHWM,
-reset after training, once its garbage is collected and the heap trimmed, as `benchmarks.influence_memory` does):
+reset after training, once its garbage is collected and the heap trimmed, as `benchmarks.influence_memory` does;
+freed memory is returned between the page's computations, as the page's gate does):
 
 1. `train`: the model by its recipe (the page's separate training button; not part of the influence goal);
 2. `first view`: what the page computes after training for its default view: test losses and predictions, the
@@ -70,6 +71,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    from gradlab import memory
+
+    memory.lean_compiles()  # as the app's server does, before the first computation
     import jax.numpy as jnp
     import numpy as np
     from scipy.stats import spearmanr
@@ -79,6 +83,7 @@ def main() -> None:
     from gradlab.influence import METHODS
     from gradlab.influence import fitted as ifit
     from gradlab.influence.methods import defaults, logra
+    from gradlab.memory import release_memory
 
     out = {"uptime": os.popen("uptime").read().strip(), "rss_after_import_mb": round(_rss_mb())}
     exp = Experiment.for_model("simple_cnn").replace(dataset="fashion")
@@ -102,12 +107,18 @@ def main() -> None:
         fh.write("5")  # resets VmHWM to the current RSS
     out["rss_before_first_view_mb"] = round(_rss_mb())
     with Stage() as first:
-        loss = np.asarray(losses.per_example_losses(f.loss_fn, f.model, d.x_test, d.y_test))  # the page's test summary
+        # the page's computations, each returning freed memory after it as the page's gate does (`ui.cache`:
+        # `memory.release_memory` after every shared computation): the test summary, the method's preparation,
+        # the scores of every test point
+        loss = np.asarray(losses.per_example_losses(f.loss_fn, f.model, d.x_test, d.y_test))
         pred = np.asarray(f.predict(f.model, d.x_test))
+        release_memory()
         with Stage() as prep:
             state = m.prepare(ctx)
+        release_memory()
         rows = tuple(range(len(d.y_test))) if m.every_test_point(ctx) else (0,)
         got = ifit.score_test_points(ctx, rows, names=["logra"], states={"logra": state})
+        release_memory()
         all_scores = got.scores["logra"]
         s = all_scores[0]
         order = np.argsort(-s, kind="stable")

@@ -242,6 +242,49 @@ def limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
         libc.mallopt(-3, int(mmap_threshold))  # M_MMAP_THRESHOLD
 
 
+#: XLA:CPU flags that lower what compiling holds, at the same speed and the same numbers, where the installed jaxlib has
+#: them: jaxlib 0.10's loop emitters instead of its fusion emitters. Seed 003's SimpleCNN on JAX 0.10.2, rise of the peak
+#: RSS: training +258 MB against +363, a norms pass +32 against +102, a projection pass +51 against +107, CPU-seconds
+#: the same or fewer (benchmarks/RESULTS.md). jaxlib 0.12 has no such switch (its fusion emitters are the only path).
+#: GRADLAB_LEAN_XLA=0 keeps XLA's defaults.
+LEAN_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
+
+
+@functools.cache
+def lean_compiles() -> bool:
+    """Add `LEAN_XLA_FLAGS` to this process's `XLA_FLAGS` (children inherit them) when the installed jaxlib knows
+    them and no XLA backend has started (XLA reads the variable once, as its first backend starts). XLA aborts a
+    process whose `XLA_FLAGS` holds a flag it does not know, so the flags are tried first in a child process (about
+    a second, once per process). The app's server calls this before its first computation. Returns whether the
+    flags are on."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    missing = [f for f in LEAN_XLA_FLAGS if f.split("=")[0] not in flags]
+    if not missing:
+        return all(f in flags for f in LEAN_XLA_FLAGS)
+    if os.environ.get("GRADLAB_LEAN_XLA", "1") == "0" or _backend_started():
+        return False
+    import subprocess
+
+    env = {**os.environ, "XLA_FLAGS": " ".join(missing), "JAX_PLATFORMS": "cpu"}
+    try:
+        ok = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True,
+                            timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if ok:
+        os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
+    log.info("lean XLA compiles (%s): %s", " ".join(missing), "on" if ok else "this jaxlib does not have them")
+    return ok
+
+
+def _backend_started() -> bool:
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # another JAX: assume started, change nothing
+        return True
+
+
 #: Above this resident size (MB) the compiled-function caches are dropped after a computation.
 #: Compiled XLA executables are what fills a long-running server (~280 MB for one tour of all
 #: pages); dropping them costs a recompile later, never a wrong result. Set

@@ -180,8 +180,11 @@ def score_test_points(ctx: Context, rows, *, names=None, states: Mapping | None 
     """Score test points `rows` (indices into the test set) with every method in `names` (default: those that apply
     and are not `on_demand`), each prepared from `states {name: state}` or now. A method that cannot prepare or
     score is reported in `errors`; the others are still computed. **Raises** `ValueError` for a row out of range."""
-    pts = [test_point(ctx.fitted, r) for r in rows]
-    txs, tys = jnp.stack([p[0] for p in pts]), jnp.stack([p[1] for p in pts])
+    d, idx = ctx.fitted.data, np.asarray(rows, dtype=int).reshape(-1)
+    for r in idx[(idx < 0) | (idx >= len(d.y_test))][:1]:
+        test_point(ctx.fitted, r)  # raises its ValueError
+    # gathered on the host and sent once (`jnp.stack` of 1,000 points compiled a 1,000-operand program)
+    txs, tys = jnp.asarray(d.x_test[idx]), jnp.asarray(d.y_test[idx])
     use = available(ctx.fitted)[0]
     names = [n for n, m in use.items() if not m.on_demand] if names is None else [n for n in names if n in use]
     out, scored, errors = {}, {}, {}

@@ -19,7 +19,8 @@ Scores of a test example z, high = proponent:
 The damping matters more than anything else here. At the checkpoint (not an optimum) ΦᵀΦ's small eigenvalues are
 noise, and an undamped kernel divides by them: at λ = 10⁻³ × the mean eigenvalue the after-kernel ranked worse than
 the plain inner product. λ = 0.3 × the mean eigenvalue was chosen on held-out test points (Fashion subset test images
-100–199, never those the tables report) from 10⁻³…10; the same λ is the best or near it on the digits MLP.
+100–199, never those the tables report) from 10⁻³…10 (`python -m benchmarks.logra_damping`); the same λ is the
+best or near it on the digits MLP.
 LDS (Park et al. 2023; M = 50 random halves), 2026-11-28:
 
 | | `inner` | `after`, λ = 10⁻³ | `after`, λ = 0.3 (default) |

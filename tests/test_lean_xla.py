@@ -1,0 +1,77 @@
+"""`memory.lean_compiles`: XLA:CPU's lean compile flags where the installed jaxlib has them, never an abort where it
+has not, and the same per-example gradients with them on (each case in a child process: XLA reads XLA_FLAGS once, when
+a process's first backend starts)."""
+
+import os
+import subprocess
+import sys
+
+import jaxlib
+import pytest
+
+from gradlab import memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _child(code: str, **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "GRADLAB_LEAN_XLA")}
+    return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _jaxlib() -> tuple[int, int]:
+    return tuple(int(p) for p in jaxlib.__version__.split(".")[:2])
+
+
+def test_the_flags_are_on_exactly_where_this_jaxlib_has_them():
+    got = _child("from gradlab import memory; import os, jax.numpy as jnp; on = memory.lean_compiles(); "
+                 "jnp.ones(2).sum().block_until_ready(); print(on, os.environ.get('XLA_FLAGS', ''))")
+    assert got.returncode == 0, got.stderr[-2000:]
+    on, _, flags = got.stdout.strip().partition(" ")
+    if _jaxlib() <= (0, 10):  # jaxlib 0.10 has the switch, 0.12 removed it (0.11 not checked here)
+        assert on == "True" and flags == " ".join(memory.LEAN_XLA_FLAGS)
+    elif _jaxlib() >= (0, 12):
+        assert on == "False" and flags == ""
+
+
+def test_an_unknown_flag_is_left_out_instead_of_aborting_the_process():
+    got = _child("from gradlab import memory; import os, jax.numpy as jnp; "
+                 "memory.LEAN_XLA_FLAGS = ('--xla_gradlab_no_such_flag=true',); on = memory.lean_compiles(); "
+                 "jnp.ones(2).sum().block_until_ready(); print(on, repr(os.environ.get('XLA_FLAGS', '')))")
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split() == ["False", "''"]
+    off = _child("from gradlab import memory; import os; print(memory.lean_compiles(), repr(os.environ.get('XLA_FLAGS', '')))",
+                 GRADLAB_LEAN_XLA="0")
+    assert off.stdout.split() == ["False", "''"], off.stderr[-2000:]
+    # a flag the user set themselves is theirs: kept, not doubled
+    mine = _child("from gradlab import memory; import os; print(memory.lean_compiles(), os.environ['XLA_FLAGS'])",
+                  XLA_FLAGS="--xla_cpu_use_fusion_emitters=true")
+    assert mine.stdout.split() == ["False", "--xla_cpu_use_fusion_emitters=true"], mine.stderr[-2000:]
+
+
+@pytest.mark.slow  # a child process compiling a convolution's rules (~10 s)
+def test_a_convolutions_per_example_norms_equal_a_loop_of_jax_grad_with_the_flags_on():
+    code = """
+import os
+from gradlab import memory
+on = memory.lean_compiles()
+import jax, jax.numpy as jnp, numpy as np
+from gradlab import engine
+from gradlab.experiment import Experiment, init_model, load_data
+from gradlab.losses import loss_for
+exp = Experiment.for_model("simple_cnn").replace(dataset="fashion")
+d = load_data(exp)
+loss, model = loss_for(d.task), init_model(exp, d)
+xs, ys = jnp.asarray(d.x_train[:6]), jnp.asarray(d.y_train[:6])
+got = np.asarray(engine.per_example_norms(loss, model, xs, ys))
+import equinox as eqx
+want = [float(jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(eqx.filter_grad(lambda m: loss(m, x, y))(model)))))
+        for x, y in zip(xs, ys)]
+np.testing.assert_allclose(got, want, rtol=2e-5)
+print(on, os.environ.get("XLA_FLAGS", ""))
+"""
+    got = _child(code)
+    assert got.returncode == 0, got.stderr[-3000:]
+    if _jaxlib() <= (0, 10):
+        assert got.stdout.startswith("True"), got.stdout
