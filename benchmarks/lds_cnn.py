@@ -419,10 +419,12 @@ def ekfac_columns():
 
 def dattri_side(fitted: Fitted, ensemble: list, t: int, say, *, proj_dim: int, damping_grid,
                 batch: int, trak_sizes, ekfac: bool = True, ekfac_batches: int | None = None,
-                ekfac_modules=("fc1", "fc2")) -> list[Row]:
+                ekfac_modules=("fc1", "fc2"), trak_ridge: float = 0.0) -> list[Row]:
     """dattri's TRAK (TRAK-k for each k in `trak_sizes`: the first k models of `ensemble`) and EK-FAC (on the
     seed-0 model, fc1 and fc2) on the same weights and tensors. The CPU-seconds of a TRAK-k row are dattri's
-    attribution; the extra models' training is in the row's note."""
+    attribution; the extra models' training is in the row's note. `trak_ridge` r > 0: TRAK's kernel ΦᵀΦ damped as
+    gradlab's projected gradients damp theirs, + r · tr(ΦᵀΦ)/k · I (dattri's `regularization` is an absolute number,
+    and the trace is known only inside its `cache`: its kernel solve is wrapped there)."""
     import torch
     from dattri.algorithm.influence_function import IFAttributorEKFAC
     from dattri.algorithm.trak import TRAKAttributor
@@ -458,12 +460,20 @@ def dattri_side(fitted: Fitted, ensemble: list, t: int, say, *, proj_dim: int, d
         task = AttributionTask(model=net, loss_func=margin, checkpoints=[torch_state(m) for m in ensemble[:k]])
         att = TRAKAttributor(task=task, correct_probability_func=probability, device="cpu",
                              projector_kwargs={"proj_dim": proj_dim, "proj_seed": 0, "device": "cpu"})
-        with torch.no_grad():
-            att.cache(loader(train_set, batch))
-            score = att.attribute(loader(test_set, batch))
+        solve = torch.linalg.solve
+        if trak_ridge:  # ΦᵀΦ + r · mean eigenvalue · I, in dattri's own cache (its only solve)
+            torch.linalg.solve = lambda a, b: solve(a + trak_ridge * a.diagonal().mean() * torch.eye(len(a)), b)
+        try:
+            with torch.no_grad():
+                att.cache(loader(train_set, batch))
+                score = att.attribute(loader(test_set, batch))
+        finally:
+            torch.linalg.solve = solve
         values = score.detach().numpy().T.astype(np.float64)
         cpu, wall = clock.cpu_s, clock.wall_s
-        rows.append(Row("dattri", f"trak-{k}", f"TRAK-{k} (dattri TRAKAttributor, k = {proj_dim})", values, cpu, wall,
+        damped = f", ΦᵀΦ damped by {trak_ridge:g} × its mean eigenvalue" if trak_ridge else ""
+        rows.append(Row("dattri", f"trak-{k}" + "-damped" * bool(trak_ridge),
+                        f"TRAK-{k} (dattri TRAKAttributor, k = {proj_dim}{damped})", values, cpu, wall,
                         "the seed-0 model" if k == 1 else f"seed 0 and {k - 1} more full-data models (seeds 1–{k - 1})"))
         say(f"dattri TRAK-{k}: {cpu:.0f} CPU-s")
     if ekfac:
@@ -527,6 +537,8 @@ def main(argv=None) -> None:
     ap.add_argument("--trak-models", type=int, nargs="+", default=[1],
                     help="dattri TRAK ensemble sizes: the seed-0 model, then full-data models at seeds 1, 2, …")
     ap.add_argument("--proj-dim", type=int, default=512, help="dattri TRAK's projection dimension (dattri: 512)")
+    ap.add_argument("--trak-ridge", type=float, default=0.0, help="damp dattri TRAK's ΦᵀΦ by this × its mean "
+                    "eigenvalue, as gradlab's projected gradients (0: dattri's default, undamped)")
     ap.add_argument("--damping", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3, 1e-4],
                     help="dattri EK-FAC's damping grid (the best LDS is kept)")
     ap.add_argument("--ekfac-batches", type=int, default=0, help="training batches dattri's EK-FAC estimates its "
@@ -599,9 +611,10 @@ def main(argv=None) -> None:
                           damping_grid=args.damping, batch=args.batch,
                           trak_sizes=args.trak_models if "trak" in args.parts else (),
                           ekfac=("ekfac" in args.parts), ekfac_batches=args.ekfac_batches or None,
-                          ekfac_modules=args.ekfac_modules)
+                          ekfac_modules=args.ekfac_modules, trak_ridge=args.trak_ridge)
         for r in got:
             sel = (f"--parts trak --trak-models {r.method.split('-')[1]} --proj-dim {args.proj_dim} --batch {args.batch}"
+                   + (f" --trak-ridge {args.trak_ridge:g}" if args.trak_ridge else "")
                    if r.method.startswith("trak") else
                    f"--parts ekfac --damping {' '.join(f'{d:g}' for d in args.damping)} "
                    f"--ekfac-batches {args.ekfac_batches} --ekfac-modules {' '.join(args.ekfac_modules)} "

@@ -253,15 +253,15 @@ LEAN_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 @functools.cache
 def lean_compiles() -> bool:
     """Add `LEAN_XLA_FLAGS` to this process's `XLA_FLAGS` (children inherit them) when the installed jaxlib knows
-    them and no XLA backend has started (XLA reads the variable once, as its first backend starts). XLA aborts a
-    process whose `XLA_FLAGS` holds a flag it does not know, so the flags are tried first in a child process (about
-    a second, once per process). The app's server calls this before its first computation. Returns whether the
-    flags are on."""
+    them. XLA reads the variable once, as its first backend starts: call this before the first computation (the
+    app's server does, from app.py), or the flags reach only child processes. XLA aborts a process whose `XLA_FLAGS`
+    holds a flag it does not know, so the flags are tried first in a child process (about a second, once per
+    process). Returns whether the flags are in `XLA_FLAGS` now."""
     flags = os.environ.get("XLA_FLAGS", "")
     missing = [f for f in LEAN_XLA_FLAGS if f.split("=")[0] not in flags]
     if not missing:
         return all(f in flags for f in LEAN_XLA_FLAGS)
-    if os.environ.get("GRADLAB_LEAN_XLA", "1") == "0" or _backend_started():
+    if os.environ.get("GRADLAB_LEAN_XLA", "1") == "0":
         return False
     import subprocess
 
@@ -275,14 +275,6 @@ def lean_compiles() -> bool:
         os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
     log.info("lean XLA compiles (%s): %s", " ".join(missing), "on" if ok else "this jaxlib does not have them")
     return ok
-
-
-def _backend_started() -> bool:
-    try:
-        from jax._src import xla_bridge
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # another JAX: assume started, change nothing
-        return True
 
 
 #: Above this resident size (MB) the compiled-function caches are dropped after a computation.

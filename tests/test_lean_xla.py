@@ -1,6 +1,6 @@
 """`memory.lean_compiles`: XLA:CPU's lean compile flags where the installed jaxlib has them, never an abort where it
-has not, and the same per-example gradients with them on (each case in a child process: XLA reads XLA_FLAGS once, when
-a process's first backend starts)."""
+has not, and the same per-example gradients with them on (in a child process: XLA reads XLA_FLAGS once, when a
+process's first backend starts)."""
 
 import os
 import subprocess
@@ -24,30 +24,35 @@ def _jaxlib() -> tuple[int, int]:
     return tuple(int(p) for p in jaxlib.__version__.split(".")[:2])
 
 
-def test_the_flags_are_on_exactly_where_this_jaxlib_has_them():
-    got = _child("from gradlab import memory; import os, jax.numpy as jnp; on = memory.lean_compiles(); "
-                 "jnp.ones(2).sum().block_until_ready(); print(on, os.environ.get('XLA_FLAGS', ''))")
-    assert got.returncode == 0, got.stderr[-2000:]
-    on, _, flags = got.stdout.strip().partition(" ")
+@pytest.fixture
+def fresh(monkeypatch):
+    """`lean_compiles` not yet called, `XLA_FLAGS` and `GRADLAB_LEAN_XLA` unset (restored after the test)."""
+    memory.lean_compiles.cache_clear()
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("GRADLAB_LEAN_XLA", raising=False)
+    yield monkeypatch
+    memory.lean_compiles.cache_clear()
+
+
+def test_the_flags_are_on_exactly_where_this_jaxlib_has_them(fresh):
+    on = memory.lean_compiles()  # its own child process tries them
     if _jaxlib() <= (0, 10):  # jaxlib 0.10 has the switch, 0.12 removed it (0.11 not checked here)
-        assert on == "True" and flags == " ".join(memory.LEAN_XLA_FLAGS)
+        assert on and os.environ["XLA_FLAGS"] == " ".join(memory.LEAN_XLA_FLAGS)
     elif _jaxlib() >= (0, 12):
-        assert on == "False" and flags == ""
+        assert not on and "XLA_FLAGS" not in os.environ
 
 
-def test_an_unknown_flag_is_left_out_instead_of_aborting_the_process():
-    got = _child("from gradlab import memory; import os, jax.numpy as jnp; "
-                 "memory.LEAN_XLA_FLAGS = ('--xla_gradlab_no_such_flag=true',); on = memory.lean_compiles(); "
-                 "jnp.ones(2).sum().block_until_ready(); print(on, repr(os.environ.get('XLA_FLAGS', '')))")
-    assert got.returncode == 0, got.stderr[-2000:]
-    assert got.stdout.split() == ["False", "''"]
-    off = _child("from gradlab import memory; import os; print(memory.lean_compiles(), repr(os.environ.get('XLA_FLAGS', '')))",
-                 GRADLAB_LEAN_XLA="0")
-    assert off.stdout.split() == ["False", "''"], off.stderr[-2000:]
-    # a flag the user set themselves is theirs: kept, not doubled
-    mine = _child("from gradlab import memory; import os; print(memory.lean_compiles(), os.environ['XLA_FLAGS'])",
-                  XLA_FLAGS="--xla_cpu_use_fusion_emitters=true")
-    assert mine.stdout.split() == ["False", "--xla_cpu_use_fusion_emitters=true"], mine.stderr[-2000:]
+def test_an_unknown_flag_is_left_out_instead_of_aborting_the_process(fresh):
+    fresh.setattr(memory, "LEAN_XLA_FLAGS", ("--xla_gradlab_no_such_flag=true",))
+    assert memory.lean_compiles() is False and "XLA_FLAGS" not in os.environ
+    memory.lean_compiles.cache_clear()
+    fresh.setenv("GRADLAB_LEAN_XLA", "0")  # off: XLA's defaults
+    assert memory.lean_compiles() is False and "XLA_FLAGS" not in os.environ
+
+
+def test_a_flag_the_user_set_is_theirs(fresh):
+    fresh.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+    assert memory.lean_compiles() is False and os.environ["XLA_FLAGS"] == "--xla_cpu_use_fusion_emitters=true"
 
 
 @pytest.mark.slow  # a child process compiling a convolution's rules (~10 s)
