@@ -49,10 +49,12 @@ def visit(page_path: str, query: str, store: str | None = None, press: str | Non
             wall = time.perf_counter() - start - 1.0
             cpu = cpu_seconds(proc.pid) - before
             peak = sampler.peak
+            pressed_cpu = None
             if press:
                 page.get_by_role("button", name=press).first.click()
                 time.sleep(1)
                 wait_until_idle(page, timeout=600, settle=1.0)
+                pressed_cpu = cpu_seconds(proc.pid) - before - cpu
             errors = page_errors(page)
             text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
             page.context.close()
@@ -60,7 +62,8 @@ def visit(page_path: str, query: str, store: str | None = None, press: str | Non
         browser.close()
         computes = [line for line in log.read_text().splitlines() if line.startswith("gradlab-compute ")]
         return dict(computes=computes, server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
-                    load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak)
+                    load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak,
+                    pressed_cpu=pressed_cpu)
 
 
 def main(argv=None) -> None:
@@ -78,7 +81,7 @@ def main(argv=None) -> None:
         r = visit(a.page, a.query, a.store, a.press)
         print(f"  visit {i + 1}: server {r['server']:.1f} s, browser {r['browser']:.1f} s, server CPU {r['cpu']:.1f} CPU-s; "
               f"server memory {r['idle']:.0f} MB at start, peak {r['peak']:.0f} MB before any button"
-              + (f", {r['after_press']:.0f} MB after pressing {a.press!r}" if a.press else "")
+              + (f", {r['after_press']:.0f} MB and {r['pressed_cpu']:.1f} CPU-s after pressing {a.press!r}" if a.press else "")
               + f"; load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; {len(r['errors'])} error boxes", flush=True)
         for e in r["errors"]:
             print("    ERROR", e[:300])

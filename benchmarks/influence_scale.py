@@ -97,7 +97,7 @@ def main() -> None:
                 **({"logra_k": args.k} if args.k else {})}
     out["settings"] = {"logra_k": settings["logra_k"], "logra_kernel": settings["logra_kernel"]}
     m = METHODS["logra"]
-    ctx = ifit.context(f, settings)
+    ctx = ifit.context(f, settings, between=lambda: release_memory(full=False))  # as the page does
     d = f.data
     k_top = 8
     out["rss_after_train_mb"] = round(_rss_mb())

@@ -133,3 +133,16 @@ def test_projected_gradient_scores_match_formed_gradients_in_float64(x64, kernel
     np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())
     np.testing.assert_allclose(m.self_influence(ctx, state), want_self, rtol=1e-7)
     assert m.every_test_point(ctx) and not m.needs_optimum
+
+
+def test_preparing_returns_memory_between_drawing_the_projection_and_the_pass(x64):
+    """The page's `between` (memory.release_memory) runs after the projection is drawn, before the features' pass
+    compiles: on SimpleCNN the Influence page's peak fell from 687–697 to 637 MB (benchmarks/RESULTS.md)."""
+    import dataclasses
+
+    ctx, *_ = _context("after")
+    calls = []
+    ctx = dataclasses.replace(ctx, between=lambda: calls.append(engine.TRACES["per_example_projections"]))
+    before = engine.TRACES["per_example_projections"]
+    METHODS["logra"].prepare(ctx)
+    assert calls == [before]  # once, and before the pass was traced

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import influence as inf
-from gradlab import costs, engine, export, losses, ui
+from gradlab import costs, engine, export, losses, memory, ui
 from gradlab.influence import fitted as ifit
 from gradlab.influence import methods as registry
 from gradlab.metrics import detection_roc, fraction_in_top
@@ -69,7 +69,8 @@ def optimum(fitted, l2):
 def context(fitted, settings):
     """The methods' `Context`: `settings` ((name, value) pairs) and the cached θ̂ at their λ."""
     opts = dict(settings)
-    return ifit.context(fitted, opts, base=lambda: optimum(fitted, float(opts.get("l2", registry.defaults()["l2"]))))
+    return ifit.context(fitted, opts, base=lambda: optimum(fitted, float(opts.get("l2", registry.defaults()["l2"]))),
+                        between=lambda: memory.release_memory(full=False))
 
 
 @ui.shared(label="Preparing the method")

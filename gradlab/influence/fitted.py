@@ -48,9 +48,10 @@ def optimum(fitted, l2: float, *, tol: float | None = None, max_iter: int = 2000
 
 
 def context(fitted, settings: Mapping | None = None, *, base: Minimum | Callable[[], Minimum] | None = None,
-            max_iter: int = 2000) -> Context:
-    """A `Context` for `fitted`: `settings` over every control's default (`methods.defaults`), and θ̂ = `base` (a
-    `Minimum`, or a function returning the page's cached one), else converged on first use (`optimum`, `max_iter`)."""
+            max_iter: int = 2000, between: Callable[[], None] | None = None) -> Context:
+    """A `Context` for `fitted`: `settings` over every control's default (`methods.defaults`), θ̂ = `base` (a
+    `Minimum`, or a function returning the page's cached one), else converged on first use (`optimum`, `max_iter`),
+    and `between()` called between a method's large steps (default: nothing)."""
     opts = {**defaults(), **(settings or {})}
     if isinstance(base, Minimum):
         get = lambda: base  # noqa: E731
@@ -58,7 +59,7 @@ def context(fitted, settings: Mapping | None = None, *, base: Minimum | Callable
         get = base
     else:
         get = functools.cache(lambda: optimum(fitted, float(opts["l2"]), max_iter=max_iter))
-    return Context(fitted, opts, get)
+    return Context(fitted, opts, get, *([between] if between is not None else []))
 
 
 def available(fitted) -> tuple[dict[str, Method], dict[str, str]]:

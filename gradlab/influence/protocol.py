@@ -93,12 +93,14 @@ class Work:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Context:
     """Where a method computes: `fitted` (a `gradlab.experiment.Fitted`), `settings` (every control's value by
-    name: the page's `l2` λ and `damping` δ and each method's own) and `optimum()`, θ̂ of mean ℓ + λ/2‖θ‖² at
-    λ = `settings["l2"]` (converged once and shared: the page passes its cached one)."""
+    name: the page's `l2` λ and `damping` δ and each method's own), `optimum()`, θ̂ of mean ℓ + λ/2‖θ‖² at
+    λ = `settings["l2"]` (converged once and shared: the page passes its cached one), and `between()`, which a
+    method calls between its large steps (the page returns memory there: `memory.release_memory`)."""
 
     fitted: Any
     settings: Mapping[str, Any]
     optimum: Callable[[], Minimum]
+    between: Callable[[], None] = lambda: None
 
     def arrays(self):
         """(train_xs, train_ys) as jnp arrays."""

@@ -171,6 +171,7 @@ class LoGra(Method):
         xs, ys = ctx.arrays()
         d = ctx.fitted.data
         proj = self.projection(ctx)
+        ctx.between()  # drawing it traced and compiled: the page returns that memory before the pass compiles
         # the training and the test set in one pass: one compiled program, and a click never runs another
         both = features(ctx, jnp.concatenate([xs, jnp.asarray(d.x_test, xs.dtype)]),
                         jnp.concatenate([ys, jnp.asarray(d.y_test, ys.dtype)]), proj)
