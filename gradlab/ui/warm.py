@@ -21,7 +21,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 from streamlit.web import cli
 
-from gradlab import practice
+from gradlab import memory, practice
 from gradlab.ui import pages
 from gradlab.ui.presets import LECTURE
 
@@ -119,6 +119,7 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--steps", default="", help="comma-separated step numbers (default: all)")
     args = parser.parse_args(argv)
+    memory.lean_compiles()  # as the server compiles (app.py), before this process's first computation
     steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
     if args.fill:
         print(f"filled the results store in {fill(pages=not args.lecture):.0f} s")
