@@ -242,11 +242,12 @@ def limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
         libc.mallopt(-3, int(mmap_threshold))  # M_MMAP_THRESHOLD
 
 
-#: XLA:CPU flags that lower what compiling holds, at the same speed and the same numbers, where the installed jaxlib has
-#: them: jaxlib 0.10's loop emitters instead of its fusion emitters. Seed 003's SimpleCNN on JAX 0.10.2, rise of the peak
-#: RSS: training +258 MB against +363, a norms pass +32 against +102, a projection pass +51 against +107, CPU-seconds
-#: the same or fewer (benchmarks/RESULTS.md). jaxlib 0.11.2 and 0.12 have no such switch (fusion emitters only).
-#: GRADLAB_LEAN_XLA=0 keeps XLA's defaults.
+#: XLA:CPU flags that lower what compiling holds and costs, where the installed jaxlib has them: jaxlib 0.10's loop
+#: emitters instead of its fusion emitters. Seed 003's SimpleCNN on JAX 0.10.2, rise of the peak RSS: training +258 MB
+#: against +363, a norms pass +32 against +102, a projection pass +51 against +107; compiling takes 20–45% less CPU and
+#: the compiled programs run in about the same time (benchmarks/RESULTS.md). The numbers are the same (the tests pass
+#: with them on). jaxlib 0.11.2 and 0.12 have no such switch (fusion emitters only). GRADLAB_LEAN_XLA=0 keeps XLA's
+#: defaults.
 LEAN_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 
 
