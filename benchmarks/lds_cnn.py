@@ -274,9 +274,11 @@ def mean_se(per_test: np.ndarray) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
 
 
-def gradlab_side(fitted: Fitted, t: int, say, only=None) -> list[Row]:
+def gradlab_side(fitted: Fitted, t: int, say, only=None, damping_grid=None) -> list[Row]:
     """Every registry method that applies to `fitted` and prepares without θ̂, scored on the first `t` test points:
-    scores and CPU-seconds of `prepare` + `scores`. A method that cannot run here is a row with its reason."""
+    scores and CPU-seconds of `prepare` + `scores`. A method that cannot run here is a row with its reason. With
+    `damping_grid`, a method that reads the damping δ (EK-FAC) is prepared once and scored at each δ, a row each
+    (`score` keeps the best, as it does for dattri's EK-FAC); its CPU-s: preparing plus one δ's scoring."""
     ctx = ifit.context(fitted, base=_refuse_optimum)
     why = {name: m.applies(fitted) for name, m in METHODS.items()}
     txs, tys = jnp.asarray(fitted.data.x_test[:t]), jnp.asarray(fitted.data.y_test[:t])
@@ -289,21 +291,23 @@ def gradlab_side(fitted: Fitted, t: int, say, only=None) -> list[Row]:
             continue
         clock = Clock()
         state, err = ifit.prepare(ctx, m)
-        if err is None:
-            try:
-                scored = m.scores(ctx, state, txs, tys)
-                values = np.asarray(scored.values)
-            except UNAVAILABLE as e:
-                err = str(e)
-        if err is not None:
-            rows.append(Row("gradlab", name, m.label, None, None, None,
-                            "not run: " + ("needs θ̂" if NEEDS_OPTIMUM in err else err)))
-            say(f"gradlab {name}: {rows[-1].note}")
-            continue
-        cpu, wall = clock.cpu_s, clock.wall_s
-        note = m.note(state) or ""
-        rows.append(Row("gradlab", name, m.label, values, cpu, wall, note))
-        say(f"gradlab {name}: {cpu:.0f} CPU-s")
+        prep_cpu, prep_wall = clock.cpu_s, clock.wall_s
+        grid = list(damping_grid) if damping_grid and "damping" in m.reads else [None]
+        for delta in grid:
+            c, clock = (ctx if delta is None else ifit.context(fitted, {"damping": delta}, base=_refuse_optimum)), Clock()
+            if err is None:
+                try:
+                    values = np.asarray(m.scores(c, state, txs, tys).values)
+                except UNAVAILABLE as e:
+                    err = str(e)
+            if err is not None:
+                rows.append(Row("gradlab", name, m.label, None, None, None,
+                                "not run: " + ("needs θ̂" if NEEDS_OPTIMUM in err else err)))
+                say(f"gradlab {name}: {rows[-1].note}")
+                break
+            cpu, wall = prep_cpu + clock.cpu_s, prep_wall + clock.wall_s
+            rows.append(Row("gradlab", name, m.label, values, cpu, wall, m.note(state) or "", damping=delta))
+            say(f"gradlab {name}" + (f" at δ = {delta:g}" if delta is not None else "") + f": {cpu:.0f} CPU-s")
     return rows
 
 
@@ -541,6 +545,8 @@ def main(argv=None) -> None:
                     "eigenvalue, as gradlab's projected gradients (0: dattri's default, undamped)")
     ap.add_argument("--damping", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3, 1e-4],
                     help="dattri EK-FAC's damping grid (the best LDS is kept)")
+    ap.add_argument("--gradlab-damping", action="store_true", help="score gradlab's methods that read δ (EK-FAC) "
+                    "at every --damping too and keep the best, as dattri's EK-FAC (default: the page's δ)")
     ap.add_argument("--ekfac-batches", type=int, default=0, help="training batches dattri's EK-FAC estimates its "
                     "factors and eigenvalues from (`cache(max_iter=…)`; 0: all)")
     ap.add_argument("--ekfac-modules", nargs="+", default=["fc2"], help="the nn.Linear modules dattri's "
@@ -595,9 +601,10 @@ def main(argv=None) -> None:
     common = [f"--train {args.train}", f"--test {t}", f"--retrains {args.retrains}"]
     rows = []
     if "gradlab" in args.parts:
-        for r in gradlab_side(fitted, t, say, only=args.methods):
-            rows.append(dataclasses.replace(r, command=" ".join([COMMAND, *common, "--parts gradlab --methods",
-                                                                 r.method])))
+        for r in gradlab_side(fitted, t, say, only=args.methods, damping_grid=args.damping if args.gradlab_damping else None):
+            rows.append(dataclasses.replace(r, command=" ".join([COMMAND, *common, "--parts gradlab --methods", r.method]
+                                                                + ["--gradlab-damping --damping " + " ".join(
+                                                                    f"{d:g}" for d in args.damping)] * (r.damping is not None))))
     port, extra_cpu = None, 0.0
     dattri_parts = [p for p in args.parts if p != "gradlab"]
     if dattri_parts and not dattri_available():
