@@ -59,7 +59,7 @@ def context(fitted, settings: Mapping | None = None, *, base: Minimum | Callable
         get = base
     else:
         get = functools.cache(lambda: optimum(fitted, float(opts["l2"]), max_iter=max_iter))
-    return Context(fitted, opts, get, *([between] if between is not None else []))
+    return Context(fitted, opts, get, between or (lambda: None))
 
 
 def available(fitted) -> tuple[dict[str, Method], dict[str, str]]:
