@@ -21,6 +21,13 @@ pytestmark = pytest.mark.slow
 SHOTS = Path(__file__).resolve().parents[1] / "screenshots" / "projector"  # ignored by git (.gitignore)
 
 # Every Plotly chart on the page: its title (spaces dropped: a long title wraps into several lines) and its box.
+_MOMENT_JS = """(status) => ({
+  title: (document.querySelector('[data-testid="stMainBlockContainer"] h1') || {innerText: ''}).innerText,
+  computing: document.body.innerText.includes(status),
+  charts: [...document.querySelectorAll('.js-plotly-plot')].map((el) => {
+    const t = el.querySelector('.gtitle'); return t ? t.textContent : ''; }),
+})"""
+
 _CHARTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map((el) => {
   const r = el.getBoundingClientRect();
   const t = el.querySelector('.gtitle');
@@ -102,17 +109,17 @@ def test_next_into_a_slow_step_shows_computing_and_never_another_steps_figure(tm
                                f"(t) => t.textContent.replace(/\\s+/g, '').includes({before!r}))", timeout=60_000)
         page.get_by_role("button", name="Next", exact=True).click()
         samples, deadline = [], time.time() + 60
-        while time.time() < deadline:
-            title = page.locator('[data-testid="stMainBlockContainer"] h1').first.inner_text()
-            charts = [_squeeze(c["title"]) for c in page.evaluate(_CHARTS_JS)]
-            computing = page.get_by_text(f"Computing step {slow}…").count() > 0
-            samples.append((title.split(":")[0], computing, charts))
+        while time.time() < deadline:  # title, status and figures read in one evaluation: one moment of the screen
+            now = page.evaluate(_MOMENT_JS, f"Computing step {slow}…")
+            title, computing, charts = now["title"], now["computing"], [_squeeze(c) for c in now["charts"]]
+            samples.append((title.split(":")[0], computing, charts, round(time.time() - deadline + 60, 2)))
             if title.startswith(f"Lecture {slow}/") and any(after in c for c in charts) and not computing:
                 break
             time.sleep(0.1)
         page.screenshot(path=str(tmp_path / "after.png"))
         page.close()
-    on_new = [(computing, charts) for title, computing, charts in samples if title == f"Lecture {slow}/{len(LECTURE)}"]
+    print("samples (title, computing, figures, s after Next):", *samples, sep="\n")  # whole, where a failure shows them
+    on_new = [(computing, charts) for title, computing, charts, _ in samples if title == f"Lecture {slow}/{len(LECTURE)}"]
     assert on_new, samples[-3:]
     # under step 2's narration: never step 1's figure, nor any figure but step 2's own
     assert not [c for _, charts in on_new for c in charts if before in c], samples
