@@ -18,28 +18,34 @@ s = LECTURE[step - 1]
 if ui_room.speaker_view(LECTURE, step):
     st.stop()
 
-st.title(f"Lecture {step}/{n}: {s.title}")
-back, where, nxt = st.columns([1, 4, 1], vertical_alignment="center")
-back.button("Back", key="lecture_back", on_click=ui_room.go, args=(step - 1,), disabled=step == 1, width="stretch")
-nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), disabled=step == n, width="stretch",
-           type="primary")
-where.progress(step / n, text=f"Step {step} of {n} · ← / → keys")
-ui_lecture.arrow_keys()
-ui_lecture.scroll_to_top_if_asked()
-ui_lecture.step_note()
-st.markdown(f"#### {s.narration}")
+ui_lecture.arrow_keys()  # first and the same on every step: its listener stays loaded from step to step
 entering = ui_lecture.entering(step)  # a step other than the one last drawn in full here: nothing of it stays
-status = st.empty()
-if entering:
-    status.info(f"Computing step {step}…", icon=":material/hourglass_top:")
-if s.practice and practice.enabled():  # the students' turn: the problem where they write this step's code
-    number = [p.slug for p in practice.PROBLEMS].index(s.practice) + 1
-    st.page_link("views/practice.py", label=f"Try it yourself: Practice problem {number}, "
-                 f"{practice.BY_SLUG[s.practice].title}", icon=":material/edit_note:", query_params={"problem": s.practice})
-ui_room.follow(step)
+status = None
 try:
-    with ui_lecture.fresh(entering):  # the step's own point first: the figure its narration is about, then the page
-        with ui_points.slots(s.point):
+    # Entering a step, its first message to the browser replaces the whole step before (title, narration, figures) at
+    # once; a block that began after the new title left the old figures under it for a moment (issue 41).
+    with ui_lecture.fresh(entering):
+        st.title(f"Lecture {step}/{n}: {s.title}")
+        back, where, nxt = st.columns([1, 4, 1], vertical_alignment="center")
+        back.button("Back", key="lecture_back", on_click=ui_room.go, args=(step - 1,), disabled=step == 1,
+                    width="stretch")
+        nxt.button("Next", key="lecture_next", on_click=ui_room.go, args=(step + 1,), disabled=step == n,
+                   width="stretch", type="primary")
+        where.progress(step / n, text=f"Step {step} of {n} · ← / → keys")
+        ui_lecture.scroll_to_top_if_asked()
+        ui_lecture.step_note()
+        st.markdown(f"#### {s.narration}")
+        status = st.empty()
+        if entering:
+            status.info(f"Computing step {step}…", icon=":material/hourglass_top:")
+        if s.practice and practice.enabled():  # the students' turn: the problem where they write this step's code
+            number = [p.slug for p in practice.PROBLEMS].index(s.practice) + 1
+            st.page_link("views/practice.py", label=f"Try it yourself: Practice problem {number}, "
+                         f"{practice.BY_SLUG[s.practice].title}", icon=":material/edit_note:",
+                         query_params={"problem": s.practice})
+        ui_room.follow(step)
+        # the step's own point first: the figure its narration is about, then the page
+        with st.container(key=ui_lecture.PAGE_KEY), ui_points.slots(s.point):
             ui_lecture.test_delay(step)
             if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there
                 with st.expander("Speaker notes, live room and warm-up"):
@@ -53,5 +59,6 @@ try:
             # the step's page, run here with the controls the step set
             runpy.run_path(s.preset.page, run_name="__main__")
 finally:
-    status.empty()
+    if status is not None:
+        status.empty()
     ui_lecture.drawn(step)

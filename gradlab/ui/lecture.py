@@ -147,6 +147,8 @@ def apply_step(step: int) -> None:
 _DRAWN = "_lecture_drawn"
 #: The block that holds a step's point and page (CSS class `st-key-lecture_page`).
 PAGE_KEY = "lecture_page"
+#: The block that holds the whole step: title, narration, point and page.
+STEP_KEY = "lecture_step"
 
 
 def entering(step: int) -> bool:
@@ -160,11 +162,11 @@ def drawn(step: int) -> None:
 
 
 def fresh(entering: bool):
-    """The block a step's figures go in. Entering a step, it is cleared at once (an empty element replaces the block
-    of the step before, then a new block replaces it): while the new step computes, no figure or number of another
-    step stays on screen. Otherwise it is the same block, kept as it is until this run redraws it (no flicker when a
-    control changes)."""
-    return (st.empty() if entering else st).container(key=PAGE_KEY)
+    """The block a step goes in, title to page. Entering a step, it is cleared at once (an empty element replaces the
+    block of the step before, then a new block replaces it): while the new step computes, no figure or number of
+    another step stays on screen. Otherwise it is the same block, kept as it is until this run redraws it (no flicker
+    when a control changes)."""
+    return (st.empty() if entering else st).container(key=STEP_KEY)
 
 
 #: A test hook: `GRADLAB_TEST_SLOW_STEPS="3:6,5:2"` makes step 3 take 6 s more, step 5 2 s (tests/test_browser_lecture.py
