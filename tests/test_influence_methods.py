@@ -170,3 +170,15 @@ def test_the_stored_lds_table_names_registered_methods_and_reproducing_commands(
     measured = table["LDS"].dropna()
     assert measured.between(-1, 1).all() and (table["SE"].dropna() >= 0).all()
     assert about["experiment"]["model"] == "simple_cnn" and stored_lds("digits", "mlp") is None
+
+
+def test_a_test_point_out_of_range_is_named_before_any_scoring():
+    """One range check for one point and for many: the first missing row is named, and nothing is scored."""
+    ctx, *_ = _mlp_context()
+    x, y = ifit.test_point(ctx.fitted, 3)
+    assert np.allclose(np.asarray(x), ctx.fitted.data.x_test[3]) and int(y) == ctx.fitted.data.y_test[3]
+    for bad, rows in ((4, [0, 4, 9]), (-1, [-1])):
+        with pytest.raises(ValueError, match=rf"test point {bad} does not exist: there are 4 test points \(0 to 3\)"):
+            ifit.score_test_points(ctx, rows, names=["last_layer"])
+    with pytest.raises(ValueError, match="test point 4 does not exist"):
+        ifit.test_point(ctx.fitted, 4)

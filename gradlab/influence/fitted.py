@@ -32,12 +32,18 @@ __all__ = ["TRAK_MODELS", "TRAK_PROJ_DIM", "arrays", "test_point", "optimum", "t
            "self_influence_scores", "retraining_check", "LDSTable", "lds_table"]
 
 
+def _check_test_rows(fitted, rows) -> np.ndarray:
+    """`rows` as a 1-D int array of test-set indices. **Raises** `ValueError` naming the first that does not exist."""
+    n, idx = len(fitted.data.y_test), np.asarray(rows, dtype=int).reshape(-1)
+    for r in idx[(idx < 0) | (idx >= n)][:1]:
+        raise ValueError(f"test point {r} does not exist: there are {n} test points (0 to {n - 1})")
+    return idx
+
+
 def test_point(fitted, index: int):
     """(x, y) of test point `index`. **Raises** `ValueError` when it does not exist."""
-    d = fitted.data
-    if not 0 <= int(index) < len(d.y_test):
-        raise ValueError(f"test point {index} does not exist: there are {len(d.y_test)} test points (0 to {len(d.y_test) - 1})")
-    return jnp.asarray(d.x_test[int(index)]), jnp.asarray(d.y_test[int(index)])
+    i = int(_check_test_rows(fitted, [index])[0])
+    return jnp.asarray(fitted.data.x_test[i]), jnp.asarray(fitted.data.y_test[i])
 
 
 def optimum(fitted, l2: float, *, tol: float | None = None, max_iter: int = 2000) -> Minimum:
@@ -181,9 +187,7 @@ def score_test_points(ctx: Context, rows, *, names=None, states: Mapping | None 
     """Score test points `rows` (indices into the test set) with every method in `names` (default: those that apply
     and are not `on_demand`), each prepared from `states {name: state}` or now. A method that cannot prepare or
     score is reported in `errors`; the others are still computed. **Raises** `ValueError` for a row out of range."""
-    d, idx = ctx.fitted.data, np.asarray(rows, dtype=int).reshape(-1)
-    for r in idx[(idx < 0) | (idx >= len(d.y_test))][:1]:
-        test_point(ctx.fitted, r)  # raises its ValueError
+    d, idx = ctx.fitted.data, _check_test_rows(ctx.fitted, rows)
     # gathered on the host and sent once (`jnp.stack` of 1,000 points compiled a 1,000-operand program)
     txs, tys = jnp.asarray(d.x_test[idx]), jnp.asarray(d.y_test[idx])
     use = available(ctx.fitted)[0]
