@@ -39,7 +39,9 @@ def change(page, key: str) -> str:
         block.locator("label").first.click()
     elif inner("stRadio") or block.locator('input[type="radio"]').count():
         kind = "radio"
-        block.locator('label:has(input[type="radio"]:not(:checked))').first.click()
+        labels = block.locator('label:has(input[type="radio"])')
+        now = labels.evaluate_all("(ls) => ls.findIndex((l) => l.querySelector('input').checked)")
+        labels.nth((now + 1) % labels.count()).click()
     elif inner("stNumberInput"):
         kind = "number"
         field = block.locator("input").first
@@ -75,8 +77,10 @@ def change(page, key: str) -> str:
     elif inner("stSelectbox"):
         kind = "selectbox"
         block.locator("input").first.click()
-        options = page.locator('[role="option"][aria-selected="false"]')
-        options.first.click()
+        options = page.locator('[role="option"]')
+        options.first.wait_for()
+        now = options.evaluate_all("(os) => os.findIndex((o) => o.getAttribute('aria-selected') === 'true')")
+        options.nth((now + 1) % options.count()).click()
     else:
         raise RuntimeError(f"control {key!r}: no way to change a {kind or 'block'}")
     page.wait_for_timeout(150)
