@@ -35,8 +35,9 @@ __all__ = ["TRAK_MODELS", "TRAK_PROJ_DIM", "arrays", "test_point", "optimum", "t
 def _check_test_rows(fitted, rows) -> np.ndarray:
     """`rows` as a 1-D int array of test-set indices. **Raises** `ValueError` naming the first that does not exist."""
     n, idx = len(fitted.data.y_test), np.asarray(rows, dtype=int).reshape(-1)
-    for r in idx[(idx < 0) | (idx >= n)][:1]:
-        raise ValueError(f"test point {r} does not exist: there are {n} test points (0 to {n - 1})")
+    missing = idx[(idx < 0) | (idx >= n)]
+    if missing.size:
+        raise ValueError(f"test point {missing[0]} does not exist: there are {n} test points (0 to {n - 1})")
     return idx
 
 
