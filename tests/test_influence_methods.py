@@ -172,7 +172,7 @@ def test_the_stored_lds_table_names_registered_methods_and_reproducing_commands(
     assert about["experiment"]["model"] == "simple_cnn" and stored_lds("digits", "mlp") is None
 
 
-def test_a_test_point_out_of_range_is_named_before_any_scoring():
+def test_a_test_point_out_of_range_is_named_before_any_scoring(x64):
     """One range check for one point and for many: the first missing row is named, and nothing is scored."""
     ctx, *_ = _mlp_context()
     x, y = ifit.test_point(ctx.fitted, 3)
