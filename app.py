@@ -51,6 +51,7 @@ try:
     warnings = st.container()
     page.run()
     ui.url_warnings(warnings, page.url_path)
+    ui.write_bound_values()  # before the link: what the address bar lost is written back
     ui.share_link()
 finally:
     memory.freeze_imported_heap()  # Streamlit's collection after each run then skips the imported modules' objects

@@ -156,3 +156,37 @@ def test_every_page_control_is_declared_once_in_the_registry():
     registry = {c.key for c in influence_controls()}
     assert "for control in m_.controls" in (ROOT / "views/influence.py").read_text()
     assert set().union(*drawn.values()) | {"infl_test"} | registry == set(pages.control_keys())
+
+
+def _bound_number_in_a_fragment():
+    import streamlit as st
+
+    from gradlab.ui.widgets import fragment
+
+    @fragment
+    def part():
+        st.number_input("n", 0, 9, 0, key="n", bind="query-params")
+
+    part()
+
+
+def test_the_server_writes_a_changed_control_into_the_link_and_drops_it_at_its_default():
+    """The browser wrote a bound control's change into the address bar, except when the control mounted again while
+    its page computed (Influence's test point after its method changed, on a cold store: issue 41), and the link lost
+    it. AppTest's client writes no change at all: only the server's `ui.write_bound_values` puts it in the link.
+    Back at its default the parameter goes, and the link's other parameters stay."""
+    at = _open("norms", {"steps": "50", "checkpoint_every": "25"})
+    assert_clean(at)
+    at.number_input(key="seed").set_value(3).run()
+    assert at.query_params.get("seed") == "3" and at.query_params.get("steps") == "50", at.query_params
+    at.number_input(key="seed").set_value(ui.DEFAULT.seed).run()
+    assert "seed" not in at.query_params and at.query_params.get("steps") == "50", at.query_params
+
+
+def test_a_fragments_own_rerun_writes_its_control_into_the_link():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_bound_number_in_a_fragment, default_timeout=60)
+    at.run()
+    at.number_input(key="n").set_value(3).run()
+    assert at.query_params.get("n") == "3", at.query_params

@@ -25,7 +25,7 @@ from gradlab.ui.points import controls as point_controls
 from gradlab.ui.points import point
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
 from gradlab.ui.widgets import (chart, checkpoint_picker, choice, intro, code_panel, control, dataframe, download, download_gradients, fragment, guard, inert,
-                                needs_training_loop, picked_index, plotly_config, terms)
+                                needs_training_loop, picked_index, plotly_config, terms, write_bound_values)
 
 __all__ = [
     "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
@@ -33,5 +33,5 @@ __all__ = [
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "half_column", "inert", "intro",
     "macs", "needs_training_loop", "open_canary", "open_card", "selected_row", "practice_wait", "sandboxed", "num_examples", "num_params", "picked_index", "plotly_config", "point", "point_controls", "preset_banner", "preset_picker", "on_request", "requested",
     "summary_seconds", "summary_size",
-    "remember_url", "share_link", "shared", "url_warnings", "terms", "upload_controls", "uploaded",
+    "remember_url", "share_link", "shared", "url_warnings", "write_bound_values", "terms", "upload_controls", "uploaded",
 ]

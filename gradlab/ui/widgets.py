@@ -11,8 +11,10 @@ import os
 import re
 import sys
 import time
+from urllib.parse import parse_qs
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from gradlab import engine, escape, export, glossary, own
@@ -24,16 +26,17 @@ log = logging.getLogger("gradlab")
 
 
 def fragment(fn):
-    """`st.fragment`: a control inside `fn` reruns only `fn`, not the page. With GRADLAB_LOG_RUNS=1
+    """`st.fragment`: a control inside `fn` reruns only `fn`, not the page; its controls' values are written into the
+    link after it (`write_bound_values`). With GRADLAB_LOG_RUNS=1
     a fragment-only rerun logs its server time like app.py logs a full run (benchmarks/latency.py)."""
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
-
         started = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            write_bound_values()  # its own rerun ends here: app.py's call after the page does not run
+            return out
         finally:
             ctx = get_script_run_ctx()
             if os.environ.get("GRADLAB_LOG_RUNS") and ctx is not None and ctx.fragment_ids_this_run:
@@ -41,6 +44,38 @@ def fragment(fn):
                       file=sys.stderr, flush=True)
 
     return st.fragment(timed)
+
+
+def write_bound_values() -> None:
+    """Put every control drawn in this run into the URL as its value stands (call after the page, before the link).
+
+    Streamlit's browser side writes a bound control's change into the address bar, and the server keeps the address
+    it is sent; a control that mounted again while its page was computing (Influence's test point after the method
+    changed, on a cold store) kept its new value but left the address bar as it was, so the link lost it. Here each
+    control drawn this run whose value is not its default, and not what the URL holds, is written there (Streamlit's
+    own `set_corrected_value`, which tells the browser); one back at its default leaves the URL (`remove_param`). A
+    fragment's own rerun calls it for the fragment's controls (`fragment`)."""
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return
+    state = get_session_state()._state
+    params = state.query_params
+    for widget_id in ctx.shared.widget_ids_this_run.snapshot():
+        binding, meta = params.get_binding_for_widget(widget_id), state.get_widget_metadata(widget_id)
+        if binding is None or meta is None or widget_id not in state:
+            continue
+        key, value, default = binding.param_key, state[widget_id], meta.deserializer(None)
+        if value != default:
+            wanted = meta.serializer(value)
+            if not params.stored_param_matches_corrected_value(key, wanted, meta.value_type):
+                params.set_corrected_value(key, wanted, meta.value_type)
+        elif params.has_param(key) and not params.stored_param_matches_corrected_value(
+                key, meta.serializer(default), meta.value_type):
+            params.remove_param(key)
+    # A control back at its default leaves the server's copy of the URL and not the browser's (Streamlit expects the
+    # browser to have dropped it): where the browser's address is not the server's, the server's is sent.
+    if parse_qs(ctx.query_string, keep_blank_values=True) != {k: params.get_all(k) for k in params}:
+        st.query_params.update()
 
 
 def inert(text) -> str:
