@@ -46,6 +46,7 @@ page = st.navigation(PAGES, position="top" if ui_lecture.presenter_mode() else "
 started = time.perf_counter()
 try:
     ui.remember_url()  # the link as opened: url_warnings names what in it could not be used
+    st.session_state[ui.STEP_SETS_CONTROLS] = page.url_path == "lecture"  # its link is its step: no control written
     ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
     ui.experiment_sidebar()
     warnings = st.container()

@@ -25,10 +25,11 @@ from gradlab.ui.points import controls as point_controls
 from gradlab.ui.points import point
 from gradlab.ui.upload import UPLOAD_LABEL, upload_controls, uploaded
 from gradlab.ui.widgets import (chart, checkpoint_picker, choice, intro, code_panel, control, dataframe, download, download_gradients, fragment, guard, inert,
-                                needs_training_loop, picked_index, plotly_config, terms, write_bound_values)
+                                needs_training_loop, picked_index, plotly_config, terms, write_bound_values,
+                                STEP_SETS_CONTROLS)
 
 __all__ = [
-    "DEFAULT", "LEARNING_RATES", "STEPS", "UPLOAD_LABEL",
+    "DEFAULT", "LEARNING_RATES", "STEPS", "STEP_SETS_CONTROLS", "UPLOAD_LABEL",
     "apply_preset", "canary_link", "card_link", "chart", "data", "equivalence_plan", "checkpoint_picker", "choice", "control", "code_panel", "dataframe", "download", "download_gradients",
     "experiment", "experiment_from_state", "experiment_sidebar", "fill_store_in_background", "fitted", "fragment", "follow_preset", "guard", "half_column", "inert", "intro",
     "macs", "needs_training_loop", "open_canary", "open_card", "selected_row", "practice_wait", "sandboxed", "num_examples", "num_params", "picked_index", "plotly_config", "point", "point_controls", "preset_banner", "preset_picker", "on_request", "requested",

@@ -305,8 +305,8 @@ def apply_preset(name: str) -> None:
 def follow_preset() -> None:
     """Switch to the page a preset asked for (call it early in a run; no-op otherwise)."""
     page = st.session_state.pop(_PRESET_GOTO, None)
-    if page:
-        st.switch_page(page)
+    if page:  # an empty link, not None: Streamlit refuses to clear a URL that holds a bound control's value
+        st.switch_page(page, query_params={})
 
 
 def preset_picker(*, columns: int = 2) -> None:

@@ -46,6 +46,11 @@ def fragment(fn):
     return st.fragment(timed)
 
 
+#: Session key: True while the page shown is a lecture step, whose link is its step (it sets its own controls: values
+#: written into its URL would win over the next step's on their first draw), so `write_bound_values` writes nothing.
+STEP_SETS_CONTROLS = "_step_sets_controls"
+
+
 def write_bound_values() -> None:
     """Put every control drawn in this run into the URL as its value stands (call after the page, before the link).
 
@@ -56,7 +61,7 @@ def write_bound_values() -> None:
     own `set_corrected_value`, which tells the browser); one back at its default leaves the URL (`remove_param`). A
     fragment's own rerun calls it for the fragment's controls (`fragment`)."""
     ctx = get_script_run_ctx()
-    if ctx is None:
+    if ctx is None or st.session_state.get(STEP_SETS_CONTROLS):
         return
     state = get_session_state()._state
     params = state.query_params
