@@ -96,6 +96,23 @@ def test_clicking_a_preset_opens_its_page_with_every_control_set(preset: Preset)
     assert "_preset_goto" not in at.session_state
 
 
+def test_a_preset_opens_from_a_link_that_holds_sidebar_values():
+    """A link with sidebar values (as a visitor's own changes write them into it), then a preset's click: the page
+    switch empties the link, which Streamlit refuses to do by clearing it while it holds a bound control's value (this
+    raised StreamlitAPIException before; session 37)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params.update(seed="7", l2="0.01")
+    at.run()
+    assert_clean(at)
+    assert at.session_state["seed"] == 7
+    _click(at, "The seeds' scalar example")
+    assert_clean(at)
+    assert "equivalence" in " ".join(t.value for t in at.title).lower()
+    assert at.session_state["seed"] == ui.DEFAULT.seed and at.session_state["eq_example"] == "scalar"
+
+
 @pytest.mark.slow
 def test_mislabeled_digits_preset_shows_the_library_numbers():
     """The norms page after the preset shows N, median norm and AUC as computed here directly."""
