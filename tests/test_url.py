@@ -183,7 +183,10 @@ def test_the_server_writes_a_changed_control_into_the_link_and_drops_it_at_its_d
     assert "seed" not in at.query_params and at.query_params.get("steps") == "50", at.query_params
 
 
-def test_a_fragments_own_rerun_writes_its_control_into_the_link():
+def test_a_fragment_writes_its_control_into_the_link_after_it():
+    """`ui.fragment` writes its controls after the fragment's body. AppTest reruns the whole script, never the
+    fragment alone, so this checks the call the wrapper makes (the one a fragment-only rerun relies on: app.py's
+    call after the page does not run then), not a fragment-only rerun itself."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_function(_bound_number_in_a_fragment, default_timeout=60)
