@@ -164,7 +164,7 @@ def machine() -> str:
     Timings are facts about a machine: the Performance page keys its stored sweeps on this line, so a
     restarted server on the same hardware shows the sweep it measured before, and other hardware never does.
     """
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.machine()  # not `platform.processor()`: it runs `uname -p` in a child process of the server
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)

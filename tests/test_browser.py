@@ -279,9 +279,11 @@ def test_extreme_shared_links_keep_the_server_up_and_within_690_mb(browser, tmp_
     # As deployed: XLA's default optimization (the tests compile without it), the gate's memory relief and the drop
     # of compiled programs over 400 MB (`memory.MEMORY_BUDGET_MB`; the tests' own processes turn both off:
     # tests/conftest.py; with the drop off the Performance sweep's programs pile up), every compiled program kept on
-    # disk, and an empty store of its own (not this worker's, which other tests filled).
+    # disk, and an empty store and XLA disk cache of its own (as a fresh deployment; the worker's cache holds what other
+    # tests and earlier runs compiled). Each computation's peak goes into the server log.
     deployed = {"XLA_FLAGS": "", "GRADLAB_SERVER_BUDGET_MB": "600", "GRADLAB_MEMORY_BUDGET_MB": "400",
-                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "GRADLAB_STORE_DIR": str(tmp_path)}
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "GRADLAB_STORE_DIR": str(tmp_path),
+                "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla"), "GRADLAB_LOG_RUNS": "1"}
     with streamlit_server(log_path=SHOTS / "streamlit_extreme.log", env=deployed) as (base, proc):
         sampler = Sampler(proc.pid)
         sampler.start()
@@ -300,6 +302,8 @@ def test_extreme_shared_links_keep_the_server_up_and_within_690_mb(browser, tmp_
         sampler.stop.set()
         sampler.join()
     assert failures == [], failures
-    print(f"peak RSS {sampler.peak:.0f} MB; after each link: {peaks}")
-    # 635-649 MB with an empty XLA disk cache since glibc's mmap threshold is fixed (701-705 MB before)
-    assert sampler.peak <= 690, f"peak RSS {sampler.peak:.0f} MB over 690 MB; after each link: {peaks}"
+    said = f"peak RSS {sampler.peak:.0f} MB; after each link: {peaks}"
+    print(said)
+    # 554-580 MB with an empty XLA disk cache, quiet and beside two busy loops (2026-12-02). CI's 824 MB (and session
+    # 36's 890) was a `uname -p` child read before its exec, in the server's own memory (`browser._before_exec`).
+    assert sampler.peak <= 690, said

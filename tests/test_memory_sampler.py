@@ -1,0 +1,60 @@
+"""The memory the browser tests hold the server to (`benchmarks.browser.tree_rss_mb`): a process tree read from /proc,
+counting what a container would be charged, and nothing twice."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks.browser import tree_rss_mb
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+# A parent holding 200 MB that starts `uname -p` again and again (as `platform.processor()` did in the server): Python's
+# subprocess starts each child with vfork, and until its exec the child runs in the parent's own memory.
+VFORKING_PARENT = """
+import subprocess, sys, time
+import numpy as np
+held = np.ones(200 * 2**18, dtype=np.float32)  # 200 MB, written
+print("ready", flush=True)
+end = time.time() + 2
+while time.time() < end:
+    subprocess.run(["uname", "-p"], stdout=subprocess.DEVNULL)
+"""
+
+# A parent that starts a Python child holding 100 MB of its own for 2 s.
+PARENT_OF_A_LARGE_CHILD = """
+import subprocess, sys
+print("ready", flush=True)
+subprocess.run([sys.executable, "-c", "import numpy as np, time; a = np.ones(100 * 2**18, dtype=np.float32); time.sleep(2)"])
+"""
+
+
+def _peak_while_running(code: str) -> tuple[float, float]:
+    """(the tree's peak, the parent's own largest VmRSS) in MB, sampled every 1 ms while `code` runs."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    peak = own = 0.0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss_mb(proc.pid))
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                own = max(own, next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024)
+        except (OSError, StopIteration):
+            pass
+        time.sleep(0.001)
+    assert proc.returncode == 0
+    return peak, own
+
+
+def test_a_child_before_its_exec_is_not_counted_as_a_second_copy_of_its_parent():
+    # before `_before_exec` a vfork child read as the parent's 200 MB again: CI read a 577 MB server as 824 MB
+    peak, own = _peak_while_running(VFORKING_PARENT)
+    assert own > 200
+    assert peak < own + 20, (peak, own)
+
+
+def test_a_child_that_runs_its_own_program_is_counted():
+    peak, own = _peak_while_running(PARENT_OF_A_LARGE_CHILD)
+    assert peak > own + 90, (peak, own)
