@@ -56,7 +56,7 @@ if JAX_FLAGS:
     for _flag in JAX_FLAGS:
         jax.config.update(_flag, True)  # AttributeError: Unrecognized config option
 
-# Opening a lecture room or its speaker view starts the lecture's warm-up (`python -m gradlab.ui.warm --fill --lecture`,
+# Opening a lecture room or its speaker view starts the lecture's warm-up (a walk over every step inside the server,
 # minutes of CPU): not in tests, which open rooms by the dozen; tests/test_rooms.py turns it on to test it.
 os.environ.setdefault("GRADLAB_AUTO_WARMUP", "0")
 

@@ -105,9 +105,11 @@ def test_registry_scores_equal_the_functions_they_wrap(moons):
 
 
 def test_lds_table_loops_over_the_registry(moons):
-    ctx = ifit.context(moons, {"n_models": 2, "proj_dim": "64"}, max_iter=200)
+    returned = []  # the page's `between` returns compiled programs: before every method (+340 MB at once without)
+    ctx = ifit.context(moons, {"n_models": 2, "proj_dim": "64"}, max_iter=200, between=lambda: returned.append(1))
     table = ifit.lds_table(ctx, m=8, n_test=6)
     assert set(table.results) | set(table.errors) == set(METHODS) and not table.errors
+    assert len(returned) >= len(METHODS)
     assert table.outputs.shape == (8, 6) and table.ensemble.masks.shape == (8, len(moons.data.y_train))
     assert all(-1 <= r.mean <= 1 for r in table.results.values())
     # the LDS's ensemble is the one ensemble: its subsets are `random_subsets`' draws

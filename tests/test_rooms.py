@@ -1,5 +1,9 @@
 """Live lecture rooms: the speaker key moves a room, students' pages follow it, two servers share it."""
 
+import threading
+
+import pytest
+
 from conftest import assert_clean
 
 from gradlab.rooms import Rooms
@@ -48,63 +52,79 @@ def test_students_follow_the_speaker_views_next_and_may_detach():
     assert any("wrong key" in e.value for e in wrong.error)
 
 
-def test_the_warm_up_button_runs_the_fill_command_and_reports_progress(monkeypatch):
-    """The button starts `python -m gradlab.ui.warm --fill --lecture` (here a stand-in printing its step lines)."""
-    import subprocess
-    import sys
-    import time
-
+def _fake_walk(monkeypatch, hold=None) -> list:
+    """`walk.walk_lecture` replaced by a stand-in that reports steps 1 and 2 (then waits for the event `hold`, if
+    given); **returns** the list of its calls' `(steps, url)`. The real walk needs a server:
+    `test_the_warm_up_walks_a_step_in_the_server_with_its_heavy_sections_pressed`."""
     from gradlab.ui import room
 
-    started = []
-    real = subprocess.Popen
+    calls = []
 
-    def fake(cmd, **kwargs):
-        started.append(cmd)
-        return real([sys.executable, "-c", "print('step 1'); print('step 2')"], **kwargs)
+    def fake(steps, *, url, done):
+        calls.append((list(steps), url))
+        done(1, [])
+        done(2, [])
+        if hold is not None:
+            hold.wait(60)
 
-    monkeypatch.setattr(room.subprocess, "Popen", fake)
+    monkeypatch.setattr(room.walk, "walk_lecture", fake)
     monkeypatch.setattr(room, "_WARMUP", {})
+    return calls
+
+
+def test_the_warm_up_button_walks_the_steps_in_this_server_and_reports_progress(monkeypatch):
+    """The button starts the walk over every step in this process (a thread; here a stand-in), against this server's
+    own websocket, and reports its end."""
+    from gradlab.ui import room
+
+    calls = _fake_walk(monkeypatch)
     at = lecture()
     at.button(key="lecture_warmup").click().run()
-    assert started and started[0][-3:] == ["gradlab.ui.warm", "--fill", "--lecture"]
-    time.sleep(2)
+    assert len(calls) == 1 and calls[0][1].endswith("/_stcore/stream") and calls[0][1].startswith("ws://")
+    room._WARMUP["thread"].join(10)
     at.run()
     assert_clean(at)
-    assert any("Every step is ready" in s.value for s in at.success) or any("Warming up" in str(p.text) for p in at.get("progress"))
+    assert any("Every step is ready" in s.value for s in at.success)
 
 
 def test_opening_a_room_or_the_speaker_view_starts_the_warm_up_by_itself_once(monkeypatch):
     """No button to know about: the room's Open button (and a speaker view opened first) start the warm-up, once per
     server, and the lecturer sees its progress."""
-    import subprocess
-    import sys
-
     from gradlab.ui import room
 
-    started = []
-    real = subprocess.Popen
-
-    def fake(cmd, **kwargs):
-        started.append(cmd)
-        return real([sys.executable, "-c", "import time; print('step 1', flush=True); time.sleep(30)"], **kwargs)
-
-    monkeypatch.setattr(room.subprocess, "Popen", fake)
-    monkeypatch.setattr(room, "_WARMUP", {})
+    hold = threading.Event()
+    calls = _fake_walk(monkeypatch, hold)
     monkeypatch.setenv(room.AUTO_WARMUP_ENV, "1")
     at = lecture()
-    assert not started  # the lecture alone starts nothing
+    assert not calls  # the lecture alone starts nothing
     at.button(key="room_open").click().run()
     assert_clean(at)
-    assert len(started) == 1 and started[0][-3:] == ["gradlab.ui.warm", "--fill", "--lecture"]
-    assert any("Warming up" in str(p.text) for p in at.get("progress"))
+    assert len(calls) == 1
+    assert any("Warming up: 2 of" in str(p.text) for p in at.get("progress"))
     code, key = at.session_state["_room_opened"]
     speaker = lecture(room=code, _key=key, speaker="true")
     assert_clean(speaker)
-    assert len(started) == 1  # one per server: the speaker view shows the same run's progress
+    assert len(calls) == 1  # one per server: the speaker view shows the same run's progress
     assert any("Warming up" in str(p.text) for p in speaker.get("progress"))
-    room._WARMUP["proc"].kill()
-    room._WARMUP["proc"].wait()
+    hold.set()
+    room._WARMUP["thread"].join(10)
+
+
+def test_a_warm_up_that_cannot_reach_the_server_says_so_and_the_lecture_goes_on(monkeypatch):
+    from gradlab.ui import room
+
+    def unreachable(steps, *, url, done):
+        raise ConnectionRefusedError(111, "Connect call failed")
+
+    monkeypatch.setattr(room.walk, "walk_lecture", unreachable)
+    monkeypatch.setattr(room, "_WARMUP", {})
+    at = lecture()
+    at.button(key="lecture_warmup").click().run()
+    room._WARMUP["thread"].join(10)
+    at.run()
+    assert_clean(at)
+    assert any("did not finish" in e.value and "ConnectionRefusedError" in e.value for e in at.error)
+    assert at.title[0].value.startswith("Lecture 1/")
 
 
 def test_a_room_gives_a_link_a_copy_box_a_qr_code_and_this_tab_can_become_the_projector():
@@ -139,3 +159,47 @@ def test_a_following_students_next_stays_with_the_lecturer_and_says_why():
     student.toggle(key=room.FOLLOW).set_value(False).run()  # detached: Next explores
     student.button(key="lecture_next").click().run()
     assert student.title[0].value.startswith("Lecture 4/")
+
+
+async def _buttons(url: str, query: str) -> list[str]:
+    """The labels of the buttons a new visitor of the lecture with `query` is shown (Streamlit's websocket protocol)."""
+    import websockets
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    msg = BackMsg()
+    msg.rerun_script.query_string, msg.rerun_script.page_name = query, "lecture"
+    labels = []
+    async with websockets.connect(url, subprotocols=["streamlit"], max_size=None, ping_interval=None) as ws:
+        await ws.send(msg.SerializeToString())
+        while True:
+            fm = ForwardMsg()
+            fm.ParseFromString(await ws.recv())
+            if fm.WhichOneof("type") == "delta" and fm.delta.new_element.WhichOneof("type") == "button":
+                labels.append(fm.delta.new_element.button.label)
+            elif fm.WhichOneof("type") == "script_finished" and fm.script_finished == ForwardMsg.FINISHED_SUCCESSFULLY:
+                return labels
+
+
+@pytest.mark.slow
+def test_the_warm_up_walks_a_step_in_the_server_with_its_heavy_sections_pressed(tmp_path):
+    """The real walk against a real server: step 11 (DP-SGD and its ε) shows the button of its heavy section ("Train
+    private and non-private models") until the walk, with the server's token, has run the step; a link with another
+    token presses nothing."""
+    import asyncio
+
+    from benchmarks.browser import streamlit_server
+    from benchmarks.crowd import ws_url
+
+    from gradlab.ui import walk
+
+    env = {"GRADLAB_WARM_TOKEN": "the-servers-own", "GRADLAB_STORE_DIR": str(tmp_path)}
+    with streamlit_server(env=env, timeout=180) as (base, _):
+        url = ws_url(base)
+        heavy = lambda labels: [b for b in labels if b.startswith("Train private and non-private")]  # noqa: E731
+        assert heavy(asyncio.run(_buttons(url, "step=11")))
+        assert heavy(asyncio.run(_buttons(url, f"step=11&{walk.PARAM}=a-guess")))  # a shared link presses nothing
+        done = []
+        walk.walk_lecture([11], url=url, token="the-servers-own", done=lambda step, errors: done.append((step, errors)))
+        assert done == [(11, [])]
+        assert not heavy(asyncio.run(_buttons(url, "step=11")))  # trained and stored: the next visitor sees the result

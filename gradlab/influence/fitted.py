@@ -284,6 +284,7 @@ def lds_table(ctx: Context, *, m: int = 50, n_test: int = 32, seed: int = 0, nam
     results, errors = {}, {}
     for j, name in enumerate(names):
         say(0.3 + 0.7 * j / len(names), f"Scoring with {METHODS[name].label}…")
+        ctx.between()  # each method compiles programs of its own: the one before returns them first (+340 MB without)
         got = score_test_points(ctx, t_idx, names=[name], states=states)
         if name in got.errors:
             errors[name] = got.errors[name]

@@ -40,6 +40,7 @@ from gradlab.memory import release_memory, rss_mb
 from gradlab.models import MODELS
 from gradlab.store import MB, Gate, Store, default_directory, key_of
 from gradlab.ui.figures import FIGURES
+from gradlab.ui import walk
 from gradlab.ui.upload import require_upload
 from gradlab.ui.widgets import guard
 from gradlab.experiment import (Experiment, Fitted, check_training_memory, check_training_work, count_params, fit,
@@ -354,7 +355,8 @@ def on_request(fn, *args, name: str, button: str, help: str | None = None, fix: 
     session pressed its button (a shared link never starts it), and refuse a run over the work budget.
 
     Draws the button (its label with `fn.cost`'s estimate) or, over `costs.WORK_BUDGET_SECONDS`, a warning with
-    the estimate and `fix` (the largest setting that fits). `go=True` counts as a press (a preset's own button).
+    the estimate and `fix` (the largest setting that fits). `go=True` counts as a press (a preset's own button), as
+    does the room's warm-up walking the page (`walk.pressing`).
     Returns the result, or None when not asked for.
     """
     if fn.stored(*args, **kwargs):
@@ -365,7 +367,7 @@ def on_request(fn, *args, name: str, button: str, help: str | None = None, fix: 
                    f"{costs.WORK_BUDGET_SECONDS:.0f}. {fix}", icon=":material/hourglass_disabled:")
         return None
     about = f" (about {max(seconds, 1):.0f} s)" if seconds is not None else ""
-    pressed = st.button(button + about, type="primary", key=f"run_{name}", help=help) or go
+    pressed = st.button(button + about, type="primary", key=f"run_{name}", help=help) or go or walk.pressing()
     if requested(name, fn.key(*args, **kwargs), pressed, kept=1):
         return fn(*args, **kwargs)
     return None

@@ -14,9 +14,7 @@ from __future__ import annotations
 import io
 import os
 import re
-import select
-import subprocess
-import sys
+import threading
 import time
 
 import segno
@@ -24,13 +22,14 @@ import streamlit as st
 
 from gradlab import rooms
 from gradlab.ui import lecture as ui_lecture
+from gradlab.ui import walk
 from gradlab.ui.presets import LECTURE
 from gradlab.ui.widgets import inert  # `?room=` is whatever a link says: shown as text
 
 ROOM, KEY, SPEAKER = "room", "_key", "speaker"
 FOLLOW = "_room_follow"
 ROOMS = rooms.default_rooms()
-_WARMUP: dict = {}  # the one warm-up process of this server: {"proc", "done", "total", "started"}
+_WARMUP: dict = {}  # the one warm-up of this server: {"thread", "done", "total", "failed", "error", "started", "ended"}
 
 
 def code() -> str | None:
@@ -171,10 +170,10 @@ def _timer(c: str) -> None:
 
 
 def warmup_panel(n_steps: int) -> None:
-    """A button that computes every lecture step into the shared store (`python -m gradlab.ui.warm --fill --lecture`,
-    one per server), and its progress; afterwards every Next answers from the store."""
-    proc = _WARMUP.get("proc")
-    running = proc is not None and proc.poll() is None
+    """A button that computes every lecture step into the shared store (`start_warmup`: a walk over the steps inside
+    this server, one per server), and its progress; afterwards every Next answers from the store."""
+    thread = _WARMUP.get("thread")
+    running = thread is not None and thread.is_alive()
     if st.button("Warm up every step", key="lecture_warmup", disabled=running,
                  help="Computes what each step shows into the shared store, so every Next answers at once. "
                       "Opening a room or the speaker view starts it by itself."):
@@ -189,33 +188,44 @@ AUTO_WARMUP_ENV = "GRADLAB_AUTO_WARMUP"
 
 
 def start_warmup(n_steps: int | None = None, *, again: bool = False) -> bool:
-    """Start `python -m gradlab.ui.warm --fill --lecture` (one per server) unless one runs or, without `again`, one
-    already ran or `GRADLAB_AUTO_WARMUP=0`. **Returns** whether it started one. Its progress: `warmup_panel`."""
-    proc = _WARMUP.get("proc")
-    if proc is not None and (proc.poll() is None or not again):
+    """Start the walk over every lecture step in this server (`walk.walk_lecture`, one per server, in a thread) unless
+    one runs or, without `again`, one already ran or `GRADLAB_AUTO_WARMUP=0`. **Returns** whether it started one. Its
+    progress: `warmup_panel`."""
+    thread = _WARMUP.get("thread")
+    if thread is not None and (thread.is_alive() or not again):
         return False
     if not again and os.environ.get(AUTO_WARMUP_ENV, "1") == "0":
         return False
-    _WARMUP.update(proc=subprocess.Popen([sys.executable, "-m", "gradlab.ui.warm", "--fill", "--lecture"],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}),
-                   done=0, total=n_steps or len(LECTURE), started=time.time(), ended=None)
+    total = n_steps or len(LECTURE)
+    _WARMUP.update(done=0, total=total, failed=[], error=None, started=time.time(), ended=None)
+    _WARMUP["thread"] = threading.Thread(target=_walk, args=(total, walk.server_url()), name="gradlab-warmup",
+                                         daemon=True)
+    _WARMUP["thread"].start()
     return True
+
+
+def _walk(total: int, url: str) -> None:
+    """The warm-up thread: every step, then the time it took; an unreachable server ends it with its error."""
+    def done(step: int, errors: list[str]) -> None:
+        _WARMUP["done"] = step
+        if errors:
+            _WARMUP["failed"].append(step)
+
+    try:
+        walk.walk_lecture(range(1, total + 1), url=url, done=done)
+    except Exception as err:  # noqa: BLE001 - shown to the lecturer; the lecture works without the warm-up
+        _WARMUP["error"] = f"{type(err).__name__}: {err}"
+    _WARMUP["ended"] = time.time()
 
 
 @st.fragment(run_every=1.0)
 def _warmup_progress() -> None:
-    proc = _WARMUP["proc"]
-    if proc.poll() is None:
-        while select.select([proc.stdout], [], [], 0)[0]:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            _WARMUP["done"] += line.startswith("step")
+    if _WARMUP["ended"] is None:
         st.progress(min(_WARMUP["done"] / _WARMUP["total"], 1.0),
                     text=f"Warming up: {_WARMUP['done']} of {_WARMUP['total']} steps ready")
-    elif proc.returncode == 0:
-        _WARMUP["ended"] = _WARMUP["ended"] or time.time()
+    elif _WARMUP["error"] is None and not _WARMUP["failed"]:
         st.success(f"Every step is ready ({_WARMUP['ended'] - _WARMUP['started']:.0f} s): each Next answers from the store.")
     else:
-        st.error("The warm-up stopped with an error; the lecture still works (each step computes when opened).")
+        what = (f"steps {', '.join(map(str, _WARMUP['failed']))} showed an error" if _WARMUP["failed"]
+                else f"it stopped: {inert(_WARMUP['error'])}")
+        st.error(f"The warm-up did not finish ({what}); the lecture still works (each step computes when opened).")

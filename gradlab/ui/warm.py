@@ -2,7 +2,8 @@
 
     python -m gradlab.ui.warm            # every page and step once (cold), then again as a new visitor (warm); times
     python -m gradlab.ui.warm --fill     # every page and step once: fill the results store
-    python -m gradlab.ui.warm --fill --lecture   # the lecture's steps only (the lecture's warm-up button runs this)
+    python -m gradlab.ui.warm --fill --lecture   # the lecture's steps only (a room walks them in its server instead:
+                                                 # gradlab.ui.walk)
     python -m gradlab.ui.warm --serve    # warm, then serve the app from this process (port 8501)
 
 Each view runs the real page code under Streamlit's `AppTest`. Its results go to the shared results store
