@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Callable, Iterable, TypeVar
 
@@ -251,13 +252,22 @@ def limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 1 << 20) -> None:
 LEAN_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 
 
-@functools.cache
+_LEAN_LOCK = threading.Lock()
+
+
 def lean_compiles() -> bool:
     """Add `LEAN_XLA_FLAGS` to this process's `XLA_FLAGS` (children inherit them) when the installed jaxlib knows
     them. XLA reads the variable once, as its first backend starts: call this before the first computation (the
     app's server does, from app.py), or the flags reach only child processes. XLA aborts a process whose `XLA_FLAGS`
     holds a flag it does not know, so the flags are tried first in a child process (about a second, once per
-    process). Returns whether the flags are in `XLA_FLAGS` now."""
+    process, however many threads ask at once: a room's 30 first script runs started 30 such children, 2.4 GB, before
+    this lock). Returns whether the flags are in `XLA_FLAGS` now."""
+    with _LEAN_LOCK:
+        return _lean_compiles()
+
+
+@functools.cache
+def _lean_compiles() -> bool:
     flags = os.environ.get("XLA_FLAGS", "")
     missing = [f for f in LEAN_XLA_FLAGS if f.split("=")[0] not in flags]
     if not missing:
@@ -276,6 +286,9 @@ def lean_compiles() -> bool:
         os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
     log.info("lean XLA compiles (%s): %s", " ".join(missing), "on" if ok else "this jaxlib does not have them")
     return ok
+
+
+lean_compiles.cache_clear = _lean_compiles.cache_clear  # the tests start again from a process that never asked
 
 
 #: Above this resident size (MB) the compiled-function caches are dropped after a computation.

@@ -42,6 +42,30 @@ def test_the_flags_are_on_exactly_where_this_jaxlib_has_them(fresh):
         assert not on and "XLA_FLAGS" not in os.environ
 
 
+def test_a_crowds_first_script_runs_start_one_child_not_one_each(fresh):
+    """A room's 30 first script runs call it at once (app.py, every run): one child tries the flags (30 children
+    importing JAX held 2.4 GB on a fresh server before the lock)."""
+    import threading
+
+    children = []
+    real = subprocess.run
+
+    def counted(*args, **kwargs):
+        children.append(args[0])
+        return real(*args, **kwargs)
+
+    fresh.setattr(subprocess, "run", counted)
+    fresh.setattr(memory, "LEAN_XLA_FLAGS", ("--xla_gradlab_no_such_flag=true",))  # refused: asked again if not kept
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(memory.lean_compiles())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [False] * 8 and len(children) == 1
+    assert memory.lean_compiles() is False and len(children) == 1  # and never again in this process
+
+
 def test_an_unknown_flag_is_left_out_instead_of_aborting_the_process(fresh):
     fresh.setattr(memory, "LEAN_XLA_FLAGS", ("--xla_gradlab_no_such_flag=true",))
     assert memory.lean_compiles() is False and "XLA_FLAGS" not in os.environ
