@@ -195,6 +195,8 @@ class Session:
         self.query = ""  # the URL's query string as the server last set it (bound widgets write it)
         self.page_hash = ""  # the page's script hash, as the server named it (the browser sends it back)
         self.auto_rerun: dict[str, float] = {}  # fragment id -> interval (s) of `st.fragment(run_every=…)`
+        self.codes: list[str] = []  # the text of every code block shown (the room's links)
+        self.progress = ""  # the text of the last progress bar shown
 
     async def __aenter__(self):
         # No pings: a busy 2-core server may answer a ping late, and the browser does not ping either.
@@ -281,10 +283,15 @@ class Session:
                 visit.errors.append(body[:300])
         if visit.expect and not visit.expect_seen and visit.expect in str(getattr(el, kind, "")):
             visit.expect_seen = True
-        if kind == "progress" and visit.progress_s is None:
-            visit.progress_s = now
+        if kind == "progress":
+            self.progress = el.progress.text
+            visit.progress_s = now if visit.progress_s is None else visit.progress_s
         elif kind == "file_uploader":
             self.widgets["file_uploader"] = el.file_uploader.id
+        elif kind == "button":
+            self.widgets[f"button/{el.button.label}"] = el.button.id
+        elif kind == "code":
+            self.codes.append(el.code.code_text)
 
     async def change(self, visit: Visit, key: str, value: str, *, timeout: float = 600) -> Visit:
         """Set the widget bound to URL key `key` to `value` (as written in a URL) as the browser does: its
@@ -314,6 +321,14 @@ class Session:
         # does) keeps an old value from being put back, and the new value can only come from the widget state.
         visit.query = "&".join(p for p in self.query.split("&") if p and p.split("=", 1)[0] != key)
         return await self.rerun(visit, widget_states=[state], fragment_id=fragment_id, timeout=timeout)
+
+    async def press(self, visit: Visit, label: str, *, timeout: float = 600) -> Visit:
+        """Press the button labelled `label` that the last run showed, as the browser does (its trigger in a rerun)."""
+        button = self.widgets.get(f"button/{label}")
+        if not button:
+            visit.status = f"no button {label!r} on the page"
+            return visit
+        return await self.rerun(visit, widget_states=[WidgetState(id=button, trigger_value=True)], timeout=timeout)
 
     async def upload(self, visit: Visit, name: str, data: bytes, *, timeout: float = 600) -> Visit:
         """Upload `data` as `name` to the page's file uploader (the last run must have shown it) and rerun."""
@@ -459,6 +474,43 @@ async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float 
     moved[0] = time.perf_counter()
     rooms.move(code, key, step + 1)
     return list(await asyncio.gather(*tasks))
+
+
+async def follow_a_lecturer(base: str, n: int, step: int, *, settle: float = 3.0, timeout: float = 600):
+    """As in class: a lecturer opens the lecture on `step` and presses **Open a room** (which starts the warm-up of
+    every step inside the server), `n` students open the room's link, and once all follow it (and `settle` s went by)
+    the lecturer's Next moves the room to `step + 1`, while the warm-up still computes. **Returns** `(visits, note)`:
+    each student's `Visit` (times from the move) and what the warm-up had done by the move."""
+    from gradlab.rooms import Rooms
+
+    lecturer = Session(base)
+    async with lecturer:
+        first = await lecturer.rerun(Visit("lecturer", "lecture", f"step={step}"), timeout=timeout)
+        opened = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Open a room for a live lecture",
+                                      timeout=timeout)
+        links = [c for c in lecturer.codes if "room=" in c and "_key=" in c]
+        if first.status != "ok" or opened.status != "ok" or not links:
+            raise RuntimeError(f"the lecturer could not open a room: {first.status}, {opened.status}, {lecturer.codes}")
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(links[0]).query))
+        code, key = query["room"], query["_key"]
+        opened_at = time.perf_counter()
+        moved, ready = [float("inf")], []
+        tasks = [asyncio.create_task(follow_visit(base, f"follower-{i}", code, step, moved, ready, timeout=timeout))
+                 for i in range(n)]
+        deadline = time.monotonic() + timeout
+        while len(ready) < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(settle)
+        warm = await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), timeout=timeout)  # its progress bar
+        moved[0] = time.perf_counter()
+        Rooms(ROOMS_DIR[0]).move(code, key, step + 1)  # what the speaker view's Next does
+        note = (f"the lecturer opened the room {time.perf_counter() - opened_at:.0f} s before the move; warm-up then: "
+                f"{lecturer.progress or 'no progress shown'} ({warm.status})")
+        return list(await asyncio.gather(*tasks)), note
+
+
+#: The rooms' directory of the server under test (`main` sets it): the lecturer's Next writes the room's step there.
+ROOMS_DIR = [""]
 
 
 def crowd(base: str, visits: list[tuple[str, str, str]], *, spread: float = 0.0, seed: int = 0,
@@ -654,6 +706,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="1,2,3,4", help="which scenarios, e.g. 1,4 (5: follow mode)")
     ap.add_argument("--followers", type=int, default=30, help="scenario 5: students following a room")
     ap.add_argument("--follow-step", type=int, default=2, help="scenario 5: the room moves from this step to the next")
+    ap.add_argument("--open-room", action="store_true",
+                    help="scenario 5 as in class: a lecturer's session presses Open a room (the warm-up of every step "
+                         "then runs inside the server) and moves the room while it runs")
     ap.add_argument("--pages", default="", help="scenario 4: only these url paths (comma separated; 'home' for Home)")
     ap.add_argument("--dir", default="", help="keep the store and XLA cache here (warm on a second run); "
                                               "default: a new temporary directory (cold)")
@@ -757,8 +812,14 @@ def main(argv=None) -> int:
                 summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
         if 5 in scenarios:
             sampler = server.measure()
-            visits = asyncio.run(follow(server.base, str(directory / "store" / "rooms"), args.followers,
-                                        args.follow_step, timeout=args.timeout))
+            if args.open_room:
+                ROOMS_DIR[0] = str(directory / "store" / "rooms")
+                visits, note = asyncio.run(follow_a_lecturer(server.base, args.followers, args.follow_step,
+                                                             timeout=args.timeout))
+                print(f"# scenario 5 with the room opened by its button: {note}", flush=True)
+            else:
+                visits = asyncio.run(follow(server.base, str(directory / "store" / "rooms"), args.followers,
+                                            args.follow_step, timeout=args.timeout))
             moved = [v.moved_s for v in visits if v.moved_s is not None]
             print(f"# scenario 5: {len(moved)} of {len(visits)} followers moved; after the lecturer's move: URL "
                   f"p50 {_s(_q(moved, 50))} s, max {_s(max(moved, default=None))} s", flush=True)
