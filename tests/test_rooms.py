@@ -203,3 +203,12 @@ def test_the_warm_up_walks_a_step_in_the_server_with_its_heavy_sections_pressed(
         walk.walk_lecture([11], url=url, token="the-servers-own", done=lambda step, errors: done.append((step, errors)))
         assert done == [(11, [])]
         assert not heavy(asyncio.run(_buttons(url, "step=11")))  # trained and stored: the next visitor sees the result
+
+
+def test_a_link_with_a_guessed_or_odd_warm_up_token_presses_nothing():
+    """`?_warm=` is the walk's secret: a link holding any other value (non-ASCII included) opens the step as a plain
+    visitor, its heavy section behind its button."""
+    for guess in ("a-guess", "é∇"):
+        at = lecture(step="9", _warm=guess)
+        assert_clean(at)
+        assert any(b.label.startswith("Train private and non-private") for b in at.button), [b.label for b in at.button]

@@ -30,7 +30,7 @@ TOKEN = os.environ.get("GRADLAB_WARM_TOKEN") or secrets.token_urlsafe(16)
 
 def pressing() -> bool:
     """Whether this script run is the warm-up's own (its heavy sections count as pressed)."""
-    return st.query_params.get(PARAM) == TOKEN
+    return secrets.compare_digest(st.query_params.get(PARAM, "").encode(), TOKEN.encode())  # a link may hold any text
 
 
 def server_url() -> str:
@@ -59,9 +59,11 @@ async def run_page(url: str, page: str, query: str, *, timeout: float = 900) -> 
                 kind = fm.WhichOneof("type")
                 if kind == "delta" and fm.delta.new_element.WhichOneof("type") == "exception":
                     errors.append(fm.delta.new_element.exception.message[:300])
-                elif kind == "script_finished" and fm.script_finished in (
-                        ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_WITH_COMPILE_ERROR):
-                    return errors  # FINISHED_EARLY_FOR_RERUN: a rerun follows; a fragment's run: the page goes on
+                elif kind == "script_finished" and fm.script_finished == ForwardMsg.FINISHED_SUCCESSFULLY:
+                    return errors
+                elif kind == "script_finished" and fm.script_finished == ForwardMsg.FINISHED_WITH_COMPILE_ERROR:
+                    return [*errors, "the script did not compile"]
+                # FINISHED_EARLY_FOR_RERUN: a rerun follows; a fragment's own run: the page goes on
 
 
 def walk_lecture(steps: Iterable[int], *, url: str, token: str = TOKEN,
