@@ -44,6 +44,7 @@ instance, and the run ends with the cgroup's peak and how many processes the ker
     python -m benchmarks.crowd --dir /tmp/crowd-warm   # run twice: the second run is warm
     python -m benchmarks.crowd --memory-limit 690      # as root: the server in a 690 MB memory cgroup
     python -m benchmarks.crowd --servers 2 --scenarios 1,2,3   # two servers behind nginx (Debian's nginx)
+    python -m benchmarks.crowd --scenarios 5 --follow-step 1 --open-room   # a room opened by its button, as in class
 """
 
 from __future__ import annotations
@@ -476,7 +477,8 @@ async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float 
     return list(await asyncio.gather(*tasks))
 
 
-async def follow_a_lecturer(base: str, n: int, step: int, *, settle: float = 3.0, timeout: float = 600):
+async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
+                            timeout: float = 600):
     """As in class: a lecturer opens the lecture on `step` and presses **Open a room** (which starts the warm-up of
     every step inside the server), `n` students open the room's link, and once all follow it (and `settle` s went by)
     the lecturer's Next moves the room to `step + 1`, while the warm-up still computes. **Returns** `(visits, note)`:
@@ -503,14 +505,10 @@ async def follow_a_lecturer(base: str, n: int, step: int, *, settle: float = 3.0
         await asyncio.sleep(settle)
         warm = await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), timeout=timeout)  # its progress bar
         moved[0] = time.perf_counter()
-        Rooms(ROOMS_DIR[0]).move(code, key, step + 1)  # what the speaker view's Next does
+        Rooms(rooms_dir).move(code, key, step + 1)  # what the speaker view's Next does
         note = (f"the lecturer opened the room {time.perf_counter() - opened_at:.0f} s before the move; warm-up then: "
                 f"{lecturer.progress or 'no progress shown'} ({warm.status})")
         return list(await asyncio.gather(*tasks)), note
-
-
-#: The rooms' directory of the server under test (`main` sets it): the lecturer's Next writes the room's step there.
-ROOMS_DIR = [""]
 
 
 def crowd(base: str, visits: list[tuple[str, str, str]], *, spread: float = 0.0, seed: int = 0,
@@ -813,9 +811,8 @@ def main(argv=None) -> int:
         if 5 in scenarios:
             sampler = server.measure()
             if args.open_room:
-                ROOMS_DIR[0] = str(directory / "store" / "rooms")
-                visits, note = asyncio.run(follow_a_lecturer(server.base, args.followers, args.follow_step,
-                                                             timeout=args.timeout))
+                visits, note = asyncio.run(follow_a_lecturer(server.base, str(directory / "store" / "rooms"),
+                                                             args.followers, args.follow_step, timeout=args.timeout))
                 print(f"# scenario 5 with the room opened by its button: {note}", flush=True)
             else:
                 visits = asyncio.run(follow(server.base, str(directory / "store" / "rooms"), args.followers,
