@@ -186,3 +186,24 @@ def test_the_canary_link_round_trips_the_audit_settings_and_refuses_what_the_pag
                       ({"audit_bug": "typo"}, "not a planted bug"), ({"audit_c": "nan"}, "not a number")]:
         with pytest.raises(ValueError, match=says):
             audit_ui.from_url(bad)
+
+
+def test_a_card_switch_the_browser_swallowed_is_made_again_once():
+    """Streamlit folds a browser's rerun that arrives with `st.switch_page`'s into one, and the browser's page wins:
+    the page before runs again (the record browser test's canary step, twice in whole suites). The next run makes
+    the switch again; a switch lost twice is given up (no loop)."""
+    from gradlab.ui import card
+
+    at = open_page("norms", **FAST)
+    at.session_state["example"] = 5
+    at.session_state[card._PENDING] = ({"example": "5"}, 1)  # what `open_card(5)` left before its switch was lost
+    at.run()
+    assert_clean(at)
+    assert any(s.value.startswith("The card of example 5") for s in at.subheader), [s.value for s in at.subheader]
+    assert card._PENDING not in at.session_state
+
+    at = open_page("norms", **FAST)
+    at.session_state[card._PENDING] = ({"example": "5"}, 0)  # lost twice: stays where the visitor is
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Gradient norms" and card._PENDING not in at.session_state
