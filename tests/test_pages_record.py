@@ -190,7 +190,7 @@ def test_the_canary_link_round_trips_the_audit_settings_and_refuses_what_the_pag
 
 def test_a_card_switch_the_browser_swallowed_is_made_again_once():
     """Streamlit folds a browser's rerun that arrives with `st.switch_page`'s into one, and the browser's page wins:
-    the page before runs again (the record browser test's canary step, twice in whole suites). The next run makes
+    the page before runs again (the record browser test's canary step in a whole suite). The next run makes
     the switch again; a switch lost twice is given up (no loop)."""
     from gradlab.ui import card
 

@@ -22,8 +22,8 @@ _PENDING = "_card_switch"
 def _switch(params: dict[str, str], again: int = 1) -> None:
     """`st.switch_page` to the card with `params`, remembered until the card page runs. Streamlit folds a rerun the
     browser asks for at the same moment into the switch's rerun, and the browser's page wins: the switch is lost and
-    the page before runs again (the record test's canary step on a busy machine, once in each of two whole suites).
-    `arrive` then switches `again` more times."""
+    the page before runs again (the record browser test's canary step in a whole suite, 2026-12-02: the card's
+    parameters on Privacy audit's address). `arrive` then switches `again` more times."""
     st.session_state[_PENDING] = (dict(params), again)
     st.switch_page(PAGE, query_params=params)
 
