@@ -457,14 +457,13 @@ async def follow_visit(base: str, name: str, room: str, step: int, moved: list, 
     return v
 
 
-async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
-                 timeout: float = 600) -> list[Visit]:
-    """`n` students open a new room's students' link on `step`; once all follow it (and `settle` s of polling
-    went by), the lecturer moves the room to `step + 1` (as the speaker view's Next does)."""
+async def _follow_room(base: str, rooms_dir: str, code: str, key: str, n: int, step: int, *, settle: float,
+                       timeout: float, before_move=None) -> list[Visit]:
+    """`n` students open room `code`'s link on `step`; once all follow it (and `settle` s of polling went by, then
+    `await before_move()` if given), the room moves to `step + 1` (as the speaker view's Next does). **Returns** each
+    student's `Visit`, its times from the move."""
     from gradlab.rooms import Rooms
 
-    rooms = Rooms(rooms_dir)
-    code, key = rooms.open(step)
     moved, ready = [float("inf")], []
     tasks = [asyncio.create_task(follow_visit(base, f"follower-{i}", code, step, moved, ready, timeout=timeout))
              for i in range(n)]
@@ -472,9 +471,21 @@ async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float 
     while len(ready) < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
         await asyncio.sleep(0.1)
     await asyncio.sleep(settle)
+    if before_move is not None:
+        await before_move()
     moved[0] = time.perf_counter()
-    rooms.move(code, key, step + 1)
+    Rooms(rooms_dir).move(code, key, step + 1)
     return list(await asyncio.gather(*tasks))
+
+
+async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
+                 timeout: float = 600) -> list[Visit]:
+    """`n` students open a new room's students' link on `step`; once all follow it (and `settle` s of polling
+    went by), the lecturer moves the room to `step + 1` (as the speaker view's Next does)."""
+    from gradlab.rooms import Rooms
+
+    code, key = Rooms(rooms_dir).open(step)
+    return await _follow_room(base, rooms_dir, code, key, n, step, settle=settle, timeout=timeout)
 
 
 async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
@@ -483,8 +494,6 @@ async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, set
     every step inside the server), `n` students open the room's link, and once all follow it (and `settle` s went by)
     the lecturer's Next moves the room to `step + 1`, while the warm-up still computes. **Returns** `(visits, note)`:
     each student's `Visit` (times from the move) and what the warm-up had done by the move."""
-    from gradlab.rooms import Rooms
-
     lecturer = Session(base)
     async with lecturer:
         first = await lecturer.rerun(Visit("lecturer", "lecture", f"step={step}"), timeout=timeout)
@@ -494,21 +503,16 @@ async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, set
         if first.status != "ok" or opened.status != "ok" or not links:
             raise RuntimeError(f"the lecturer could not open a room: {first.status}, {opened.status}, {lecturer.codes}")
         query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(links[0]).query))
-        code, key = query["room"], query["_key"]
-        opened_at = time.perf_counter()
-        moved, ready = [float("inf")], []
-        tasks = [asyncio.create_task(follow_visit(base, f"follower-{i}", code, step, moved, ready, timeout=timeout))
-                 for i in range(n)]
-        deadline = time.monotonic() + timeout
-        while len(ready) < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(settle)
-        warm = await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), timeout=timeout)  # its progress bar
-        moved[0] = time.perf_counter()
-        Rooms(rooms_dir).move(code, key, step + 1)  # what the speaker view's Next does
-        note = (f"the lecturer opened the room {time.perf_counter() - opened_at:.0f} s before the move; warm-up then: "
-                f"{lecturer.progress or 'no progress shown'} ({warm.status})")
-        return list(await asyncio.gather(*tasks)), note
+        opened_at, note = time.perf_counter(), []
+
+        async def look_at_the_warm_up():  # the lecturer's own page, just before the Next: its progress bar
+            warm = await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), timeout=timeout)
+            note.append(f"the lecturer opened the room {time.perf_counter() - opened_at:.0f} s before the move; "
+                        f"warm-up then: {lecturer.progress or 'no progress shown'} ({warm.status})")
+
+        visits = await _follow_room(base, rooms_dir, query["room"], query["_key"], n, step, settle=settle,
+                                    timeout=timeout, before_move=look_at_the_warm_up)
+        return visits, note[0]
 
 
 def crowd(base: str, visits: list[tuple[str, str, str]], *, spread: float = 0.0, seed: int = 0,
