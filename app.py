@@ -28,9 +28,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))  # byt
 os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 
 from gradlab import memory, ui  # noqa: E402
-from gradlab.ui import card as ui_card  # noqa: E402
 from gradlab.ui import lecture as ui_lecture  # noqa: E402
 from gradlab.ui import pages as ui_pages  # noqa: E402
+from gradlab.ui import state as ui_state  # noqa: E402
 
 # Lean XLA:CPU compiles where this jaxlib has the switch (`memory.LEAN_XLA_FLAGS`: ~100 MB less at SimpleCNN's
 # training peak), set before this process's first computation; once per process.
@@ -46,7 +46,7 @@ ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every def
 page = st.navigation(PAGES, position="top" if ui_lecture.presenter_mode() else "sidebar")
 started = time.perf_counter()
 try:
-    ui_card.arrive(page.url_path)  # a card switch the browser's own rerun swallowed is made again
+    ui_state.arrive(page.url_path)  # a page switch the browser's own rerun swallowed is made again
     ui.remember_url()  # the link as opened: url_warnings names what in it could not be used
     st.session_state[ui.STEP_SETS_CONTROLS] = page.url_path == "lecture"  # its link is its step: no control written
     ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws

@@ -192,18 +192,18 @@ def test_a_card_switch_the_browser_swallowed_is_made_again_once():
     """Streamlit folds a browser's rerun that arrives with `st.switch_page`'s into one, and the browser's page wins:
     the page before runs again (the record browser test's canary step in a whole suite). The next run makes
     the switch again; a switch lost twice is given up (no loop)."""
-    from gradlab.ui import card
+    from gradlab.ui import card, state
 
     at = open_page("norms", **FAST)
     at.session_state["example"] = 5
-    at.session_state[card._PENDING] = ({"example": "5"}, 1)  # what `open_card(5)` left before its switch was lost
+    at.session_state[state._SWITCH] = (card.PAGE, {"example": "5"}, 1)  # `open_card(5)`'s, its switch lost
     at.run()
     assert_clean(at)
     assert any(s.value.startswith("The card of example 5") for s in at.subheader), [s.value for s in at.subheader]
-    assert card._PENDING not in at.session_state
+    assert state._SWITCH not in at.session_state
 
     at = open_page("norms", **FAST)
-    at.session_state[card._PENDING] = ({"example": "5"}, 0)  # lost twice: stays where the visitor is
+    at.session_state[state._SWITCH] = (card.PAGE, {"example": "5"}, 0)  # lost twice: stays where the visitor is
     at.run()
     assert_clean(at)
-    assert at.title[0].value == "Gradient norms" and card._PENDING not in at.session_state
+    assert at.title[0].value == "Gradient norms" and state._SWITCH not in at.session_state

@@ -11,36 +11,18 @@ from __future__ import annotations
 
 import streamlit as st
 
+from gradlab.ui.state import switch_page
+
 #: The card's page and the URL parameter (its control's key) that names the example.
 PAGE = "views/record.py"
-URL_PATH = "record"  # the card page's address (gradlab.ui.pages)
 KEY = "example"
-#: A card this session asked to open, `(query params, switches left)`, until the card page runs (`arrive`).
-_PENDING = "_card_switch"
-
-
-def _switch(params: dict[str, str], again: int = 1) -> None:
-    """`st.switch_page` to the card with `params`, remembered until the card page runs. Streamlit folds a rerun the
-    browser asks for at the same moment into the switch's rerun, and the browser's page wins: the switch is lost and
-    the page before runs again (the record browser test's canary step in a whole suite, 2026-12-02: the card's
-    parameters on Privacy audit's address). `arrive` then switches `again` more times."""
-    st.session_state[_PENDING] = (dict(params), again)
-    st.switch_page(PAGE, query_params=params)
-
-
-def arrive(url_path: str) -> None:
-    """Call at the start of every run (app.py) with the url path of the page about to run: on the card page a pending
-    switch is done; on any other page it was lost, and is made again (once)."""
-    pending = st.session_state.pop(_PENDING, None)
-    if pending is not None and url_path != URL_PATH and pending[1] > 0:
-        _switch(pending[0], again=pending[1] - 1)
 
 
 def open_card(index: int) -> None:
     """Go to example `index`'s card now (stops this run): its control set through Session State, as a preset sets
     its page's, and the URL parameter given so the address bar names it at once."""
     st.session_state[KEY] = int(index)
-    _switch({KEY: str(int(index))})
+    switch_page(PAGE, {KEY: str(int(index))})
 
 
 def card_link(index: int, label: str | None = None, **params: str) -> None:
@@ -75,4 +57,4 @@ def open_canary(trial: int) -> None:
     to an example's. Call it from the Privacy audit page: its settings, bound to its controls, cannot go in the switch's
     parameters; the card takes this session's last audit and writes them into its own URL."""
     st.session_state[SET], st.session_state[TRIAL] = CANARY, int(trial)
-    _switch({SET: CANARY, TRIAL: str(int(trial))})
+    switch_page(PAGE, {SET: CANARY, TRIAL: str(int(trial))})

@@ -302,11 +302,32 @@ def apply_preset(name: str) -> None:
     st.session_state[_PRESET_ACTIVE] = name
 
 
+#: A page switch this session asked for, `(page path, query params, switches left)`, until that page runs (`arrive`).
+_SWITCH = "_switch_pending"
+
+
+def switch_page(path: str, params: dict[str, str], again: int = 1) -> None:
+    """`st.switch_page` to page `path` with `params`, remembered until that page runs. Streamlit folds a rerun the
+    browser asks for at the same moment into the switch's rerun, and the browser's page wins: the switch is lost and
+    the page before runs again (the record browser test's canary step in a whole suite, 2026-12-02: the card's
+    parameters on Privacy audit's address). `arrive` then switches `again` more times."""
+    st.session_state[_SWITCH] = (path, dict(params), again)
+    st.switch_page(path, query_params=params)
+
+
+def arrive(url_path: str) -> None:
+    """Call at the start of every run (app.py) with the url path of the page about to run: on the page a pending
+    switch asked for it is done; on any other page it was lost, and is made again (once)."""
+    pending = st.session_state.pop(_SWITCH, None)
+    if pending is not None and pages.BY_PATH[pending[0]].url_path != url_path and pending[2] > 0:
+        switch_page(pending[0], pending[1], again=pending[2] - 1)
+
+
 def follow_preset() -> None:
     """Switch to the page a preset asked for (call it early in a run; no-op otherwise)."""
     page = st.session_state.pop(_PRESET_GOTO, None)
     if page:  # an empty link, not None: Streamlit refuses to clear a URL that holds a bound control's value
-        st.switch_page(page, query_params={})
+        switch_page(page, {})
 
 
 def preset_picker(*, columns: int = 2) -> None:
