@@ -30,6 +30,7 @@ os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 from gradlab import memory, ui  # noqa: E402
 from gradlab.ui import lecture as ui_lecture  # noqa: E402
 from gradlab.ui import pages as ui_pages  # noqa: E402
+from gradlab.ui import room as ui_room  # noqa: E402
 from gradlab.ui import state as ui_state  # noqa: E402
 
 # Lean XLA:CPU compiles where this jaxlib has the switch (`memory.LEAN_XLA_FLAGS`: ~100 MB less at SimpleCNN's
@@ -45,18 +46,19 @@ ui.fill_store_in_background()  # with GRADLAB_WARM_ON_START=1: compute every def
 # presenter mode hides the sidebar: its page links move to the top bar
 page = st.navigation(PAGES, position="top" if ui_lecture.presenter_mode() else "sidebar")
 started = time.perf_counter()
-try:
-    ui_state.arrive(page.url_path)  # a page switch the browser's own rerun swallowed is made again
-    ui.remember_url()  # the link as opened: url_warnings names what in it could not be used
-    st.session_state[ui.STEP_SETS_CONTROLS] = page.url_path == "lecture"  # its link is its step: no control written
-    ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
-    ui.experiment_sidebar()
-    warnings = st.container()
-    page.run()
-    ui.url_warnings(warnings, page.url_path)
-    ui.write_bound_values()  # before the link: what the address bar lost is written back
-    ui.share_link()
-finally:
-    memory.freeze_imported_heap()  # Streamlit's collection after each run then skips the imported modules' objects
-    if os.environ.get("GRADLAB_LOG_RUNS"):  # server time per script run, for benchmarks/latency.py
-        print(f"gradlab-run {page.title!r} {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
+with ui_room.in_turn(page.url_path):  # a room's followers one at a time
+    try:
+        ui_state.arrive(page.url_path)  # a page switch the browser's own rerun swallowed is made again
+        ui.remember_url()  # the link as opened: url_warnings names what in it could not be used
+        st.session_state[ui.STEP_SETS_CONTROLS] = page.url_path == "lecture"  # its link is its step: no control written
+        ui_lecture.frame(page)  # presenter-mode toggle; a lecture step sets its controls before the sidebar draws
+        ui.experiment_sidebar()
+        warnings = st.container()
+        page.run()
+        ui.url_warnings(warnings, page.url_path)
+        ui.write_bound_values()  # before the link: what the address bar lost is written back
+        ui.share_link()
+    finally:
+        memory.freeze_imported_heap()  # Streamlit's collection after each run then skips the imported modules' objects
+        if os.environ.get("GRADLAB_LOG_RUNS"):  # server time per script run, for benchmarks/latency.py
+            print(f"gradlab-run {page.title!r} {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)

@@ -36,6 +36,7 @@ def test_students_follow_the_speaker_views_next_and_may_detach():
     student = lecture(room=code)
     assert_clean(student)
     assert student.title[0].value.startswith("Lecture 1/")
+    assert "Speaker notes, live room and warm-up" not in [e.label for e in student.expander]  # the lecturer's, not theirs
     speaker = lecture(room=code, _key=key, speaker="true")
     assert_clean(speaker)
     assert any(s.value.startswith("Now: 1.") for s in speaker.subheader)
@@ -50,6 +51,53 @@ def test_students_follow_the_speaker_views_next_and_may_detach():
     assert student.title[0].value.startswith("Lecture 2/")  # detached: stays
     wrong = lecture(room=code, _key="guess", speaker="true")
     assert any("wrong key" in e.value for e in wrong.error)
+
+
+def test_a_rooms_followers_pages_run_one_at_a_time_and_no_one_else_waits(monkeypatch):
+    """When the lecturer moves, 30 followers' pages rerun at once; run one at a time, the first see the step after one
+    run instead of all after 30 (`benchmarks/crowd.py` scenario 5). A page that is not a follower's never waits, and a
+    follower waits at most `TURN_WAIT_S`."""
+    import threading
+    import time
+
+    from gradlab.ui import room
+
+    monkeypatch.setattr(room, "following", lambda: True)
+    inside, order = threading.Event(), []
+
+    def first():
+        with room.in_turn("lecture"):
+            inside.set()
+            time.sleep(0.5)
+            order.append("first out")
+
+    t = threading.Thread(target=first)
+    t.start()
+    inside.wait(5)
+    with room.in_turn("norms"):  # another page: at once
+        order.append("norms")
+    with room.in_turn("lecture"):  # the next follower: after the first
+        order.append("second")
+    t.join()
+    assert order == ["norms", "first out", "second"]
+
+    monkeypatch.setattr(room, "TURN_WAIT_S", 0.2)
+    room._TURN.acquire()  # a follower's run that never ends
+    try:
+        t0 = time.perf_counter()
+        with room.in_turn("lecture"):
+            waited = time.perf_counter() - t0
+        assert 0.15 < waited < 2.0
+    finally:
+        room._TURN.release()
+    monkeypatch.setattr(room, "following", lambda: False)
+    t0 = time.perf_counter()
+    room._TURN.acquire()
+    try:
+        with room.in_turn("lecture"):  # the lecturer's own page, or a detached student: never waits
+            assert time.perf_counter() - t0 < 0.1
+    finally:
+        room._TURN.release()
 
 
 def _fake_walk(monkeypatch, hold=None) -> list:

@@ -47,7 +47,8 @@ try:
         # the step's own point first: the figure its narration is about, then the page
         with st.container(key=ui_lecture.PAGE_KEY), ui_points.slots(s.point):
             ui_lecture.test_delay(step)
-            if not ui_lecture.presenter_mode():  # notes never reach the projector: the speaker view holds them there
+            # notes never reach the projector (the speaker view holds them there) nor a student who follows a room
+            if not ui_lecture.presenter_mode() and not ui_room.following():
                 with st.expander("Speaker notes, live room and warm-up"):
                     st.markdown(s.notes)
                     ui_room.open_room_panel(step)

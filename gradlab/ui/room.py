@@ -11,6 +11,7 @@ The speaker key rides in `_key`, which the copy-link box never shows.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -58,6 +59,30 @@ def following() -> bool:
     """Whether this session is a student's page that follows an open room (no speaker key, the toggle on)."""
     c = code()
     return bool(c and not st.query_params.get(KEY) and st.session_state.get(FOLLOW, True) and ROOMS.get(c) is not None)
+
+
+#: Seconds a following student's page waits for its turn (`in_turn`) before it runs anyway.
+TURN_WAIT_S = 5.0
+_TURN = threading.Lock()
+
+
+@contextlib.contextmanager
+def in_turn(url_path: str):
+    """Run a following student's lecture page one at a time in this server (FIFO-ish, a lock); any other run at once.
+
+    When the lecturer moves, every follower's page reruns within the same second. Python runs their threads in turns
+    of 5 ms, so all 30 ended together, ~30 runs later, and the server's event loop, which sends the pages, got one
+    turn in 31. One at a time, the first students see the step after one run and the last no later than before
+    (`benchmarks/crowd.py` scenario 5). A run that waits `TURN_WAIT_S` goes on without its turn."""
+    if url_path != "lecture" or not following():
+        yield
+        return
+    mine = _TURN.acquire(timeout=TURN_WAIT_S)
+    try:
+        yield
+    finally:
+        if mine:
+            _TURN.release()
 
 
 def follow(step: int) -> None:
