@@ -141,3 +141,33 @@ def test_the_audit_observations_axis_typesets_the_canarys_parameter():
     fig = audit_library.observation_histogram(np.r_[0.0, 1, 2, 3], np.r_[0, 1, 0, 1].astype(bool), 1.5,
                                               xlabel=audit_library.OBSERVATION["gradient"])
     assert "θ<sub>canary</sub>" in fig.layout.xaxis.title.text and "_" not in fig.layout.xaxis.title.text
+
+
+def test_a_shared_figure_is_drawn_from_its_dict_made_once_and_sends_the_same_spec(monkeypatch):
+    """`ui.chart` hands `st.plotly_chart` a shared figure's `to_dict()` made once (`FIGURES.spec`): the spec sent is
+    the one the figure itself gives; an unshared figure and an evicted one are drawn as before."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+    import plotly.tools
+
+    from gradlab.ui import widgets
+
+    norms = np.random.default_rng(3).lognormal(size=500)
+    fig = plots.norm_histogram(norms, log=True)
+    calls = []
+    real = type(fig).to_dict
+
+    def counted(self):
+        calls.append(self)
+        return real(self)
+
+    monkeypatch.setattr(go.Figure, "to_dict", counted)
+    first = figures.FIGURES.spec(fig)
+    again = figures.FIGURES.spec(fig)
+    assert again is first and len(calls) == 1
+    drawn = widgets._Drawn(first)
+    sent = plotly.tools.return_figure_from_figure_or_data(drawn, validate_figure=True)  # what st.plotly_chart does
+    assert pio.to_json(sent, validate=False) == pio.to_json(real(fig), validate=False)
+    assert figures.FIGURES.spec(go.Figure(fig)) is None  # not held: Streamlit makes its dict as before
+    figures.FIGURES.clear()
+    assert figures.FIGURES.spec(fig) is None

@@ -63,19 +63,21 @@ def test_a_rooms_followers_pages_run_one_at_a_time_and_no_one_else_waits(monkeyp
     from gradlab.ui import room
 
     monkeypatch.setattr(room, "following", lambda: True)
-    inside, order = threading.Event(), []
+    inside, release, order = threading.Event(), threading.Event(), []
 
     def first():
         with room.in_turn("lecture"):
             inside.set()
-            time.sleep(0.5)
+            release.wait(60)
+            time.sleep(0.2)  # without the turns, the second follower would be in by now
             order.append("first out")
 
     t = threading.Thread(target=first)
     t.start()
-    inside.wait(5)
+    inside.wait(60)
     with room.in_turn("norms"):  # another page: at once
         order.append("norms")
+    release.set()
     with room.in_turn("lecture"):  # the next follower: after the first
         order.append("second")
     t.join()
@@ -84,20 +86,18 @@ def test_a_rooms_followers_pages_run_one_at_a_time_and_no_one_else_waits(monkeyp
     monkeypatch.setattr(room, "TURN_WAIT_S", 0.2)
     room._TURN.acquire()  # a follower's run that never ends
     try:
-        t0 = time.perf_counter()
-        with room.in_turn("lecture"):
-            waited = time.perf_counter() - t0
-        assert 0.15 < waited < 2.0
+        with room.in_turn("lecture"):  # waits its TURN_WAIT_S, then runs anyway
+            order.append("without its turn")
+        assert room._TURN.locked()  # and leaves the lock it never held alone
+        monkeypatch.setattr(room, "TURN_WAIT_S", 600.0)
+        monkeypatch.setattr(room, "following", lambda: False)
+        lecturer = threading.Thread(target=lambda: room.in_turn("lecture").__enter__())
+        lecturer.start()  # the lecturer's own page, or a detached student's: never waits for a follower
+        lecturer.join(60)
+        assert not lecturer.is_alive()
     finally:
         room._TURN.release()
-    monkeypatch.setattr(room, "following", lambda: False)
-    t0 = time.perf_counter()
-    room._TURN.acquire()
-    try:
-        with room.in_turn("lecture"):  # the lecturer's own page, or a detached student: never waits
-            assert time.perf_counter() - t0 < 0.1
-    finally:
-        room._TURN.release()
+    assert order[-1] == "without its turn"
 
 
 def _fake_walk(monkeypatch, hold=None) -> list:
@@ -149,6 +149,7 @@ def test_opening_a_room_or_the_speaker_view_starts_the_warm_up_by_itself_once(mo
     assert_clean(at)
     assert len(calls) == 1
     assert any("Warming up: 2 of" in str(p.text) for p in at.get("progress"))
+    assert at.button(key="lecture_warmup").disabled  # greyed while the walk runs (it sits in the progress fragment)
     code, key = at.session_state["_room_opened"]
     speaker = lecture(room=code, _key=key, speaker="true")
     assert_clean(speaker)
@@ -156,6 +157,8 @@ def test_opening_a_room_or_the_speaker_view_starts_the_warm_up_by_itself_once(mo
     assert any("Warming up" in str(p.text) for p in speaker.get("progress"))
     hold.set()
     room._WARMUP["thread"].join(10)
+    at.run()
+    assert not at.button(key="lecture_warmup").disabled  # and may be pressed again once it ended
 
 
 def test_a_warm_up_that_cannot_reach_the_server_says_so_and_the_lecture_goes_on(monkeypatch):

@@ -72,6 +72,7 @@ class _Figures:
     def __init__(self, keep: int):
         self.keep = keep
         self._items: collections.OrderedDict = collections.OrderedDict()
+        self._specs: dict[int, dict] = {}  # id of a held figure -> its `to_dict()`, made at its first drawing
         self._lock = threading.Lock()
 
     def get(self, key: str, build):
@@ -83,13 +84,33 @@ class _Figures:
         with self._lock:
             self._items[key] = fig
             while len(self._items) > self.keep:
-                self._items.popitem(last=False)
+                _, old = self._items.popitem(last=False)
+                self._specs.pop(id(old), None)
         return fig
+
+    def spec(self, fig) -> dict | None:
+        """`fig.to_dict()` for a figure this memo holds, made once (`None` for any other figure).
+
+        `st.plotly_chart` turns its figure into a dict on every run (every array walked and base64-encoded): 20 ms of
+        each of a room's 30 followers' runs on the DP clipping step, one after another under the GIL (py-spy,
+        `benchmarks/crowd.py` scenario 5). A held figure never changes (views pass it straight to `ui.chart`), so
+        its dict is made at its first drawing and reused."""
+        with self._lock:
+            if id(fig) in self._specs:
+                return self._specs[id(fig)]
+            if not any(held is fig for held in self._items.values()):
+                return None
+        spec = fig.to_dict()  # outside the lock; two sessions making the same dict at once keep the same value
+        with self._lock:
+            if any(held is fig for held in self._items.values()):
+                self._specs[id(fig)] = spec
+        return spec
 
     def clear(self) -> None:
         """Drop every figure (the gate's relief when memory is short; each is rebuilt on its next use)."""
         with self._lock:
             self._items.clear()
+            self._specs.clear()
 
 
 FIGURES = _Figures(KEEP)

@@ -197,14 +197,16 @@ def _timer(c: str) -> None:
 def warmup_panel(n_steps: int) -> None:
     """A button that computes every lecture step into the shared store (`start_warmup`: a walk over the steps inside
     this server, one per server), and its progress; afterwards every Next answers from the store."""
-    thread = _WARMUP.get("thread")
-    running = thread is not None and thread.is_alive()
-    if st.button("Warm up every step", key="lecture_warmup", disabled=running,
-                 help="Computes what each step shows into the shared store, so every Next answers at once. "
-                      "Opening a room or the speaker view starts it by itself."):
-        start_warmup(n_steps, again=True)
     if _WARMUP:
-        _warmup_progress()
+        _warmup_progress(n_steps)  # the button greys while the walk runs and comes back when it ends
+    else:
+        _warmup_button(n_steps, running=False)
+
+
+def _warmup_button(n_steps: int, *, running: bool) -> None:
+    st.button("Warm up every step", key="lecture_warmup", disabled=running, on_click=start_warmup, args=(n_steps,),
+              kwargs={"again": True}, help="Computes what each step shows into the shared store, so every Next answers "
+                                           "at once. Opening a room or the speaker view starts it by itself.")
 
 
 #: `GRADLAB_AUTO_WARMUP=0`: opening a room or the speaker view does not start the warm-up (the tests set it; the button
@@ -244,7 +246,9 @@ def _walk(total: int, url: str) -> None:
 
 
 @st.fragment(run_every=1.0)
-def _warmup_progress() -> None:
+def _warmup_progress(n_steps: int) -> None:
+    thread = _WARMUP.get("thread")
+    _warmup_button(n_steps, running=thread is not None and thread.is_alive())
     if _WARMUP["ended"] is None:
         st.progress(min(_WARMUP["done"] / _WARMUP["total"], 1.0),
                     text=f"Warming up: {_WARMUP['done']} of {_WARMUP['total']} steps ready")

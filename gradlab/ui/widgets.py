@@ -13,13 +13,14 @@ import sys
 import time
 from urllib.parse import parse_qs
 
+import plotly.graph_objects as go
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from gradlab import engine, escape, export, glossary, own
 from gradlab.memory import release_memory
-from gradlab.ui import pages
+from gradlab.ui import figures, pages
 from gradlab.experiment import Fitted
 
 log = logging.getLogger("gradlab")
@@ -220,7 +221,19 @@ def chart(fig, *, filename: str | None = None, **kwargs):
     title = filename or (html.unescape(fig.layout.title.text) if fig.layout.title and fig.layout.title.text
                          else "gradlab figure")  # a title is escaped text (`escape.plotly`)
     kwargs.setdefault("width", "stretch")
-    return st.plotly_chart(fig, config=plotly_config("gradlab_" + title), **kwargs)
+    spec = figures.FIGURES.spec(fig)  # a shared figure's dict, made once: not again on every run of every session
+    return st.plotly_chart(fig if spec is None else _Drawn(spec), config=plotly_config("gradlab_" + title), **kwargs)
+
+
+class _Drawn(go.Figure):
+    """A figure as the dict `to_dict()` made (`figures.FIGURES.spec`), for `st.plotly_chart`, which asks a figure for
+    exactly that. Plotly's own initialisation is skipped on purpose: it would validate every property again."""
+
+    def __init__(self, spec: dict):  # noqa: D107 - no super().__init__: see the class docstring
+        object.__setattr__(self, "_gradlab_spec", spec)
+
+    def to_dict(self) -> dict:
+        return self._gradlab_spec
 
 
 def intro(lead: str, more: str = "", *, label: str = "More about this page") -> None:
