@@ -40,9 +40,10 @@ try:
             status.info(f"Computing step {step}…", icon=":material/hourglass_top:")
         if s.practice and practice.enabled():  # the students' turn: the problem where they write this step's code
             number = [p.slug for p in practice.PROBLEMS].index(s.practice) + 1
-            st.page_link("views/practice.py", label=f"Try it yourself: Practice problem {number}, "
-                         f"{practice.BY_SLUG[s.practice].title}", icon=":material/edit_note:",
-                         query_params={"problem": s.practice})
+            with st.container(key=ui_lecture.TRY_IT_KEY):
+                st.page_link("views/practice.py", label=f"Try it yourself: Practice problem {number}, "
+                             f"{practice.BY_SLUG[s.practice].title}", icon=":material/edit_note:",
+                             query_params={"problem": s.practice})
         ui_room.follow(step)
         # the step's own point first: the figure its narration is about, then the page
         with st.container(key=ui_lecture.PAGE_KEY), ui_points.slots(s.point):

@@ -311,13 +311,6 @@ def training_set_record() -> None:
     with p2:
         y_q = ui.choice(st.selectbox, "y", {q: card.QUANTITIES[q] for q in available}, "rec_y",
                           index=available.index(pair[1]))
-    if best is not None:
-        st.markdown(f"**The strongest relation across sources:** {card.SHORT[best.a]} and {card.SHORT[best.b]} rank "
-                    f"{'alike' if best.rho > 0 else 'in opposite orders'}, Spearman ρ = {best.rho:+.2f} (95% CI "
-                    f"{best.low:+.2f} to {best.high:+.2f}, {best.n:,} examples).")
-    else:
-        st.markdown("**No relation across sources yet:** the cheap quantities all come from one training run; "
-                    "memorization and LiRA (the button above) come from other models.")
     sel = (full.index[full["index"] == int(example)][0] if example is not None and (full["index"] == int(example)).any()
            else None)
     ids = {**export.example_columns(data, full["index"].to_numpy(), features=0),
@@ -328,6 +321,14 @@ def training_set_record() -> None:
                                     y_label=card.QUANTITIES[y_q], flipped=full["flipped"].to_numpy(), ids=ids,
                                     selected=sel, title=title),
              on_select="rerun", selection_mode="points", key=PICK)
+    # under the figure: at 1024×768 the figure starts on the first screen (the chart's title holds its ρ)
+    if best is not None:
+        st.markdown(f"**The strongest relation across sources:** {card.SHORT[best.a]} and {card.SHORT[best.b]} rank "
+                    f"{'alike' if best.rho > 0 else 'in opposite orders'}, Spearman ρ = {best.rho:+.2f} (95% CI "
+                    f"{best.low:+.2f} to {best.high:+.2f}, {best.n:,} examples).")
+    else:
+        st.markdown("**No relation across sources yet:** the cheap quantities all come from one training run; "
+                    "memorization and LiRA (the button above) come from other models.")
     st.caption(f"Every training example{'' if len(t.index) == n else f' (TracIn: a fixed random {len(t.index):,} of {n:,})'}; "
                "click one to open its card. Red: the labels flipped on purpose (sidebar: label noise)."
                + ("" if outputs is not None or not classify else " Memorization and LiRA join once the ensembles are trained."))

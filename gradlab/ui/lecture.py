@@ -19,6 +19,7 @@ from gradlab.ui.state import reset_controls
 from gradlab.ui.widgets import inert  # `?step=` is whatever a link says: shown as text
 
 PRESENTER = "presenter"
+TRY_IT_KEY = "lecture_try_it"  # the step's link to its Practice problem: hidden on the projector (`_PRESENTER_CSS`)
 STEP = "step"
 _APPLIED = "_lecture_applied"
 
@@ -40,15 +41,19 @@ h4 { font-size: 1.0rem !important; font-weight: 500 !important; padding: 0 !impo
 /* Streamlit pulls the block under a heading up by the heading's padding (a negative margin); with the padding gone here
    the next row covered a two-line narration's second line (issue 41) */
 [data-testid="stMarkdownContainer"]:has(h4) { margin-bottom: 0 !important; }
-/* the step's "Try it yourself" link is for students' own screens: on the projector it overlapped a long narration */
-[data-testid="stMainBlockContainer"] .stElementContainer:has([data-testid="stPageLink"]) { display: none; }
+/* the step's "Try it yourself" link is for students' own screens: on the projector it overlapped a long narration
+   (only that link: Home's list of pages stays) */
+.st-key-lecture_try_it { display: none; }
 h2 { font-size: 1.3rem !important; padding: 0.3rem 0 0.1rem 0 !important; }
 h3 { font-size: 1.15rem !important; padding: 0.2rem 0 0 0 !important; }
 [data-testid="stMarkdownContainer"]:has(h2), [data-testid="stMarkdownContainer"]:has(h3) { margin-bottom: 0 !important; }
 [data-testid="stPopover"] { display: none; }
-.st-key-presenter { position: fixed; bottom: 0.3rem; right: 1rem; z-index: 999991; width: auto !important;
+/* the presenter toggle sits at the top bar's right end, beside the page links (which leave it room): in the bottom
+   corner it covered a figure's tick labels, legend or help icon on whatever page scrolled under it */
+[data-testid="stTopNav"] { max-width: calc(100% - 3.6rem); margin-right: auto; }
+.st-key-presenter { position: fixed; top: 1.05rem; right: 0.6rem; z-index: 999991; width: auto !important;
                     background: rgba(255, 255, 255, 0.85); padding: 0 0.4rem; border-radius: 0.4rem; opacity: 0.45; }
-/* only the switch until the pointer is on it: the words covered a chart's legend or axis title in the corner */
+/* only the switch until the pointer is on it: its words would cover the page links */
 .st-key-presenter label p, .st-key-presenter [data-testid="stTooltipIcon"] { display: none; }
 .st-key-presenter:hover { opacity: 1; }
 .st-key-presenter:hover label p { display: inline; font-size: 0.7rem; }
