@@ -367,9 +367,12 @@ def on_request(fn, *args, name: str, button: str, help: str | None = None, fix: 
                    f"{costs.WORK_BUDGET_SECONDS:.0f}. {fix}", icon=":material/hourglass_disabled:")
         return None
     about = f" (about {max(seconds, 1):.0f} s)" if seconds is not None else ""
-    pressed = st.button(button + about, type="primary", key=f"run_{name}", help=help) or go or walk.pressing()
+    slot = st.empty()
+    pressed = slot.button(button + about, type="primary", key=f"run_{name}", help=help) or go or walk.pressing()
     if requested(name, fn.key(*args, **kwargs), pressed, kept=1):
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        slot.empty()  # its result is shown now (and stored: no button on the next run either)
+        return result
     return None
 
 
