@@ -171,3 +171,12 @@ def test_a_shared_figure_is_drawn_from_its_dict_made_once_and_sends_the_same_spe
     assert figures.FIGURES.spec(go.Figure(fig)) is None  # not held: Streamlit makes its dict as before
     figures.FIGURES.clear()
     assert figures.FIGURES.spec(fig) is None
+
+
+def test_a_speed_up_within_two_decades_labels_two_and_five_and_a_wide_one_keeps_its_decades():
+    rows = [{"approach": "loop", "n": n, "run_s": 0.03 * n} for n in (4, 16, 64)]
+    rows += [{"approach": "vmap", "n": n, "run_s": 0.03 * n / s} for n, s in ((4, 3.0), (16, 9.0), (64, 25.0))]
+    narrow = library.speedup_vs_loop(rows, {"loop": "loop", "vmap": "vmap(grad)"})
+    assert narrow.layout.yaxis.type == "log" and narrow.layout.yaxis.dtick == "D2"
+    rows[-1] = {"approach": "vmap", "n": 64, "run_s": 0.03 * 64 / 5000.0}  # 1 to 5,000: decades are enough
+    assert library.speedup_vs_loop(rows, {"loop": "loop", "vmap": "vmap(grad)"}).layout.yaxis.dtick is None
