@@ -2,8 +2,6 @@
 control set (app.py applies the step in the URL before the sidebar is drawn), its narration, speaker
 notes, and Back / Next."""
 
-import runpy
-
 import streamlit as st
 
 from gradlab import practice
@@ -59,7 +57,7 @@ try:
                         st.page_link("views/lecture.py", label=f"{i}. {t.title}", query_params={"step": str(i)})
                 st.divider()
             # the step's page, run here with the controls the step set
-            runpy.run_path(s.preset.page, run_name="__main__")
+            ui_lecture.run_page(s.preset.page)
 finally:
     if status is not None:
         status.empty()
