@@ -28,6 +28,10 @@ between runs: "warm"; without it both start empty in a temporary directory: "col
    fragment does (its auto-rerun every second); the lecturer moves the room one step on: when does each
    student's URL reach the new step, and its first chart come?
 
+6. A lecture as given: the lecturer opens step 1 and presses **Open a room** (the warm-up of every step starts in the
+   server), then presses Next every `--pace` seconds (30) through the last step: each Next's server time and first
+   chart, and how far the warm-up was when it was pressed.
+
 `--servers 2` runs the same scenarios against two servers sharing the store and XLA cache behind nginx
 (`benchmarks/balancer.py`, sticky by client address; each visitor connects from its own loopback address, so its
 upload reaches its own server); memory is then each server's (the larger is reported, both are printed), and the
@@ -45,6 +49,7 @@ instance, and the run ends with the cgroup's peak and how many processes the ker
     python -m benchmarks.crowd --memory-limit 690      # as root: the server in a 690 MB memory cgroup
     python -m benchmarks.crowd --servers 2 --scenarios 1,2,3   # two servers behind nginx (Debian's nginx)
     python -m benchmarks.crowd --scenarios 5 --follow-step 1 --open-room   # a room opened by its button, as in class
+    python -m benchmarks.crowd --scenarios 6                 # a lecture at one step per 30 s after opening a room
 """
 
 from __future__ import annotations
@@ -515,6 +520,35 @@ async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, set
         return visits, note[0]
 
 
+async def lecture_at_pace(base: str, pace: float = 30.0, *, timeout: float = 600) -> tuple[Visit, list[dict]]:
+    """Scenario 6: a lecturer opens the lecture's step 1, presses **Open a room** (which starts the warm-up of every step
+    in the server) and then Next every `pace` seconds, counted from the room's opening, through the last step. Before
+    each Next the lecturer's page refreshes its warm-up progress (its fragment's own rerun, as the browser's is every
+    second). **Returns** `(first, rows)`: the first visit of step 1, and per Next a dict: `step` (reached), `at_s`
+    (since the room opened), `warm` (the progress text just before), `finished_s` and `chart_s` (the Next's server
+    time to the end of its run and to its first chart), `status`, `errors`."""
+    from gradlab.ui.presets import LECTURE
+
+    lecturer, rows = Session(base), []
+    async with lecturer:
+        first = await lecturer.rerun(Visit("lecturer", "lecture", "step=1"), timeout=timeout)
+        opened = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Open a room for a live lecture",
+                                      timeout=timeout)
+        if first.status != "ok" or opened.status != "ok":
+            raise RuntimeError(f"the lecturer could not open a room: {first.status}, {opened.status}")
+        t0 = time.perf_counter()
+        for step in range(2, len(LECTURE) + 1):
+            await asyncio.sleep(max(0.0, t0 + pace * (step - 1) - time.perf_counter()))
+            for fragment in list(lecturer.auto_rerun):  # the warm-up's progress, as the page shows it now
+                await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), fragment_id=fragment, auto=True,
+                                     timeout=timeout)
+            at, warm = time.perf_counter() - t0, lecturer.progress
+            v = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Next", timeout=timeout)
+            rows.append(dict(step=step, at_s=at, warm=warm, finished_s=v.finished_s, chart_s=v.chart_s,
+                             status=v.status, errors=v.exceptions + v.errors))
+    return first, rows
+
+
 def crowd(base: str, visits: list[tuple[str, str, str]], *, spread: float = 0.0, seed: int = 0,
           timeout: float = 600) -> list[Visit]:
     """`visits` = [(name, page, query)], all started within `spread` s (random offsets); blocks until all end."""
@@ -705,9 +739,11 @@ def main(argv=None) -> int:
     ap.add_argument("--by", choices=["widget", "url"], default="widget",
                     help="scenario 2: change each control in an open page (widget state) or open a link with it")
     ap.add_argument("--uploads", type=int, default=5, help="scenario 3: visitors uploading a CSV each")
-    ap.add_argument("--scenarios", default="1,2,3,4", help="which scenarios, e.g. 1,4 (5: follow mode)")
+    ap.add_argument("--scenarios", default="1,2,3,4",
+                    help="which scenarios, e.g. 1,4 (5: follow mode; 6: a lecture at --pace after opening a room)")
     ap.add_argument("--followers", type=int, default=30, help="scenario 5: students following a room")
     ap.add_argument("--follow-step", type=int, default=2, help="scenario 5: the room moves from this step to the next")
+    ap.add_argument("--pace", type=float, default=30.0, help="scenario 6: seconds between the lecturer's Nexts")
     ap.add_argument("--open-room", action="store_true",
                     help="scenario 5 as in class: a lecturer's session presses Open a room (the warm-up of every step "
                          "then runs inside the server) and moves the room while it runs")
@@ -830,6 +866,16 @@ def main(argv=None) -> int:
                                                    f"{args.follow_step + 1} (times from the lecturer's move)",
                                        visits, (sampler.peak, sampler.peak_anon)))
             details += [detail_row("5", v) for v in visits if not v.clean or args.detail]
+        if 6 in scenarios:
+            sampler = server.measure()
+            first, rows = asyncio.run(lecture_at_pace(server.base, args.pace, timeout=args.timeout))
+            print(f"# scenario 6: a lecture at one step per {args.pace:g} s after the room opened; step 1 first drawn "
+                  f"after {_s(first.finished_s)} s; peak MB (anonymous) {sampler.each}", flush=True)
+            print("| Next to step | pressed at s (from the room's opening) | warm-up just before | Next's run s | "
+                  "first chart s | status |\n|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['step']} | {r['at_s']:.0f} | {r['warm'] or '–'} | {_s(r['finished_s'])} | "
+                      f"{_s(r['chart_s'])} | {r['status']}{'; ' + r['errors'][0] if r['errors'] else ''} |", flush=True)
     finally:
         server.close()
         if written is not None:
