@@ -541,8 +541,10 @@ async def lecture_at_pace(base: str, pace: float = 30.0, *, timeout: float = 600
             await asyncio.sleep(max(0.0, t0 + pace * (step - 1) - time.perf_counter()))
             for fragment in list(lecturer.auto_rerun):  # the warm-up's progress, as the page shows it now
                 await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), fragment_id=fragment, auto=True,
-                                     timeout=timeout)
+                                     timeout=30)
             at, warm = time.perf_counter() - t0, lecturer.progress
+            warm = warm if warm.startswith("Warming up") else "ended (no progress bar: every step ready)"
+            lecturer.auto_rerun.clear()  # the new step's page names its own fragments (a gone one is never answered)
             v = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Next", timeout=timeout)
             rows.append(dict(step=step, at_s=at, warm=warm, finished_s=v.finished_s, chart_s=v.chart_s,
                              status=v.status, errors=v.exceptions + v.errors))
