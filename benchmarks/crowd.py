@@ -493,6 +493,19 @@ async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float 
     return await _follow_room(base, rooms_dir, code, key, n, step, settle=settle, timeout=timeout)
 
 
+async def _open_a_room(lecturer: Session, step: int, timeout: float) -> tuple[Visit, str]:
+    """The `lecturer`'s session opens the lecture on `step` and presses **Open a room** (which starts the warm-up of
+    every step inside the server). **Returns** `(first, link)`: its first visit of the step and the room's projector
+    link (it holds `room=` and the speaker key `_key=`). **Raises** RuntimeError when no room opened."""
+    first = await lecturer.rerun(Visit("lecturer", "lecture", f"step={step}"), timeout=timeout)
+    opened = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Open a room for a live lecture",
+                                  timeout=timeout)
+    links = [c for c in lecturer.codes if "room=" in c and "_key=" in c]
+    if first.status != "ok" or opened.status != "ok" or not links:
+        raise RuntimeError(f"the lecturer could not open a room: {first.status}, {opened.status}, {lecturer.codes}")
+    return first, links[0]
+
+
 async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
                             timeout: float = 600):
     """As in class: a lecturer opens the lecture on `step` and presses **Open a room** (which starts the warm-up of
@@ -501,13 +514,8 @@ async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, set
     each student's `Visit` (times from the move) and what the warm-up had done by the move."""
     lecturer = Session(base)
     async with lecturer:
-        first = await lecturer.rerun(Visit("lecturer", "lecture", f"step={step}"), timeout=timeout)
-        opened = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Open a room for a live lecture",
-                                      timeout=timeout)
-        links = [c for c in lecturer.codes if "room=" in c and "_key=" in c]
-        if first.status != "ok" or opened.status != "ok" or not links:
-            raise RuntimeError(f"the lecturer could not open a room: {first.status}, {opened.status}, {lecturer.codes}")
-        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(links[0]).query))
+        _, link = await _open_a_room(lecturer, step, timeout)
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(link).query))
         opened_at, note = time.perf_counter(), []
 
         async def look_at_the_warm_up():  # the lecturer's own page, just before the Next: its progress bar
@@ -531,11 +539,7 @@ async def lecture_at_pace(base: str, pace: float = 30.0, *, timeout: float = 600
 
     lecturer, rows = Session(base), []
     async with lecturer:
-        first = await lecturer.rerun(Visit("lecturer", "lecture", "step=1"), timeout=timeout)
-        opened = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Open a room for a live lecture",
-                                      timeout=timeout)
-        if first.status != "ok" or opened.status != "ok":
-            raise RuntimeError(f"the lecturer could not open a room: {first.status}, {opened.status}")
+        first, _ = await _open_a_room(lecturer, 1, timeout)
         t0 = time.perf_counter()
         for step in range(2, len(LECTURE) + 1):
             await asyncio.sleep(max(0.0, t0 + pace * (step - 1) - time.perf_counter()))
