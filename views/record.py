@@ -304,6 +304,7 @@ def training_set_record() -> None:
     if shown is not None and shown != pair and (st.session_state.get("rec_x"), st.session_state.get("rec_y")) == shown:
         st.session_state["rec_x"], st.session_state["rec_y"] = pair
     st.session_state["_rec_pair"] = pair
+    figure = st.container()  # the figure first, its x and y pickers under it: at 1024×768 it starts on the first screen
     p1, p2 = st.columns(2)
     with p1:
         x_q = ui.choice(st.selectbox, "x", {q: card.QUANTITIES[q] for q in available}, "rec_x",
@@ -317,11 +318,12 @@ def training_set_record() -> None:
            "label": [name(v) for v in full["label"]]}
     one = corr[((corr.a == x_q) & (corr.b == y_q)) | ((corr.a == y_q) & (corr.b == x_q))]
     title = f"{card.SHORT[y_q]} against {card.SHORT[x_q]}" + (f": Spearman ρ = {one.rho.iloc[0]:+.2f}" if len(one) and np.isfinite(one.rho.iloc[0]) else "")
-    ui.chart(plots.quantity_scatter(full[x_q].to_numpy(), full[y_q].to_numpy(), x_label=card.QUANTITIES[x_q],
-                                    y_label=card.QUANTITIES[y_q], flipped=full["flipped"].to_numpy(), ids=ids,
-                                    selected=sel, title=title),
-             on_select="rerun", selection_mode="points", key=PICK)
-    # under the figure: at 1024×768 the figure starts on the first screen (the chart's title holds its ρ)
+    with figure:
+        ui.chart(plots.quantity_scatter(full[x_q].to_numpy(), full[y_q].to_numpy(), x_label=card.QUANTITIES[x_q],
+                                        y_label=card.QUANTITIES[y_q], flipped=full["flipped"].to_numpy(), ids=ids,
+                                        selected=sel, title=title),
+                 on_select="rerun", selection_mode="points", key=PICK)
+    # under the figure too, for the same first screen (the chart's title holds its ρ)
     if best is not None:
         st.markdown(f"**The strongest relation across sources:** {card.SHORT[best.a]} and {card.SHORT[best.b]} rank "
                     f"{'alike' if best.rho > 0 else 'in opposite orders'}, Spearman ρ = {best.rho:+.2f} (95% CI "
