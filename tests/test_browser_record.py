@@ -121,7 +121,9 @@ def test_the_card_opens_from_every_place_and_its_link_reproduces_it(browser_page
     # 7. Privacy audit: the canary, by its link and by a trial's row, once the audit has run (C = 0.5: ‖g‖ = 10·C = 5)
     audit = "audit_c=0.5&audit_trials=4096"
     visit(pg, f"{server}/privacy_audit?{FAST}&{audit}")
-    pg.get_by_role("button", name=re.compile("Run the audit")).click()
+    run = pg.get_by_role("button", name=re.compile("Run the audit"))
+    if run.count():  # none when a page test of this test process stored the same audit (its store is the server's)
+        run.click()
     pg.get_by_text("Open the canary's record", exact=True).wait_for(timeout=300_000)
     wait_until_idle(pg, timeout=300)
     pg.get_by_text("Open the canary's record", exact=True).click()
