@@ -4,6 +4,7 @@
     python -m benchmarks.cold_page --page influence --query "dataset=fashion&model=simple_cnn" --repeat 2
     python -m benchmarks.cold_page --page equivalence --store /tmp/cnn-store --press "Train the model"   # fill a store
     python -m benchmarks.cold_page --page equivalence --store /tmp/cnn-store     # a link after someone trained it
+    python -m benchmarks.cold_page --page influence --press "Train the model" --memory-limit 690   # as on a hosted instance
 
 Per visit: the server's time for the page's script runs (`GRADLAB_LOG_RUNS`), the browser's wait until the page is
 idle, and the server's CPU-seconds during the visit (`/proc/<pid>/stat` utime + stime: all of XLA's threads, the
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.browser import Sampler, launch, page_errors, run_times, streamlit_server, wait_until_idle
+from benchmarks.browser import MemoryLimit, Sampler, launch, page_errors, run_times, streamlit_server, wait_until_idle
 
 
 def cpu_seconds(pid: int) -> float:
@@ -30,14 +31,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def visit(page_path: str, query: str, store: str | None = None, press: str | None = None) -> dict:
+def visit(page_path: str, query: str, store: str | None = None, press: str | None = None,
+          memory_limit: float = 0.0) -> dict:
     from playwright.sync_api import sync_playwright
+
+    limit = MemoryLimit(memory_limit) if memory_limit else None
 
     with tempfile.TemporaryDirectory(prefix="gradlab-cold-") as tmp, sync_playwright() as p:
         log = Path(tmp) / "server.log"
         env = {"GRADLAB_LOG_RUNS": "1", "GRADLAB_STORE_DIR": store or f"{tmp}/store", "JAX_COMPILATION_CACHE_DIR": f"{tmp}/xla"}
         browser = launch(p)
-        with streamlit_server(log_path=log, env=env) as (base, proc):
+        with streamlit_server(log_path=log, env=env, limit=limit) as (base, proc):
             sampler = Sampler(proc.pid)
             sampler.start()
             time.sleep(2)
@@ -60,10 +64,13 @@ def visit(page_path: str, query: str, store: str | None = None, press: str | Non
             page.context.close()
             sampler.stop.set()
         browser.close()
+        cgroup = limit.report() if limit else None
+        if limit:
+            limit.close()
         computes = [line for line in log.read_text().splitlines() if line.startswith("gradlab-compute ")]
         return dict(computes=computes, server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
                     load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak,
-                    pressed_cpu=pressed_cpu)
+                    pressed_cpu=pressed_cpu, cgroup=cgroup)
 
 
 def main(argv=None) -> None:
@@ -75,14 +82,20 @@ def main(argv=None) -> None:
     ap.add_argument("--computes", action="store_true", help="print each computation's time and memory (server log)")
     ap.add_argument("--store", help="keep the results store in this folder (default: a fresh one per visit)")
     ap.add_argument("--press", help="after the link's first screen, press the button with this label (fills --store)")
+    ap.add_argument("--memory-limit", type=float, default=0,
+                    help="run the server in a memory cgroup of this many MB (root), as a hosting instance does; print "
+                         "its peak (file pages included, which the kernel reclaims before it kills) and its OOM kills")
     a = ap.parse_args(argv)
     print(f"{a.page}?{a.query}: cold server (empty store and XLA cache); {os.cpu_count()} CPUs")
     for i in range(a.repeat):
-        r = visit(a.page, a.query, a.store, a.press)
+        r = visit(a.page, a.query, a.store, a.press, a.memory_limit)
         print(f"  visit {i + 1}: server {r['server']:.1f} s, browser {r['browser']:.1f} s, server CPU {r['cpu']:.1f} CPU-s; "
               f"server memory {r['idle']:.0f} MB at start, peak {r['peak']:.0f} MB before any button"
               + (f", {r['after_press']:.0f} MB and {r['pressed_cpu']:.1f} CPU-s after pressing {a.press!r}" if a.press else "")
               + f"; load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; {len(r['errors'])} error boxes", flush=True)
+        if r["cgroup"]:
+            c = r["cgroup"]
+            print(f"    memory cgroup: limit {c['limit_mb']:.0f} MB, peak {c['peak_mb']:.0f} MB, {c['oom_kills']} OOM kills")
         for e in r["errors"]:
             print("    ERROR", e[:300])
         if a.computes:
