@@ -603,11 +603,16 @@ def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.nda
                        clip_norm: float) -> go.Figure:
     """Per class at C: fraction of examples clipped and the bias of the class's clipped mean gradient."""
     names = [str(c) for c in class_names]
+    cos_color, ratio_color = "#1f77b4", "#ff7f0e"
+    # the right plot's title names its two bars in their colours: the legend sits under the plot, below a projector's
+    # first screen when a lecture step opens on this figure (step 9)
+    key = (f"<span style='color:{cos_color}'>cos∠</span> and <span style='color:{ratio_color}'>norm ratio</span> of the "
+           "class's<br>clipped mean gradient (its bias)")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16,  # room for the right plot's y title
-                        subplot_titles=("fraction of the class<br>clipped", "bias of the class's<br>clipped mean gradient"))
+                        subplot_titles=("fraction of the class<br>clipped", key))
     fig.add_trace(go.Bar(x=names, y=fraction_clipped, name="fraction clipped", marker_color=PRIVATE_COLOR), 1, 1)
-    fig.add_trace(go.Bar(x=names, y=cosine, name="cos∠(Ḡ_C,k, G_k)", marker_color="#1f77b4"), 1, 2)
-    fig.add_trace(go.Bar(x=names, y=norm_ratio, name="‖Ḡ_C,k‖/‖G_k‖", marker_color="#ff7f0e"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=cosine, name="cos∠(Ḡ_C,k, G_k)", marker_color=cos_color), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=norm_ratio, name="‖Ḡ_C,k‖/‖G_k‖", marker_color=ratio_color), 1, 2)
     fig.update_xaxes(title_text="class", type="category")
     fig.update_yaxes(title_text="fraction clipped", range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="cosine · norm ratio", range=[0, 1.05], row=1, col=2)
