@@ -141,7 +141,6 @@ def _open_expanders(page) -> None:
 # fragment's rerun (`gradlab.ui.widgets.write_bound_values`): no change may miss the address bar.
 
 
-@pytest.mark.timeout(1800)
 def test_the_pages_declare_at_least_80_controls():
     assert sum(len(p.controls) for p in pages.PAGES) >= 80  # what the copy-box test below changes, page by page
 
