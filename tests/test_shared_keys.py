@@ -43,3 +43,28 @@ def test_a_page_inside_the_app_is_keyed_by_its_path_relative_to_the_root():
     fn.__module__ = "__main__"
     fn.__code__ = compile("0", str(path), "eval")
     assert cache.origin(fn) == "views/dp_clipping.py"
+
+
+def test_sessions_waiting_on_one_key_compute_once_and_log_one_computation(monkeypatch, capsys):
+    """A cold room's followers reach the same ungated computation at once: the key's file lock lets one compute, the
+    others find its result, and only the computation is logged (`GRADLAB_LOG_RUNS`: 25 lines for one, before)."""
+    import threading
+    import time
+    import uuid
+
+    monkeypatch.setattr(cache, "LOG_RUNS", True)
+    calls, tag = [], uuid.uuid4().hex  # a key no earlier test or run stored
+
+    @cache.shared(gated=False)
+    def slow_sigma(epsilon, tag):
+        calls.append(epsilon)
+        time.sleep(0.5)
+        return epsilon * 2
+
+    threads = [threading.Thread(target=slow_sigma, args=(1.5, tag)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1.5] and slow_sigma(1.5, tag) == 3.0
+    assert capsys.readouterr().err.count("gradlab-compute ") == 1

@@ -303,14 +303,20 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
         keep = persist and not memory_only
 
         def compute(report):  # another server sharing the store may have computed it meanwhile: `once`
-            started, before = time.perf_counter(), rss_mb()
+            started, before, ran = time.perf_counter(), rss_mb(), []
+
+            def run_fn():
+                ran.append(True)
+                return _released(fn(*args, **({"progress": report} if takes_progress else {}), **kwargs))
+
             if LOG_RUNS:
                 memory.peak_rss_mb(reset=True)
             try:
-                return STORE.once(k, lambda: _released(fn(*args, **({"progress": report} if takes_progress else {}),
-                                                           **kwargs)), persist=keep)
+                return STORE.once(k, run_fn, persist=keep)
             finally:
-                if LOG_RUNS:  # each computation's server time, beside app.py's per-run line
+                # each computation's server time, beside app.py's per-run line (not a wait on the key's lock that found
+                # another session's result: a cold room's 30 followers printed 25 lines for one computation)
+                if LOG_RUNS and ran:
                     live = sum(a.nbytes for a in jax.live_arrays()) / MB
                     print(f"gradlab-compute {fn.__qualname__} {time.perf_counter() - started:.3f} s, RSS {before:.0f} MB "
                           f"-> peak {memory.peak_rss_mb():.0f} MB; JAX arrays alive after {live:.0f} MB, store memory tier "
