@@ -33,9 +33,17 @@ def cpu_seconds(pid: int) -> float:
 
 def visit(page_path: str, query: str, store: str | None = None, press: str | None = None,
           memory_limit: float = 0.0) -> dict:
-    from playwright.sync_api import sync_playwright
-
+    """One cold visit (and `press`), inside a memory cgroup of `memory_limit` MB when given; **returns** its numbers."""
     limit = MemoryLimit(memory_limit) if memory_limit else None
+    try:
+        return _visit(page_path, query, store, press, limit)
+    finally:
+        if limit:
+            limit.close()  # the cgroup's folder, also when the visit failed
+
+
+def _visit(page_path: str, query: str, store: str | None, press: str | None, limit: MemoryLimit | None) -> dict:
+    from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="gradlab-cold-") as tmp, sync_playwright() as p:
         log = Path(tmp) / "server.log"
@@ -65,8 +73,6 @@ def visit(page_path: str, query: str, store: str | None = None, press: str | Non
             sampler.stop.set()
         browser.close()
         cgroup = limit.report() if limit else None
-        if limit:
-            limit.close()
         computes = [line for line in log.read_text().splitlines() if line.startswith("gradlab-compute ")]
         return dict(computes=computes, server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
                     load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak,

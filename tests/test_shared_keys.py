@@ -6,6 +6,9 @@ Streamlit runs every page as `__main__`, and the lecture runs each step's page t
 
 import runpy
 import textwrap
+import threading
+import time
+import uuid
 
 from gradlab.ui import cache
 
@@ -48,10 +51,6 @@ def test_a_page_inside_the_app_is_keyed_by_its_path_relative_to_the_root():
 def test_sessions_waiting_on_one_key_compute_once_and_log_one_computation(monkeypatch, capsys):
     """A cold room's followers reach the same ungated computation at once: the key's file lock lets one compute, the
     others find its result, and only the computation is logged (`GRADLAB_LOG_RUNS`: 25 lines for one, before)."""
-    import threading
-    import time
-    import uuid
-
     monkeypatch.setattr(cache, "LOG_RUNS", True)
     calls, tag = [], uuid.uuid4().hex  # a key no earlier test or run stored
 
