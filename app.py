@@ -1,6 +1,7 @@
 """gradlab: the router. Page config, the shared experiment sidebar, navigation over views/."""
 
 import ctypes
+import gc
 import os
 import sys
 import time
@@ -27,11 +28,18 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))  # byt
 # program for every cold computation, and a crowd's load makes such timings noise. Both paths are exact.
 os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 
-from gradlab import memory, ui  # noqa: E402
-from gradlab.ui import lecture as ui_lecture  # noqa: E402
-from gradlab.ui import pages as ui_pages  # noqa: E402
-from gradlab.ui import room as ui_room  # noqa: E402
-from gradlab.ui import state as ui_state  # noqa: E402
+# No garbage collection while gradlab, JAX, SciPy and Plotly first import: a full pass walks every object imported so
+# far, again and again as they come (about a quarter of the imports' time); the end of the run collects once and
+# freezes them (`memory.freeze_imported_heap`).
+gc.disable()
+try:
+    from gradlab import memory, ui  # noqa: E402
+    from gradlab.ui import lecture as ui_lecture  # noqa: E402
+    from gradlab.ui import pages as ui_pages  # noqa: E402
+    from gradlab.ui import room as ui_room  # noqa: E402
+    from gradlab.ui import state as ui_state  # noqa: E402
+finally:
+    gc.enable()
 
 # Lean XLA:CPU compiles where this jaxlib has the switch (`memory.LEAN_XLA_FLAGS`: ~100 MB less at SimpleCNN's
 # training peak), set before this process's first computation; once per process.

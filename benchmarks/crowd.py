@@ -49,6 +49,7 @@ instance, and the run ends with the cgroup's peak and how many processes the ker
     python -m benchmarks.crowd --memory-limit 690      # as root: the server in a 690 MB memory cgroup
     python -m benchmarks.crowd --servers 2 --scenarios 1,2,3   # two servers behind nginx (Debian's nginx)
     python -m benchmarks.crowd --scenarios 5 --follow-step 1 --open-room   # a room opened by its button, as in class
+    python -m benchmarks.crowd --scenarios 5 --follow-step 10 --as-given   # the warm-up done, the projector's Next
     python -m benchmarks.crowd --scenarios 6                 # a lecture at one step per 30 s after opening a room
 """
 
@@ -463,10 +464,10 @@ async def follow_visit(base: str, name: str, room: str, step: int, moved: list, 
 
 
 async def _follow_room(base: str, rooms_dir: str, code: str, key: str, n: int, step: int, *, settle: float,
-                       timeout: float, before_move=None) -> list[Visit]:
+                       timeout: float, before_move=None, move=None) -> list[Visit]:
     """`n` students open room `code`'s link on `step`; once all follow it (and `settle` s of polling went by, then
-    `await before_move()` if given), the room moves to `step + 1` (as the speaker view's Next does). **Returns** each
-    student's `Visit`, its times from the move."""
+    `await before_move()` if given), the room moves to `step + 1` (as the speaker view's Next does; `await move()`
+    instead when given: the projector's own Next). **Returns** each student's `Visit`, its times from the move."""
     from gradlab.rooms import Rooms
 
     moved, ready = [float("inf")], []
@@ -479,8 +480,11 @@ async def _follow_room(base: str, rooms_dir: str, code: str, key: str, n: int, s
     if before_move is not None:
         await before_move()
     moved[0] = time.perf_counter()
-    Rooms(rooms_dir).move(code, key, step + 1)
-    return list(await asyncio.gather(*tasks))
+    if move is None:
+        Rooms(rooms_dir).move(code, key, step + 1)
+    else:
+        tasks.append(asyncio.create_task(move()))
+    return list(await asyncio.gather(*tasks))[:n]
 
 
 async def follow(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
@@ -526,6 +530,52 @@ async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, set
         visits = await _follow_room(base, rooms_dir, query["room"], query["_key"], n, step, settle=settle,
                                     timeout=timeout, before_move=look_at_the_warm_up)
         return visits, note[0]
+
+
+async def _until_warm(lecturer: Session, timeout: float) -> float:
+    """Refresh the `lecturer`'s page (its fragments, as the browser does every second) until its warm-up progress bar
+    is gone; **returns** the seconds waited. **Raises** TimeoutError after `timeout` s."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        lecturer.progress = ""  # what this refresh shows (the bar goes when the warm-up ends)
+        for fragment in list(lecturer.auto_rerun):
+            await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), fragment_id=fragment, auto=True,
+                                 timeout=60)
+        if not lecturer.progress.startswith("Warming up"):
+            return time.perf_counter() - t0
+        await asyncio.sleep(1.0)
+    raise TimeoutError(f"the warm-up still ran after {timeout:.0f} s: {lecturer.progress}")
+
+
+async def follow_a_lecture(base: str, rooms_dir: str, n: int, step: int, *, settle: float = 3.0,
+                           timeout: float = 600):
+    """Scenario 5 as a lecture is given (`--as-given`): the lecturer opens step 1, presses **Open a room** and waits
+    for its warm-up to end; the tab becomes the projector (presenter mode) and presses Next up to `step`, as in class;
+    then `n` students open the room's link, and the projector's Next moves them to `step + 1` (its own page runs beside
+    theirs). **Returns** `(visits, note)`: each student's `Visit` (times from the Next) and the projector's."""
+    lecturer = Session(base)
+    async with lecturer:
+        _, link = await _open_a_room(lecturer, 1, timeout)
+        waited = await _until_warm(lecturer, timeout)
+        query = urllib.parse.urlsplit(link).query
+        room = dict(urllib.parse.parse_qsl(query))
+        lecturer.auto_rerun.clear()
+        await lecturer.rerun(Visit("projector", "lecture", query), timeout=timeout)
+        for _ in range(1, step):
+            lecturer.auto_rerun.clear()  # the new step's page names its own fragments
+            await lecturer.press(Visit("projector", "lecture", lecturer.query), "Next", timeout=timeout)
+        projector = []
+
+        async def next_step():
+            lecturer.auto_rerun.clear()
+            projector.append(await lecturer.press(Visit("projector", "lecture", lecturer.query), "Next",
+                                                  timeout=timeout))
+
+        visits = await _follow_room(base, rooms_dir, room["room"], room["_key"], n, step, settle=settle,
+                                    timeout=timeout, move=next_step)
+        p = projector[0]
+        return visits, (f"the warm-up ended {waited:.0f} s after the room opened; the projector's Next: chart "
+                        f"{_s(p.chart_s)} s, run {_s(p.finished_s)} s ({p.status})")
 
 
 async def lecture_at_pace(base: str, pace: float = 30.0, *, timeout: float = 600) -> tuple[Visit, list[dict]]:
@@ -753,6 +803,10 @@ def main(argv=None) -> int:
     ap.add_argument("--open-room", action="store_true",
                     help="scenario 5 as in class: a lecturer's session presses Open a room (the warm-up of every step "
                          "then runs inside the server) and moves the room while it runs")
+    ap.add_argument("--as-given", action="store_true",
+                    help="scenario 5 as a lecture is given: the room opened by its button and its warm-up ended, the "
+                         "lecturer's tab the projector, Next pressed up to --follow-step, then the students join and "
+                         "the projector's Next moves them")
     ap.add_argument("--pages", default="", help="scenario 4: only these url paths (comma separated; 'home' for Home)")
     ap.add_argument("--dir", default="", help="keep the store and XLA cache here (warm on a second run); "
                                               "default: a new temporary directory (cold)")
@@ -856,7 +910,11 @@ def main(argv=None) -> int:
                 summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
         if 5 in scenarios:
             sampler = server.measure()
-            if args.open_room:
+            if args.as_given:
+                visits, note = asyncio.run(follow_a_lecture(server.base, str(directory / "store" / "rooms"),
+                                                            args.followers, args.follow_step, timeout=args.timeout))
+                print(f"# scenario 5 as a lecture is given: {note}", flush=True)
+            elif args.open_room:
                 visits, note = asyncio.run(follow_a_lecturer(server.base, str(directory / "store" / "rooms"),
                                                              args.followers, args.follow_step, timeout=args.timeout))
                 print(f"# scenario 5 with the room opened by its button: {note}", flush=True)
