@@ -29,7 +29,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))  # byt
 os.environ.setdefault("GRADLAB_AUTO_TIMING", "0")
 
 # No garbage collection while gradlab, JAX, SciPy and Plotly first import: a full pass walks every object imported so
-# far, again and again as they come (about a quarter of the imports' time); the end of the run collects once and
+# far, again and again as they come (an eighth of the imports' time); the end of the run collects once and
 # freezes them (`memory.freeze_imported_heap`).
 gc.disable()
 try:

@@ -75,7 +75,7 @@ def walk_lecture(steps: Iterable[int], *, url: str, token: str = TOKEN,
 
     The second run computes nothing (the first stored every result): it builds the step's figures in the projector's
     style (`ui.figures`), so the projector's Next draws them instead of building them while the room's students' pages
-    run beside it (step 11: 2.2 s instead of ~0.5, `benchmarks/crowd.py` scenario 5 `--as-given`)."""
+    run beside it (step 11: 0.1–0.5 s instead of 2.2, `benchmarks/crowd.py` scenario 5 `--as-given`)."""
 
     async def walk():
         for step in steps:
