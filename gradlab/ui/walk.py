@@ -69,21 +69,18 @@ async def run_page(url: str, page: str, query: str, *, timeout: float = 900) -> 
 def walk_lecture(steps: Iterable[int], *, url: str, token: str = TOKEN,
                  done: Callable[[int, list[str]], None] = lambda step, errors: None) -> None:
     """Run the lecture's `steps` (1-based) in order, each in a session of its own on `url` with its heavy sections
-    pressed (`token`: the server's `TOKEN`); `done(step, errors)` after each. Then every step once more in presenter
-    mode (`done` again only for a step that showed an exception there). A step that shows an exception is reported and
-    the walk goes on. **Raises** what `run_page` raises when the server cannot be reached.
+    pressed (`token`: the server's `TOKEN`), then once more in presenter mode; `done(step, errors)` after each. A step
+    that shows an exception is reported and the walk goes on. **Raises** what `run_page` raises when the server cannot
+    be reached.
 
-    The presenter-mode runs compute nothing (the first runs stored every result): they build the steps' figures in the
-    projector's style (`ui.figures`), so the projector's Next draws them instead of building them while the room's
-    students' pages run beside it (step 11: 0.1–0.5 s instead of 2.2, `benchmarks/crowd.py` scenario 5 `--as-given`).
-    They come after every step's computations, which stay as early as they were."""
-    steps = list(steps)
+    The second run computes nothing (the first stored every result): it builds the step's figures in the projector's
+    style (`ui.figures`), so the projector's Next draws them instead of building them while the room's students' pages
+    run beside it (step 11: 0.1–0.5 s instead of 2.2, `benchmarks/crowd.py` scenario 5 `--as-given`)."""
 
     async def walk():
         for step in steps:
-            done(step, await run_page(url, "lecture", f"step={step}&{PARAM}={token}"))
-        for step in steps:
-            if errors := await run_page(url, "lecture", f"step={step}&presenter=true&{PARAM}={token}"):
-                done(step, errors)
+            errors = await run_page(url, "lecture", f"step={step}&{PARAM}={token}")
+            errors += await run_page(url, "lecture", f"step={step}&presenter=true&{PARAM}={token}")
+            done(step, errors)
 
     asyncio.run(walk())
