@@ -532,16 +532,29 @@ async def follow_a_lecturer(base: str, rooms_dir: str, n: int, step: int, *, set
         return visits, note[0]
 
 
+async def _refresh(lecturer: Session, timeout: float) -> str:
+    """Rerun the `lecturer`'s page's fragments (as the browser does every second); **returns** the warm-up progress
+    text they show now ("" once the bar is gone: the warm-up ended)."""
+    lecturer.progress = ""  # what this refresh shows, not an earlier one's
+    for fragment in list(lecturer.auto_rerun):
+        await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), fragment_id=fragment, auto=True,
+                             timeout=timeout)
+    return lecturer.progress
+
+
+async def _next(session: Session, name: str, timeout: float) -> Visit:
+    """Press the lecture page's Next in `session` (the new step's page names its own fragments: the old ones are
+    forgotten, since Streamlit never answers a gone fragment's rerun); **returns** the visit."""
+    session.auto_rerun.clear()
+    return await session.press(Visit(name, "lecture", session.query), "Next", timeout=timeout)
+
+
 async def _until_warm(lecturer: Session, timeout: float) -> float:
-    """Refresh the `lecturer`'s page (its fragments, as the browser does every second) until its warm-up progress bar
-    is gone; **returns** the seconds waited. **Raises** TimeoutError after `timeout` s."""
+    """Refresh the `lecturer`'s page until its warm-up progress bar is gone; **returns** the seconds waited.
+    **Raises** TimeoutError after `timeout` s."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
-        lecturer.progress = ""  # what this refresh shows (the bar goes when the warm-up ends)
-        for fragment in list(lecturer.auto_rerun):
-            await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), fragment_id=fragment, auto=True,
-                                 timeout=60)
-        if not lecturer.progress.startswith("Warming up"):
+        if not (await _refresh(lecturer, 60)).startswith("Warming up"):
             return time.perf_counter() - t0
         await asyncio.sleep(1.0)
     raise TimeoutError(f"the warm-up still ran after {timeout:.0f} s: {lecturer.progress}")
@@ -562,14 +575,11 @@ async def follow_a_lecture(base: str, rooms_dir: str, n: int, step: int, *, sett
         lecturer.auto_rerun.clear()
         await lecturer.rerun(Visit("projector", "lecture", query), timeout=timeout)
         for _ in range(1, step):
-            lecturer.auto_rerun.clear()  # the new step's page names its own fragments
-            await lecturer.press(Visit("projector", "lecture", lecturer.query), "Next", timeout=timeout)
+            await _next(lecturer, "projector", timeout)
         projector = []
 
         async def next_step():
-            lecturer.auto_rerun.clear()
-            projector.append(await lecturer.press(Visit("projector", "lecture", lecturer.query), "Next",
-                                                  timeout=timeout))
+            projector.append(await _next(lecturer, "projector", timeout))
 
         visits = await _follow_room(base, rooms_dir, room["room"], room["_key"], n, step, settle=settle,
                                     timeout=timeout, move=next_step)
@@ -593,13 +603,10 @@ async def lecture_at_pace(base: str, pace: float = 30.0, *, timeout: float = 600
         t0 = time.perf_counter()
         for step in range(2, len(LECTURE) + 1):
             await asyncio.sleep(max(0.0, t0 + pace * (step - 1) - time.perf_counter()))
-            for fragment in list(lecturer.auto_rerun):  # the warm-up's progress, as the page shows it now
-                await lecturer.rerun(Visit("lecturer", "lecture", lecturer.query), fragment_id=fragment, auto=True,
-                                     timeout=30)
-            at, warm = time.perf_counter() - t0, lecturer.progress
+            warm = await _refresh(lecturer, 30)  # the warm-up's progress, as the page shows it now
+            at = time.perf_counter() - t0
             warm = warm if warm.startswith("Warming up") else "ended (no progress bar: every step ready)"
-            lecturer.auto_rerun.clear()  # the new step's page names its own fragments (a gone one is never answered)
-            v = await lecturer.press(Visit("lecturer", "lecture", lecturer.query), "Next", timeout=timeout)
+            v = await _next(lecturer, "lecturer", timeout)
             rows.append(dict(step=step, at_s=at, warm=warm, finished_s=v.finished_s, chart_s=v.chart_s,
                              status=v.status, errors=v.exceptions + v.errors))
     return first, rows

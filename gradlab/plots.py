@@ -537,6 +537,8 @@ def loo_scatter(predicted: np.ndarray, actual: np.ndarray, indices: np.ndarray, 
 
 PRIVATE_COLOR = "#9467bd"
 NONPRIVATE_COLOR = "#7f7f7f"
+#: Clipping's bias: the cosine of the clipped mean gradient with the true one, and their norm ratio (both figures).
+COSINE_COLOR, NORM_RATIO_COLOR = "#1f77b4", "#ff7f0e"
 
 
 @figure
@@ -575,14 +577,14 @@ def clipping_bias_curve(grid: np.ndarray, cosine: np.ndarray, norm_ratio: np.nda
                         fraction_clipped: np.ndarray | None = None) -> go.Figure:
     """Bias of clipping as C varies: cos∠(Ḡ_C, G) and ‖Ḡ_C‖/‖G‖ (flat solid, per-layer dashed), C marked."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=grid, y=cosine, mode="lines", name="cosine (flat clipping)", line=dict(color="#1f77b4")))
-    fig.add_trace(go.Scatter(x=grid, y=norm_ratio, mode="lines", name="norm ratio (flat)", line=dict(color="#ff7f0e")))
+    fig.add_trace(go.Scatter(x=grid, y=cosine, mode="lines", name="cosine (flat clipping)", line=dict(color=COSINE_COLOR)))
+    fig.add_trace(go.Scatter(x=grid, y=norm_ratio, mode="lines", name="norm ratio (flat)", line=dict(color=NORM_RATIO_COLOR)))
     if cosine_layer is not None:
         fig.add_trace(go.Scatter(x=grid, y=cosine_layer, mode="lines", name="cosine (per-layer, C/√L each)",
-                                 line=dict(color="#1f77b4", dash="dash")))
+                                 line=dict(color=COSINE_COLOR, dash="dash")))
     if norm_ratio_layer is not None:
         fig.add_trace(go.Scatter(x=grid, y=norm_ratio_layer, mode="lines", name="norm ratio (per-layer)",
-                                 line=dict(color="#ff7f0e", dash="dash")))
+                                 line=dict(color=NORM_RATIO_COLOR, dash="dash")))
     if fraction_clipped is not None:
         fig.add_trace(go.Scatter(x=grid, y=fraction_clipped, mode="lines", name="fraction clipped (flat)",
                                  line=dict(color="gray", dash="dot")))
@@ -603,16 +605,15 @@ def per_class_clipping(class_names, fraction_clipped: np.ndarray, cosine: np.nda
                        clip_norm: float) -> go.Figure:
     """Per class at C: fraction of examples clipped and the bias of the class's clipped mean gradient."""
     names = [str(c) for c in class_names]
-    cos_color, ratio_color = "#1f77b4", "#ff7f0e"
     # the right plot's title names its two bars in their colours: the legend sits under the plot, below a projector's
     # first screen when a lecture step opens on this figure (step 9)
-    key = (f"<span style='color:{cos_color}'>cos∠</span> and <span style='color:{ratio_color}'>norm ratio</span> of the "
+    key = (f"<span style='color:{COSINE_COLOR}'>cos∠</span> and <span style='color:{NORM_RATIO_COLOR}'>norm ratio</span> of the "
            "class's<br>clipped mean gradient (its bias)")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16,  # room for the right plot's y title
                         subplot_titles=("fraction of the class<br>clipped", key))
     fig.add_trace(go.Bar(x=names, y=fraction_clipped, name="fraction clipped", marker_color=PRIVATE_COLOR), 1, 1)
-    fig.add_trace(go.Bar(x=names, y=cosine, name="cos∠(Ḡ_C,k, G_k)", marker_color=cos_color), 1, 2)
-    fig.add_trace(go.Bar(x=names, y=norm_ratio, name="‖Ḡ_C,k‖/‖G_k‖", marker_color=ratio_color), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=cosine, name="cos∠(Ḡ_C,k, G_k)", marker_color=COSINE_COLOR), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=norm_ratio, name="‖Ḡ_C,k‖/‖G_k‖", marker_color=NORM_RATIO_COLOR), 1, 2)
     fig.update_xaxes(title_text="class", type="category")
     fig.update_yaxes(title_text="fraction clipped", range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="cosine · norm ratio", range=[0, 1.05], row=1, col=2)
