@@ -106,6 +106,20 @@ def _wrap(text: str, width: int) -> str:
     return "<br>".join([*lines, line])
 
 
+def _wrap_entries(key: str, width: int) -> str:
+    """A colour key's entries (`<span …>name</span>`, space-separated) in lines of at most about `width` visible
+    characters, broken only between entries."""
+    lines, line, seen = [], [], 0
+    for entry in re.split(r"(?<=</span>) ", key):
+        n = len(re.sub(r"<[^>]+>", "", entry))
+        if line and seen + 1 + n > width:
+            lines.append(" ".join(line))
+            line, seen = [], 0
+        line.append(entry)
+        seen += n + (1 if seen else 0)
+    return "<br>".join([*lines, " ".join(line)])
+
+
 def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     """Type sizes and colours readable from the back of a room; log axes labelled with powers of ten.
 
@@ -115,13 +129,19 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
     big, half = style.presenter, style.half
     tick, axis, title, legend = FONT_SIZES[big]
     text = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
-    lines = 1
+    key = fig.layout.title.subtitle.text if text and fig.layout.title.subtitle.text else ""
+    lines = key_lines = 1
     if text:
         # a chart in half of a 1024 px page is ~450 px wide in presenter mode (no sidebar), ~250 px with the sidebar
-        text = _wrap(text, 36 if big else 30 if half else 50)
+        width = 36 if big else 30 if half else 50
+        text = _wrap(text, width)
         lines = text.count("<br>") + 1
         fig.update_layout(title=dict(text=text, font=dict(size=title, color="#111111")))
-        if lines > 1:
+        if key:  # a colour key under the title (`_colour_key`), wrapped between its entries
+            key = _wrap_entries(key, round(width * title / legend))
+            key_lines = key.count("<br>") + 1
+            fig.update_layout(title_subtitle=dict(text=key, font=dict(size=legend)))
+        if lines > 1 or key:
             # a wrapped title hangs from the figure's top edge: Plotly centres a title in the top margin by its first
             # line's baseline, so the lines below grew down over the plot's top tick label (Home's three lines over
             # "12", issue 41). Each line's baseline is set by hand (`y`), so "top" puts the first baseline at the pad.
@@ -133,6 +153,8 @@ def readable(fig: go.Figure, style: Style = NORMAL) -> go.Figure:
         notes = max((str(a.text or "").count("<br>") + 1 for a in fig.layout.annotations), default=0)
         subplot_titles = (1 + notes) * (12 + tick) if notes else 0
         need = 20 + lines * round(1.3 * title) + subplot_titles + tick // 2  # and the top tick label's upper half
+        if key:
+            need += key_lines * round(1.4 * legend)
         fig.update_layout(margin=dict(t=max(need, fig.layout.margin.t or 0)))
     # on every axis itself, not on the figure's template: Streamlit's chart theme replaces the template
     axes = dict(tickfont=dict(size=tick, color=TICK_COLOR), title_font=dict(size=axis, color="#111111"), automargin=True)
@@ -687,6 +709,20 @@ FLOAT32_COLOR = "#1f77b4"
 FLOAT64_COLOR = "#ff7f0e"
 APPROACH_COLORS = {"loop": "#7f7f7f", "vmap": "#1f77b4", "rules": "#17becf", "batch": "#2ca02c",
                    "norms_vmap": "#9467bd", "norms": "#d62728"}
+#: Each approach's name in a figure's colour key (`_colour_key`): short enough for four on one line at half width.
+APPROACH_SHORT = {"loop": "Python loop", "vmap": "vmap(grad)", "rules": "layer rules", "batch": "batch gradient",
+                  "norms_vmap": "norms (vmap)", "norms": "streamed norms"}
+
+
+def _colour_key(fig: go.Figure, approaches) -> go.Figure:
+    """Name `approaches` (keys of `APPROACH_COLORS`) in their colours under the title (a subtitle). The legend sits
+    under the plot, below a projector's first screen when a lecture step opens on the figure (step 4), so without the
+    key the lines' colours said nothing there. Call after `style_figure` (which escapes the title, not this)."""
+    key = " ".join(f"<span style='color:{APPROACH_COLORS[a]}'>━ {APPROACH_SHORT[a]}</span>" for a in approaches
+                   if a in APPROACH_SHORT)
+    if key:
+        fig.update_layout(title_subtitle_text=key)  # `readable` wraps it and makes room for it
+    return fig
 
 
 @figure
@@ -739,7 +775,8 @@ def timing_vs_n(rows: list[dict], labels: dict[str, str], reference: list[dict] 
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
     title = "Run time vs batch size: live (solid), reference (dashed)" if reference else \
         "Run time vs batch size (compile excluded)"
-    return style_figure(fig, title, "batch size N (log)", "time per call, ms (log)", height=460)
+    style_figure(fig, title, "batch size N (log)", "time per call, ms (log)", height=460)
+    return _colour_key(fig, [a for a in labels if any(r["approach"] == a for r in rows)])
 
 
 @figure
@@ -761,7 +798,8 @@ def speedup_vs_loop(rows: list[dict], labels: dict[str, str]) -> go.Figure:
     # within two decades (speed-ups of 1 to ~30), label 2 and 5 too: Plotly's own choice labelled only "10"
     fig.update_yaxes(type="log", **({"dtick": "D2"} if np.log10(max(shown) / min(shown)) < 2 else {}))
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
-    return style_figure(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)", height=460)
+    style_figure(fig, "Speed-up over the Python loop of jax.grad", "batch size N (log)", "loop time / time (log)", height=460)
+    return _colour_key(fig, [a for a in labels if a != "loop" and any(r["approach"] == a and r["n"] in loop for r in rows)])
 
 
 @figure

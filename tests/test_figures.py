@@ -180,3 +180,22 @@ def test_a_speed_up_within_two_decades_labels_two_and_five_and_a_wide_one_keeps_
     assert narrow.layout.yaxis.type == "log" and narrow.layout.yaxis.dtick == "D2"
     rows[-1] = {"approach": "vmap", "n": 64, "run_s": 0.03 * 64 / 5000.0}  # 1 to 5,000: decades are enough
     assert library.speedup_vs_loop(rows, {"loop": "loop", "vmap": "vmap(grad)"}).layout.yaxis.dtick is None
+
+
+def test_step_4s_figures_name_each_drawn_line_in_its_colour_under_the_title():
+    # the legend sits under the plot, below a projector's first screen (issue 41): the key under the title names the
+    # lines drawn, in their colours, and wraps between entries on a projector's half-width chart
+    rows = [{"approach": a, "n": n, "run_s": t * n} for a, t in (("loop", 1e-3), ("vmap", 1e-4), ("norms", 2e-5))
+            for n in (16, 64)]
+    labels = {a: a for a in ("loop", "vmap", "batch", "norms")}  # batch chosen but not timed: not in the key
+    timing = library.timing_vs_n(rows, labels)
+    key = timing.layout.title.subtitle.text
+    for a in ("loop", "vmap", "norms"):
+        assert f"color:{library.APPROACH_COLORS[a]}'>━ {library.APPROACH_SHORT[a]}<" in key
+    assert library.APPROACH_SHORT["batch"] not in key and "<br>" not in key
+    speedup = library.speedup_vs_loop(rows, labels).layout.title.subtitle.text
+    assert library.APPROACH_SHORT["loop"] not in speedup and library.APPROACH_SHORT["vmap"] in speedup
+    rows += [{"approach": "batch", "n": n, "run_s": 1e-5 * n} for n in (16, 64)]
+    projector = library.timing_vs_n(rows, labels, style=library.Style(presenter=True, half=True))
+    assert projector.layout.title.subtitle.text.count("<br>") == 1  # four entries: two lines at 440 px
+    assert projector.layout.margin.t > timing.layout.margin.t  # and room for them above the plot
