@@ -78,7 +78,7 @@ def main() -> None:
     import numpy as np
     from scipy.stats import spearmanr
 
-    from gradlab import engine, losses
+    from gradlab import engine
     from gradlab.experiment import Experiment, fit
     from gradlab.influence import METHODS
     from gradlab.influence import fitted as ifit
@@ -110,8 +110,7 @@ def main() -> None:
         # the page's computations, each returning freed memory after it as the page's gate does (`ui.cache`:
         # `memory.release_memory` after every shared computation): the test summary, the method's preparation,
         # the scores of every test point
-        loss = np.asarray(losses.per_example_losses(f.loss_fn, f.model, d.x_test, d.y_test))
-        pred = np.asarray(f.predict(f.model, d.x_test))
+        loss, pred = f.losses_and_predictions(f.model, d.x_test, d.y_test)  # the page's test summary
         release_memory()
         with Stage() as prep:
             state = m.prepare(ctx)

@@ -130,7 +130,7 @@ def _map(f: Callable, xs: Any, chunk: int | None) -> Any:
     if chunk is None:
         return jax.vmap(f)(xs)
     try:
-        return jax.lax.map(f, xs, batch_size=chunk)
+        return xla.map_chunks(f, xs, chunk)
     except ZeroDivisionError:  # `lax.map` reshapes each output to (-1, chunk, ...): it cannot when one is empty
         return _map_nonempty(f, xs, chunk)
 
@@ -140,7 +140,7 @@ def _map_nonempty(f: Callable, xs: Any, chunk: int) -> Any:
     mapped, the empty ones zeros of their shape."""
     leaves, tree = jax.tree.flatten(jax.eval_shape(jax.vmap(f), xs))
     empty = [a.size == 0 for a in leaves]
-    kept = jax.lax.map(lambda x: [o for o, e in zip(jax.tree.leaves(f(x)), empty) if not e], xs, batch_size=chunk)
+    kept = xla.map_chunks(lambda x: [o for o, e in zip(jax.tree.leaves(f(x)), empty) if not e], xs, chunk)
     kept = iter(kept)
     return jax.tree.unflatten(tree, [jnp.zeros(a.shape, a.dtype) if e else next(kept) for a, e in zip(leaves, empty)])
 

@@ -205,6 +205,14 @@ class Fitted:
             return np.full(len(xs), np.nan, np.float32)
         return losses.predict(params, xs, self.data.task, self.predict_fn)
 
+    def losses_and_predictions(self, params, xs, ys) -> tuple[np.ndarray, np.ndarray]:
+        """`(losses (N,), predictions (N,))` of `params` on a batch, as `per_example_losses` and `predict` give them,
+        from one pass (`losses.losses_and_predictions`)."""
+        if self.source.brings_model and self.predict_fn is None:
+            return np.asarray(losses.per_example_losses(self.loss_fn, params, xs, ys)), self.predict(params, xs)
+        got = losses.losses_and_predictions(self.loss_fn, params, xs, ys, self.data.task, self.predict_fn)
+        return tuple(np.asarray(a) for a in got)
+
 
 def load_data(exp: Experiment, upload: dict | None = None) -> data_mod.Dataset:
     """The experiment's dataset, from its source (`Source.load`): a bundled or generated set, an upload's CSV,

@@ -10,6 +10,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from gradlab import xla
+
 
 def _squared_error(out, y):
     return jnp.square(out - y)
@@ -69,7 +71,7 @@ FORWARD_CHUNK = 64
 
 def _forward(f, *arrays):
     """`vmap(f)` over the example axis, `FORWARD_CHUNK` examples at a time (`lax.map`): same values, bounded memory."""
-    return jax.lax.map(lambda a: f(*a), arrays, batch_size=FORWARD_CHUNK)
+    return xla.map_chunks(lambda a: f(*a), arrays, FORWARD_CHUNK)
 
 
 @eqx.filter_jit
@@ -78,6 +80,19 @@ def predict(model, xs, task: str, apply=None):
     `apply(model, x)`: one example's output when `model` is not callable (a user's params); default `model(x)`."""
     out = _forward(model if apply is None else (lambda x: apply(model, x)), xs)
     return jnp.argmax(out, axis=-1) if task == "classification" else out
+
+
+@eqx.filter_jit
+def losses_and_predictions(loss_fn, model, xs, ys, task: str, apply=None):
+    """`(per_example_losses(loss_fn, model, xs, ys), predict(model, xs, task, apply))`, `(N,)` each, as ONE compiled
+    program (in chunks of `FORWARD_CHUNK`): XLA computes the forward pass the two share once. Against the two calls on
+    SimpleCNN's 1,000 test images: one compile instead of two, the forward run once (benchmarks/RESULTS.md, issue 40,
+    session 42)."""
+    def one(x, y):
+        out = model(x) if apply is None else apply(model, x)
+        return loss_fn(model, x, y), jnp.argmax(out, axis=-1) if task == "classification" else out
+
+    return _forward(one, xs, ys)
 
 
 @eqx.filter_jit

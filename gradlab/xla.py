@@ -122,3 +122,22 @@ def jit(fn=None, **kwargs):
 
     call.lower = lambda *args, **kw: outer().lower(*args, **kw)  # what a concrete call compiles (sharding)
     return call
+
+
+def map_chunks(f, xs, chunk: int):
+    """`jax.lax.map(f, xs, batch_size=chunk)` with ONE compiled body: `xs` (example axis first) padded to a multiple
+    of `chunk` with real examples repeated from the start (`f` sees no zeros), the outputs cut back to N rows.
+
+    `lax.map` runs N mod `chunk` leftover examples through a second, separate `vmap` of `f`, so XLA compiled the
+    per-example program twice; SimpleCNN's projection pass over 7,000 examples in chunks of 6 (4 left over): see
+    benchmarks/RESULTS.md (issue 40, session 42). Same values per example; at most `chunk` − 1 extra examples run.
+
+    **Arguments** `f`: one example's pytree in, a pytree out; `xs`: a pytree of `(N, …)` arrays; `chunk` ≥ 1.
+    **Returns** `f`'s outputs stacked, `(N, …)` each."""
+    n = jax.tree.leaves(xs)[0].shape[0]
+    pad = (-n) % chunk
+    if not pad or n < chunk:  # whole chunks, or one short chunk (`lax.map` runs it as one vmap)
+        return jax.lax.map(f, xs, batch_size=chunk)
+    index = jnp.arange(n + pad) % n
+    out = jax.lax.map(f, jax.tree.map(lambda a: a[index], xs), batch_size=chunk)
+    return jax.tree.map(lambda a: a[:n], out)

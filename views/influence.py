@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from gradlab import influence as inf
-from gradlab import costs, engine, export, losses, memory, ui
+from gradlab import costs, engine, export, memory, ui
 from gradlab.influence import fitted as ifit
 from gradlab.influence import methods as registry
 from gradlab.metrics import detection_roc, fraction_in_top
@@ -56,8 +56,7 @@ pixels = (lambda rows: data.raw(rows))  # digits are drawn in raw pixels, never 
 def test_summary(fitted):
     """Test losses and predictions at the trained model."""
     d = fitted.data
-    loss = np.asarray(losses.per_example_losses(fitted.loss_fn, fitted.model, d.x_test, d.y_test))
-    return loss, np.asarray(fitted.predict(fitted.model, d.x_test))
+    return fitted.losses_and_predictions(fitted.model, d.x_test, d.y_test)
 
 
 @ui.shared(label="Converging to θ̂ (L-BFGS)")
