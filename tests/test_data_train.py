@@ -51,6 +51,11 @@ def test_training_reduces_loss_and_keeps_checkpoints():
     assert f.run.losses[-10:].mean() < 0.5 * f.run.losses[:10].mean()
     acc = np.mean(np.asarray(losses.predict(f.model, f.data.x_test, "classification")) == f.data.y_test)
     assert acc > 0.85
+    # the Influence page's test summary: both from one pass, as the two separate calls give them
+    loss, pred = f.losses_and_predictions(f.model, f.data.x_test, f.data.y_test)
+    np.testing.assert_allclose(loss, losses.per_example_losses(f.loss_fn, f.model, f.data.x_test, f.data.y_test),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(pred, f.predict(f.model, f.data.x_test))
 
 
 def test_diverging_run_says_what_to_change():

@@ -240,3 +240,25 @@ def test_weighted_grads_match_python_loop():
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="N = 11"):
         engine.weighted_grads(loss, params, xs, ys, w[:5])
+
+
+def test_a_chunked_pass_traces_one_body_and_equals_one_vmap():
+    # `lax.map(batch_size=3)` over 7 examples runs the 1 left over through a second vmap: the example's program was
+    # traced (and compiled) twice. `xla.map_chunks` pads with real examples and cuts the rows back: one body.
+    from gradlab import xla
+
+    traced = []
+
+    def f(x):
+        traced.append(1)
+        return {"sq": x * x, "sum": jnp.sum(x)}
+
+    xs = jnp.arange(21.0).reshape(7, 3)
+    got = xla.map_chunks(f, xs, 3)
+    assert len(traced) == 1
+    want = jax.vmap(f)(xs)
+    np.testing.assert_array_equal(got["sq"], want["sq"])
+    np.testing.assert_array_equal(got["sum"], want["sum"])
+    traced.clear()
+    jax.lax.map(f, xs, batch_size=3)
+    assert len(traced) == 2  # what it replaces: the scan's body and the leftover's vmap
