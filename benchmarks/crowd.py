@@ -929,8 +929,10 @@ def main(argv=None) -> int:
                 visits = asyncio.run(follow(server.base, str(directory / "store" / "rooms"), args.followers,
                                             args.follow_step, timeout=args.timeout))
             moved = [v.moved_s for v in visits if v.moved_s is not None]
+            charts = [v.chart_s for v in visits if v.chart_s is not None]
             print(f"# scenario 5: {len(moved)} of {len(visits)} followers moved; after the lecturer's move: URL "
-                  f"p50 {_s(_q(moved, 50))} s, max {_s(max(moved, default=None))} s", flush=True)
+                  f"p50 {_s(_q(moved, 50))} s, max {_s(max(moved, default=None))} s; first chart p50 "
+                  f"{_s(_q(charts, 50))} s, max {_s(max(charts, default=None))} s (the last follower)", flush=True)
             for v in visits:
                 v.note = f"(URL moved after {_s(v.moved_s)} s)"
             summary.append(summary_row("5 follow", f"students following a room, step {args.follow_step} → "
