@@ -44,6 +44,7 @@ finally:
 # Lean XLA:CPU compiles where this jaxlib has the switch (`memory.LEAN_XLA_FLAGS`: ~100 MB less at SimpleCNN's
 # training peak), set before this process's first computation; once per process.
 memory.lean_compiles()
+memory.trim_after_compiles()  # a compile's scratch memory returned before its program first runs
 
 st.set_page_config(page_title="gradlab: per-example gradients", page_icon="∇", layout="wide")
 

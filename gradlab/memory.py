@@ -378,6 +378,27 @@ def _trim() -> None:
         libc.malloc_trim(0)
 
 
+#: A compile of at least this many seconds returns its scratch memory at once (`trim_after_compiles`).
+TRIM_AFTER_COMPILE_S = 0.25
+
+
+@functools.cache
+def trim_after_compiles() -> None:
+    """Return an XLA compile's freed scratch memory to the OS as soon as the compile ends, before the program first
+    runs (`malloc_trim(0)` from JAX's `backend_compile_duration` event, for compiles of `TRIM_AFTER_COMPILE_S` or
+    more). `release_memory` trims after a computation, but a program's first call compiles and then runs at once,
+    so its run's buffers came on top of the compile's leftovers: SimpleCNN's training segment on JAX 0.12 peaked
+    +207 MB over the RSS before its first call, with this +125 (benchmarks/RESULTS.md, issue 40, session 42). Once
+    per process (the app's server, `python -m gradlab.ui.warm`); a no-op without glibc."""
+    import jax.monitoring
+
+    def trim(event: str, duration_secs: float, **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration" and duration_secs >= TRIM_AFTER_COMPILE_S:
+            _trim()
+
+    jax.monitoring.register_event_duration_secs_listener(trim)
+
+
 def release_memory(force: bool = False, *, full: bool | None = None) -> None:
     """After a computation: return freed heap pages to the OS (`malloc_trim(0)`: an XLA compile
     leaves ~70 MB of freed scratch memory behind) and, over `MEMORY_BUDGET_MB` (or with `force`), drop

@@ -308,3 +308,25 @@ def test_a_long_call_shows_progress_even_when_it_reports_none():
     assert progress_view(silent, "Scoring", 1300.0) == (0.95, "Scoring… (300 s so far)")  # past its estimate
     silent.report(0.2, "test point 3 of 16")  # its own progress wins over the clock's
     assert progress_view(silent, "Scoring", 1050.0) == (0.2, "Scoring… test point 3 of 16 (50 s so far, about 100 s in all)")
+
+
+def test_a_long_compile_returns_its_scratch_memory_before_its_program_runs(monkeypatch):
+    """`memory.trim_after_compiles`: JAX's compile-duration event trims the heap (`malloc_trim`) after a compile of
+    at least `TRIM_AFTER_COMPILE_S`, before the compiled program's first run; a shorter compile leaves it alone."""
+    import jax
+    import jax.numpy as jnp
+
+    from gradlab import memory
+
+    trims = []
+    monkeypatch.setattr(memory, "_trim", lambda: trims.append(1))
+    memory.trim_after_compiles()
+    memory.trim_after_compiles()  # once per process: a second call adds no second listener
+    x = jnp.arange(7.0).block_until_ready()  # its own small compile, before the count
+    monkeypatch.setattr(memory, "TRIM_AFTER_COMPILE_S", 0.0)
+    fresh = float(time.time_ns() % 1_000_003)  # a program no persistent compile cache holds: it compiles here
+    jax.jit(lambda x: jnp.sin(x) * 3.0 + fresh)(x).block_until_ready()
+    assert len(trims) == 1
+    monkeypatch.setattr(memory, "TRIM_AFTER_COMPILE_S", 1e9)
+    jax.jit(lambda x: jnp.cos(x) * 5.0 - fresh)(x).block_until_ready()
+    assert len(trims) == 1

@@ -121,6 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", default="", help="comma-separated step numbers (default: all)")
     args = parser.parse_args(argv)
     memory.lean_compiles()  # as the server compiles (app.py), before this process's first computation
+    memory.trim_after_compiles()
     steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
     if args.fill:
         print(f"filled the results store in {fill(pages=not args.lecture):.0f} s")
