@@ -131,12 +131,14 @@ def map_chunks(f, xs, chunk: int):
     `lax.map` runs N mod `chunk` leftover examples through a second, separate `vmap` of `f`, so XLA compiled the
     per-example program twice; SimpleCNN's projection pass over 7,000 examples in chunks of 6 (4 left over): see
     benchmarks/RESULTS.md (issue 40, session 42). Same values per example; at most `chunk` − 1 extra examples run.
+    Fewer than `chunk` examples are one chunk of N (`lax.map` would trace an empty loop's body and the vmap).
 
     **Arguments** `f`: one example's pytree in, a pytree out; `xs`: a pytree of `(N, …)` arrays; `chunk` ≥ 1.
     **Returns** `f`'s outputs stacked, `(N, …)` each."""
     n = jax.tree.leaves(xs)[0].shape[0]
+    chunk = min(chunk, n) or chunk
     pad = (-n) % chunk
-    if not pad or n < chunk:  # whole chunks, or one short chunk (`lax.map` runs it as one vmap)
+    if not pad:
         return jax.lax.map(f, xs, batch_size=chunk)
     index = jnp.arange(n + pad) % n
     out = jax.lax.map(f, jax.tree.map(lambda a: a[index], xs), batch_size=chunk)

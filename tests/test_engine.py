@@ -262,3 +262,7 @@ def test_a_chunked_pass_traces_one_body_and_equals_one_vmap():
     traced.clear()
     jax.lax.map(f, xs, batch_size=3)
     assert len(traced) == 2  # what it replaces: the scan's body and the leftover's vmap
+    traced.clear()
+    few = xla.map_chunks(f, xs[:2], 64)  # fewer examples than a chunk: one chunk of them, one body
+    assert len(traced) == 1
+    np.testing.assert_array_equal(few["sq"], want["sq"][:2])
