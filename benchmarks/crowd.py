@@ -463,6 +463,17 @@ async def follow_visit(base: str, name: str, room: str, step: int, moved: list, 
     return v
 
 
+#: Scenario 5: a function giving the server's CPU-seconds (`main` sets it), and what the followers' idle polling cost.
+SERVER_CPU: list = []
+IDLE: dict = {}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid` and its threads, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _follow_room(base: str, rooms_dir: str, code: str, key: str, n: int, step: int, *, settle: float,
                        timeout: float, before_move=None, move=None) -> list[Visit]:
     """`n` students open room `code`'s link on `step`; once all follow it (and `settle` s of polling went by, then
@@ -476,7 +487,10 @@ async def _follow_room(base: str, rooms_dir: str, code: str, key: str, n: int, s
     deadline = time.monotonic() + timeout
     while len(ready) < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
         await asyncio.sleep(0.1)
+    cpu = SERVER_CPU[0]() if SERVER_CPU else None
     await asyncio.sleep(settle)
+    if cpu is not None:  # the followers' pages only poll the room meanwhile: what following costs the server
+        IDLE["server_cpu_per_s"] = (SERVER_CPU[0]() - cpu) / settle
     if before_move is not None:
         await before_move()
     moved[0] = time.perf_counter()
@@ -917,6 +931,7 @@ def main(argv=None) -> int:
                 summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
         if 5 in scenarios:
             sampler = server.measure()
+            SERVER_CPU[:] = [lambda: sum(_cpu_seconds(proc.pid) for proc in server.procs)]
             if args.as_given:
                 visits, note = asyncio.run(follow_a_lecture(server.base, str(directory / "store" / "rooms"),
                                                             args.followers, args.follow_step, timeout=args.timeout))
@@ -932,7 +947,9 @@ def main(argv=None) -> int:
             charts = [v.chart_s for v in visits if v.chart_s is not None]
             print(f"# scenario 5: {len(moved)} of {len(visits)} followers moved; after the lecturer's move: URL "
                   f"p50 {_s(_q(moved, 50))} s, max {_s(max(moved, default=None))} s; first chart p50 "
-                  f"{_s(_q(charts, 50))} s, max {_s(max(charts, default=None))} s (the last follower)", flush=True)
+                  f"{_s(_q(charts, 50))} s, max {_s(max(charts, default=None))} s (the last follower); while they "
+                  f"followed the step before, the server ran {IDLE.get('server_cpu_per_s', float('nan')):.2f} "
+                  f"CPU-s per s", flush=True)
             for v in visits:
                 v.note = f"(URL moved after {_s(v.moved_s)} s)"
             summary.append(summary_row("5 follow", f"students following a room, step {args.follow_step} → "

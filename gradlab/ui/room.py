@@ -1,7 +1,7 @@
 """Teaching live: a room that students' browsers follow, the speaker view that drives it, and the warm-up.
 
 Three links per room (`gradlab.rooms`), all on the lecture page:
-- students: `?room=<code>`: a "Follow the lecturer" toggle (on); every second the page checks the room's
+- students: `?room=<code>`: a "Follow the lecturer" toggle (on); every half second the page checks the room's
   step and moves there (the step's results come from the shared store: a room on one step is one
   computation). Turning it off detaches to explore; turning it on again jumps back to the lecturer.
 - projector: `?room=<code>&_key=<key>&presenter=true`: follows the room, and its Back / Next move it.
@@ -86,7 +86,8 @@ def in_turn(url_path: str):
 
 
 def follow(step: int) -> None:
-    """For a student in a room: the follow toggle, and (when on) a check every second that moves to the room's step."""
+    """For a student in a room: the follow toggle, and (when on) a check every `FOLLOW_POLL_S` that moves to the room's
+    step."""
     c = code()
     if not c:
         return
@@ -103,7 +104,14 @@ def follow(step: int) -> None:
         _watch(c, step)
 
 
-@st.fragment(run_every=1.0)
+#: Seconds between a following student's checks of the room's step. 30 followers of step 11 (`benchmarks/crowd.py`
+#: scenario 5 `--as-given`, warm store, quiet): at 1 s the last saw the new step's chart 1.5–1.6 s after the
+#: lecturer's Next (median 1.2) and their checks cost the server 0.08–0.09 CPU-s per second; at 0.5 s, 1.1–1.2 s
+#: (median 0.7) for 0.18–0.21 CPU-s per second (benchmarks/RESULTS.md, issue 41, session 42).
+FOLLOW_POLL_S = 0.5
+
+
+@st.fragment(run_every=FOLLOW_POLL_S)
 def _watch(c: str, step: int) -> None:
     room = ROOMS.get(c)
     if room is not None and room.step != step:
