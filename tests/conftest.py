@@ -165,6 +165,12 @@ WHOLE_SUITE_ONLY = {
                            "test_the_default_chunks_at_n_256_match_a_loop_of_grad[transposed_conv_zoo]"],
     "test_geometry.py": ["test_a_new_problem_brings_its_own_learning_rate_and_batch_size"],
     "test_equivalence.py": ["test_compare_all_is_compare_for_both_reductions_and_mean_vs_sum"],
+    # every method through the protocol against its function, the LDS table over every method (~6–7 s each) and the
+    # last layer's float64 loop (~4 s): test_a_method_registered_in_one_line_reaches_the_scores_and_the_lds keeps the
+    # protocol's paths quick (session 42)
+    "test_influence_methods.py": ["test_registry_scores_equal_the_functions_they_wrap",
+                                  "test_lds_table_loops_over_the_registry",
+                                  "test_last_layer_matches_a_loop_of_jax_grad_in_float64"],
     "test_influence.py": ["test_trak_with_full_projection_and_one_model_is_the_exact_after_kernel",
                           "test_subset_models_are_the_models_train_returns_on_each_subset",
                           "test_truncated_cg_of_many_test_points_is_each_points_own_solve[3]",
@@ -182,6 +188,7 @@ WHOLE_SUITE_ONLY = {
     "test_practice_sandbox.py": ["test_endless_loop_is_stopped_by_the_cpu_or_wall_clock_limit"],  # burns its CPU limit
     "test_privacy.py": ["test_epsilon_curve_is_incremental_composition", "test_dp_sgd_noise_and_epsilon_per_checkpoint"],
     "test_restart.py": ["test_a_restarted_server_answers_its_first_visitor_from_disk"],
+    "test_rooms.py": ["test_a_following_students_next_stays_with_the_lecturer_and_says_why"],  # ~5 s: three AppTests
     "test_pages_record.py": ["test_record_page_card_and_whole_picture"],  # the canary and Geometry cards stay quick
     "test_robustness.py": ["test_memory_estimates_match_the_real_arrays",
                            "test_influence_and_performance_links_over_the_work_budget_are_refused"],
