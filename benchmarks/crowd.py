@@ -468,12 +468,6 @@ SERVER_CPU: list = []
 IDLE: dict = {}
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of process `pid` and its threads, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _follow_room(base: str, rooms_dir: str, code: str, key: str, n: int, step: int, *, settle: float,
                        timeout: float, before_move=None, move=None) -> list[Visit]:
     """`n` students open room `code`'s link on `step`; once all follow it (and `settle` s of polling went by, then
@@ -931,7 +925,9 @@ def main(argv=None) -> int:
                 summary.append(summary_row(f"4 {when}", "first visitor, every page, one at a time", tour, peak))
         if 5 in scenarios:
             sampler = server.measure()
-            SERVER_CPU[:] = [lambda: sum(_cpu_seconds(proc.pid) for proc in server.procs)]
+            from benchmarks.cold_page import cpu_seconds
+
+            SERVER_CPU[:] = [lambda: sum(cpu_seconds(proc.pid) for proc in server.procs)]
             if args.as_given:
                 visits, note = asyncio.run(follow_a_lecture(server.base, str(directory / "store" / "rooms"),
                                                             args.followers, args.follow_step, timeout=args.timeout))
