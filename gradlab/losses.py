@@ -70,7 +70,8 @@ FORWARD_CHUNK = 64
 
 
 def _forward(f, *arrays):
-    """`vmap(f)` over the example axis, `FORWARD_CHUNK` examples at a time (`lax.map`): same values, bounded memory."""
+    """`vmap(f)` over the example axis, `FORWARD_CHUNK` examples at a time (`xla.map_chunks`): same values, bounded
+    memory."""
     return xla.map_chunks(lambda a: f(*a), arrays, FORWARD_CHUNK)
 
 
@@ -78,7 +79,11 @@ def _forward(f, *arrays):
 def predict(model, xs, task: str, apply=None):
     """Predictions for a batch `xs (N, D)`: class ids `(N,)` or real values `(N,)` (in chunks of `FORWARD_CHUNK`).
     `apply(model, x)`: one example's output when `model` is not callable (a user's params); default `model(x)`."""
-    out = _forward(model if apply is None else (lambda x: apply(model, x)), xs)
+    return _prediction(_forward(model if apply is None else (lambda x: apply(model, x)), xs), task)
+
+
+def _prediction(out, task: str):
+    """The prediction of a model's output `out` (`(…, K)` logits or a real value): its class id or itself."""
     return jnp.argmax(out, axis=-1) if task == "classification" else out
 
 
@@ -90,7 +95,7 @@ def losses_and_predictions(loss_fn, model, xs, ys, task: str, apply=None):
     session 42)."""
     def one(x, y):
         out = model(x) if apply is None else apply(model, x)
-        return loss_fn(model, x, y), jnp.argmax(out, axis=-1) if task == "classification" else out
+        return loss_fn(model, x, y), _prediction(out, task)
 
     return _forward(one, xs, ys)
 
