@@ -21,8 +21,7 @@ KEY = "example"
 def open_card(index: int) -> None:
     """Go to example `index`'s card now (stops this run): its control set through Session State, as a preset sets
     its page's, and the URL parameter given so the address bar names it at once."""
-    st.session_state[KEY] = int(index)
-    switch_page(PAGE, {KEY: str(int(index))})
+    switch_page(PAGE, {KEY: str(int(index))}, {KEY: int(index)})
 
 
 def card_link(index: int, label: str | None = None, **params: str) -> None:
@@ -56,5 +55,4 @@ def open_canary(trial: int) -> None:
     """Go to the card of this session's last audit's canary at trial `trial` now (stops this run), as `open_card` goes
     to an example's. Call it from the Privacy audit page: its settings, bound to its controls, cannot go in the switch's
     parameters; the card takes this session's last audit and writes them into its own URL."""
-    st.session_state[SET], st.session_state[TRIAL] = CANARY, int(trial)
-    switch_page(PAGE, {SET: CANARY, TRIAL: str(int(trial))})
+    switch_page(PAGE, {SET: CANARY, TRIAL: str(int(trial))}, {SET: CANARY, TRIAL: int(trial)})

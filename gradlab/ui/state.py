@@ -302,25 +302,30 @@ def apply_preset(name: str) -> None:
     st.session_state[_PRESET_ACTIVE] = name
 
 
-#: A page switch this session asked for, `(page path, query params, switches left)`, until that page runs (`arrive`).
+#: A page switch this session asked for, `(page path, query params, session state, switches left)`, until that page
+#: runs (`arrive`).
 _SWITCH = "_switch_pending"
 
 
-def switch_page(path: str, params: dict[str, str], again: int = 1) -> None:
-    """`st.switch_page` to page `path` with `params`, remembered until that page runs. Streamlit folds a rerun the
-    browser asks for at the same moment into the switch's rerun, and the browser's page wins: the switch is lost and
-    the page before runs again (the record browser test's canary step in a whole suite, 2026-12-02: the card's
-    parameters on Privacy audit's address). `arrive` then switches `again` more times."""
-    st.session_state[_SWITCH] = (path, dict(params), again)
+def switch_page(path: str, params: dict[str, str], state: dict | None = None, again: int = 2) -> None:
+    """`st.switch_page` to page `path` with `params`, its controls' values `state` set through Session State first,
+    remembered until that page runs. Streamlit folds a rerun the browser asks for at the same moment into the switch's
+    rerun, and the browser's page wins: the switch is lost and the page before runs again (the record browser test's
+    canary step in a whole suite, 2026-12-02: the card's parameters on Privacy audit's address; lost twice in a row
+    in CI, 2026-12-03). `arrive` then switches `again` more times, setting `state` again each time: the page before
+    may have let go of it."""
+    state = dict(state or {})
+    st.session_state.update(state)
+    st.session_state[_SWITCH] = (path, dict(params), state, again)
     st.switch_page(path, query_params=params)
 
 
 def arrive(url_path: str) -> None:
     """Call at the start of every run (app.py) with the url path of the page about to run: on the page a pending
-    switch asked for it is done; on any other page it was lost, and is made again (once)."""
+    switch asked for it is done; on any other page it was lost, and is made again (at most `again` times)."""
     pending = st.session_state.pop(_SWITCH, None)
-    if pending is not None and pages.BY_PATH[pending[0]].url_path != url_path and pending[2] > 0:
-        switch_page(pending[0], pending[1], again=pending[2] - 1)
+    if pending is not None and pages.BY_PATH[pending[0]].url_path != url_path and pending[3] > 0:
+        switch_page(pending[0], pending[1], pending[2], again=pending[3] - 1)
 
 
 def follow_preset() -> None:

@@ -278,10 +278,13 @@ def set_through_session_state(key: str) -> bool:
 def without_default(kind, label: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The arguments of widget `kind(label, *args, **kwargs)` less its default value (`value`, `index`, `default`),
     positional or not: for a widget whose key was just set through Session State (`set_through_session_state`), where
-    Streamlit warns about a default beside it (and uses the Session State value anyway)."""
+    Streamlit warns about a default beside it (and uses the Session State value anyway). A default of None stays: it
+    draws no warning, and without it a number input's default would become its minimum, a value the URL then drops as
+    the default (the canary's trial 0 fell out of its card's link so, CI 2026-12-03)."""
     bound = inspect.signature(kind).bind_partial(label, *args, **kwargs)
     for name in ("value", "index", "default"):
-        bound.arguments.pop(name, None)
+        if bound.arguments.get(name) is not None:
+            del bound.arguments[name]
     return bound.args, bound.kwargs
 
 
