@@ -89,6 +89,16 @@ def test_clicking_a_preset_opens_its_page_with_every_control_set(preset: Preset)
     assert set(preset.widgets) <= set(pages.page(preset.page).controls)
     for key, value in preset.widgets.items():
         assert at.session_state[key] == value, key
+    # the address the click left is the preset: opened by another visitor, the same controls (a preset's value equal to
+    # a number input's minimum once fell out of it, `perf_repeats=1`)
+    from streamlit.testing.v1 import AppTest
+
+    other = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    other.query_params.update(dict(at.query_params))
+    other.switch_page(preset.page)
+    other.run()
+    drawn = {k: v for k, v in preset.widgets.items() if k in at.query_params or k in other.session_state}
+    assert {k: other.session_state[k] for k in drawn} == drawn, preset.name
     # a preset that leaves every page control at its default opens a view anyone gets by clicking the page
     fresh = open_page(preset.page.removeprefix("views/").removesuffix(".py"), **preset.experiment)
     drawn = {k: v for k, v in preset.widgets.items() if k in fresh.session_state}  # a diverged run stops the page early

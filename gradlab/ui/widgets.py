@@ -52,17 +52,26 @@ def fragment(fn):
 STEP_SETS_CONTROLS = "_step_sets_controls"
 
 
+#: The controls drawn this run without their declared default (`without_default`): their default is then the widget's
+#: own (a number input's minimum, a radio's first option), which Streamlit and `write_bound_values` would leave out of
+#: the link (a preset's `perf_repeats=1` fell out of its link so, the declared default being 2).
+_DEFAULT_DROPPED = "_controls_default_dropped"
+
+
 def write_bound_values() -> None:
     """Put every control drawn in this run into the URL as its value stands (call after the page, before the link).
 
     Streamlit's browser side writes a bound control's change into the address bar, and the server keeps the address
     it is sent; a control that mounted again while its page was computing (Influence's test point after the method
     changed, on a cold store) kept its new value but left the address bar as it was, so the link lost it. Here each
-    control drawn this run whose value is not its default, and not what the URL holds, is written there (Streamlit's
-    own `set_corrected_value`, which tells the browser); one back at its default leaves the URL (`remove_param`). A
-    fragment's own rerun calls it for the fragment's controls (`fragment`)."""
+    control drawn this run whose value is not its default (or drawn without its declared default), and not what the
+    URL holds, is written there (Streamlit's own `set_corrected_value`, which tells the browser); one back at its
+    default leaves the URL (`remove_param`). A fragment's own rerun calls it for the fragment's controls (`fragment`)."""
     ctx = get_script_run_ctx()
-    if ctx is None or st.session_state.get(STEP_SETS_CONTROLS):
+    if ctx is None:
+        return
+    dropped = st.session_state.pop(_DEFAULT_DROPPED, set())
+    if st.session_state.get(STEP_SETS_CONTROLS):
         return
     state = get_session_state()._state
     params = state.query_params
@@ -71,7 +80,7 @@ def write_bound_values() -> None:
         if binding is None or meta is None or widget_id not in state:
             continue
         key, value, default = binding.param_key, state[widget_id], meta.deserializer(None)
-        if value != default:
+        if value != default or key in dropped:
             wanted = meta.serializer(value)
             if not params.stored_param_matches_corrected_value(key, wanted, meta.value_type):
                 params.set_corrected_value(key, wanted, meta.value_type)
@@ -264,7 +273,8 @@ def control(kind, label: str, *args, key: str, **kwargs):
         raise KeyError(f"control {key!r} is not declared in gradlab.ui.pages: add it to its page's controls")
     if set_through_session_state(key):  # by a preset or a lecture step: that value wins, and a default beside it warns
         args, kwargs = without_default(kind, label, args, kwargs)
-        return kind(*args, key=key, bind="query-params", **kwargs)
+        st.session_state.setdefault(_DEFAULT_DROPPED, set()).add(key)  # its value goes in the link even if it is
+        return kind(*args, key=key, bind="query-params", **kwargs)     # the default the widget now has
     return kind(label, *args, key=key, bind="query-params", **kwargs)
 
 
