@@ -189,7 +189,9 @@ WHOLE_SUITE_ONLY = {
     "test_privacy.py": ["test_epsilon_curve_is_incremental_composition", "test_dp_sgd_noise_and_epsilon_per_checkpoint"],
     "test_restart.py": ["test_a_restarted_server_answers_its_first_visitor_from_disk"],
     "test_rooms.py": ["test_a_following_students_next_stays_with_the_lecturer_and_says_why"],  # ~5 s: three AppTests
-    "test_pages_record.py": ["test_record_page_card_and_whole_picture"],  # the canary and Geometry cards stay quick
+    # the canary and Geometry cards and a trial row's link stay quick; the retried switch (~4 s: two pages) is whole-suite
+    "test_pages_record.py": ["test_record_page_card_and_whole_picture",
+                             "test_a_card_switch_the_browser_swallowed_is_made_again_with_its_state"],
     "test_robustness.py": ["test_memory_estimates_match_the_real_arrays",
                            "test_influence_and_performance_links_over_the_work_budget_are_refused"],
     "test_url.py": ["test_short_codes_work_and_a_bad_link_value_is_named_not_dropped_silently",
