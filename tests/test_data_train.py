@@ -26,6 +26,24 @@ def test_every_dataset_is_standardized_and_split(name):
         np.testing.assert_allclose(np.bincount(d.y_train) / len(d.y_train), np.bincount(d.y_test) / len(d.y_test), atol=0.03)
 
 
+@pytest.mark.parametrize("standardize", ["feature", "global"])
+def test_standardizing_in_blocks_gives_the_whole_array_values_bit_for_bit(standardize):
+    """`make_dataset` standardizes in float64 blocks of rows (no whole float64 temporaries): every float32 value is
+    the one the whole-array expression `((x - mu) / sd).astype(float32)` gives, over more rows than one block."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(2600, 17)).astype(np.uint8)  # pixel-like, as Fashion-MNIST's
+    x[:, 3] = 7  # a constant column: sd 1
+    y = rng.integers(0, 3, size=2600)
+    d = make_dataset("t", x, y, "classification", seed=1, standardize=standardize)
+    xtr = np.concatenate([d.x_train, d.x_test])
+    raw = x.astype(np.float64)[np.concatenate([d.rows_train, d.rows_test])]
+    train = raw[: len(d.x_train)]
+    mu, sd = (train.mean(0), train.std(0)) if standardize == "feature" else (train.mean(), train.std())
+    sd = np.where(sd > 0, sd, 1.0)
+    want = ((raw - mu) / sd).astype(np.float32)
+    assert xtr.dtype == np.float32 and np.array_equal(xtr, want)
+
+
 def test_label_noise_flips_exactly_the_mask_to_other_classes():
     d = load_dataset("digits", seed=0, label_noise=0.1)
     assert d.flipped.sum() == round(0.1 * len(d.y_train))
