@@ -310,10 +310,10 @@ _SWITCH = "_switch_pending"
 def switch_page(path: str, params: dict[str, str], state: dict | None = None, again: int = 2) -> None:
     """`st.switch_page` to page `path` with `params`, its controls' values `state` set through Session State first,
     remembered until that page runs. Streamlit folds a rerun the browser asks for at the same moment into the switch's
-    rerun, and the browser's page wins: the switch is lost and the page before runs again (the record browser test's
-    canary step in a whole suite, 2026-12-02: the card's parameters on Privacy audit's address; lost twice in a row
-    in CI, 2026-12-03). `arrive` then switches `again` more times, setting `state` again each time: the page before
-    may have let go of it."""
+    rerun, and the browser's page wins: the switch is lost and the page before runs again (read so from the card's
+    parameters on Privacy audit's address in the record browser test, 2026-12-02; on 2026-12-03 that address proved to
+    be a switch on its way, and the failure a trial dropped from the link: `widgets.without_default`). `arrive` then
+    switches `again` more times, setting `state` again each time: the page before may have let go of it."""
     state = dict(state or {})
     st.session_state.update(state)
     st.session_state[_SWITCH] = (path, dict(params), state, again)
