@@ -198,9 +198,8 @@ def test_the_canary_link_round_trips_the_audit_settings_and_refuses_what_the_pag
 
 def test_a_card_switch_the_browser_swallowed_is_made_again_with_its_state():
     """Streamlit folds a browser's rerun that arrives with `st.switch_page`'s into one, and the browser's page wins:
-    the page before runs again (the record browser test's canary step in a whole suite; twice in a row in CI). The
-    next run makes the switch again with the card's control set again (the page before may have dropped it); a switch
-    lost as many times as it may be is given up (no loop)."""
+    the page before runs again. The next run makes the switch again with the card's control set again (the page before
+    may have dropped it); a switch lost as many times as it may be is given up (no loop)."""
     from gradlab.ui import card, state
 
     at = open_page("norms", **FAST)

@@ -97,8 +97,8 @@ def test_clicking_a_preset_opens_its_page_with_every_control_set(preset: Preset)
     other.query_params.update(dict(at.query_params))
     other.switch_page(preset.page)
     other.run()
-    drawn = {k: v for k, v in preset.widgets.items() if k in at.query_params or k in other.session_state}
-    assert {k: other.session_state[k] for k in drawn} == drawn, preset.name
+    kept = {k: v for k, v in preset.widgets.items() if k in at.query_params or k in other.session_state}
+    assert {k: other.session_state[k] for k in kept} == kept, preset.name
     # a preset that leaves every page control at its default opens a view anyone gets by clicking the page
     fresh = open_page(preset.page.removeprefix("views/").removesuffix(".py"), **preset.experiment)
     drawn = {k: v for k, v in preset.widgets.items() if k in fresh.session_state}  # a diverged run stops the page early
