@@ -17,7 +17,7 @@ from gradlab.train import OPTIMIZERS
 from gradlab.ui import pages
 from gradlab.ui.presets import BY_NAME, PRESETS
 from gradlab.ui.upload import upload_controls, upload_dataset
-from gradlab.ui.widgets import inert, set_through_session_state, without_default
+from gradlab.ui.widgets import bound, inert
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
 LEARNING_RATES = [0.0001, 0.0003, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0]
@@ -28,10 +28,7 @@ DEFAULT = Experiment()
 def _widget(kind, label, key, **kwargs):
     """A sidebar widget whose value lives in the URL (`bind="query-params"`, key = param name)."""
     assert key in CONTROLS, key  # the sidebar's keys are the Experiment's fields
-    if set_through_session_state(key):  # by a preset or a lecture step: that value wins, and a default beside it warns
-        args, kwargs = without_default(kind, label, (), kwargs)
-        return kind(*args, key=key, bind="query-params", **kwargs)
-    return kind(label, key=key, bind="query-params", **kwargs)
+    return bound(kind, label, key=key, **kwargs)
 
 
 OWN_LABEL = Served.label

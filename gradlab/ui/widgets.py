@@ -52,26 +52,20 @@ def fragment(fn):
 STEP_SETS_CONTROLS = "_step_sets_controls"
 
 
-#: The controls drawn this run without their declared default (`without_default`): their default is then the widget's
-#: own (a number input's minimum, a radio's first option), which Streamlit and `write_bound_values` would leave out of
-#: the link (a preset's `perf_repeats=1` fell out of its link so, the declared default being 2).
-_DEFAULT_DROPPED = "_controls_default_dropped"
-
-
 def write_bound_values() -> None:
     """Put every control drawn in this run into the URL as its value stands (call after the page, before the link).
 
     Streamlit's browser side writes a bound control's change into the address bar, and the server keeps the address
     it is sent; a control that mounted again while its page was computing (Influence's test point after the method
     changed, on a cold store) kept its new value but left the address bar as it was, so the link lost it. Here each
-    control drawn this run whose value is not its default (or drawn without its declared default), and not what the
-    URL holds, is written there (Streamlit's own `set_corrected_value`, which tells the browser); one back at its
-    default leaves the URL (`remove_param`). A fragment's own rerun calls it for the fragment's controls (`fragment`)."""
+    control drawn this run whose value is not its default, and not what the URL holds, is written there (Streamlit's
+    own `set_corrected_value`, which tells the browser); one back at its default leaves the URL (`remove_param`). A
+    control set through Session State this run is written whatever its value: it was drawn without its declared
+    default (`bound`), so its widget's default is the widget's own (a number input's minimum), which says nothing
+    about the link (a preset's `perf_repeats=1` fell out of its link so, the declared default being 2). A fragment's
+    own rerun calls it for the fragment's controls (`fragment`)."""
     ctx = get_script_run_ctx()
-    if ctx is None:
-        return
-    dropped = st.session_state.pop(_DEFAULT_DROPPED, set())
-    if st.session_state.get(STEP_SETS_CONTROLS):
+    if ctx is None or st.session_state.get(STEP_SETS_CONTROLS):
         return
     state = get_session_state()._state
     params = state.query_params
@@ -80,7 +74,7 @@ def write_bound_values() -> None:
         if binding is None or meta is None or widget_id not in state:
             continue
         key, value, default = binding.param_key, state[widget_id], meta.deserializer(None)
-        if value != default or key in dropped:
+        if value != default or set_through_session_state(key):
             wanted = meta.serializer(value)
             if not params.stored_param_matches_corrected_value(key, wanted, meta.value_type):
                 params.set_corrected_value(key, wanted, meta.value_type)
@@ -271,10 +265,16 @@ def control(kind, label: str, *args, key: str, **kwargs):
     """
     if key not in pages.control_keys():
         raise KeyError(f"control {key!r} is not declared in gradlab.ui.pages: add it to its page's controls")
-    if set_through_session_state(key):  # by a preset or a lecture step: that value wins, and a default beside it warns
+    return bound(kind, label, *args, key=key, **kwargs)
+
+
+def bound(kind, label: str, *args, key: str, **kwargs):
+    """Widget `kind(label, *args, **kwargs)` bound to the URL parameter `key` (the sidebar's and the pages' controls).
+    A value given through Session State in this run (a preset, a lecture step, a card's switch) wins: the widget is
+    then drawn without its default (`without_default`), which Streamlit would warn about."""
+    if set_through_session_state(key):
         args, kwargs = without_default(kind, label, args, kwargs)
-        st.session_state.setdefault(_DEFAULT_DROPPED, set()).add(key)  # its value goes in the link even if it is
-        return kind(*args, key=key, bind="query-params", **kwargs)     # the default the widget now has
+        return kind(*args, key=key, bind="query-params", **kwargs)
     return kind(label, *args, key=key, bind="query-params", **kwargs)
 
 
