@@ -261,7 +261,8 @@ def make_dataset(
         stratify = None
         if n < 4:
             raise DataError(f"only {n} rows: need at least 4 to split into train and test")
-    rows, d = (np.arange(n) if rows is None else np.asarray(rows)), x.shape[1]
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    d = x.shape[1]
     if test_mask is None:
         xtr, xte, ytr, yte, rtr, rte = train_test_split(x, y, rows, test_size=test_fraction, random_state=seed,
                                                         stratify=stratify)
