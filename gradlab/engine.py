@@ -58,6 +58,7 @@ __all__ = [
     "batch_grad", "explain",
     # influence features: per-example gradients under a (Kronecker-factored) random projection
     "projections", "per_example_projections", "LeafProjection", "PROJECT_WHOLE_MAX", "PROJECT_DENSE_MAX",
+    "PROJECT_CHUNK_BYTES",
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
@@ -76,6 +77,10 @@ DEFAULT_CHUNK = 256
 CHUNK_BYTES = 8 * 2**20
 #: ... and at most this many examples: bigger chunks of small examples measured slower (cache).
 MAX_CHUNK = 256
+#: The projected pass (`per_example_projections`) runs once per model and keeps only k floats per example: its
+#: chunks take twice `CHUNK_BYTES`. Seed 003's SimpleCNN over 7,000 images: 12 images a chunk against 6, 11.9 →
+#: 10.2 CPU-s for +8 MB (benchmarks/RESULTS.md, session 44).
+PROJECT_CHUNK_BYTES = 2 * CHUNK_BYTES
 #: A loop's per-step bytes count this many times per example when chunks are sized (see `_Traced.example_bytes`).
 LOOP_WEIGHT = 8
 
@@ -317,11 +322,11 @@ def _traced(loss_fn, params, xs, ys, method, has_aux=False) -> _Traced | None:
     return t
 
 
-def _bytes_chunk(n: int, chunk: int | None, per_example: int) -> int | None:
-    """An explicit chunk, or one sized so a chunk takes about CHUNK_BYTES (at most), as even as it can be."""
+def _bytes_chunk(n: int, chunk: int | None, per_example: int, budget: int = CHUNK_BYTES) -> int | None:
+    """An explicit chunk, or one sized so a chunk takes about `budget` bytes (at most), as even as it can be."""
     if chunk is not None:
         return chunk
-    chunk = _chunk(n, max(1, min(MAX_CHUNK, CHUNK_BYTES // max(per_example, 1))))
+    chunk = _chunk(n, max(1, min(MAX_CHUNK, budget // max(per_example, 1))))
     # as many chunks, evened out: the last one is padded with the fewest copies (57 of 256 padded 29 examples)
     return None if chunk is None else -(-n // -(-n // chunk))
 
@@ -863,7 +868,7 @@ def _projections(loss_fn, params, xs, ys, mats, chunk, method):
         def flat(xy):
             return jnp.concatenate([_project_flat(p, gi) for p, gi in zip(mats, jax.tree.leaves(g(diff, *xy)))])
 
-        chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys))
+        chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys), PROJECT_CHUNK_BYTES)
         return _map(flat, (xs, ys), chunk)
     fixed = t.fixed(t.leaves, xs, ys)
     where = {i: j for j, i in enumerate(t.ruled)}
@@ -882,7 +887,7 @@ def _projections(loss_fn, params, xs, ys, mats, chunk, method):
         return jnp.concatenate(feats)
 
     k = sum(p.features for p in mats)
-    return _map(one, (xs, ys), _bytes_chunk(n, chunk, t.example_bytes() + 4 * k))
+    return _map(one, (xs, ys), _bytes_chunk(n, chunk, t.example_bytes() + 4 * k, PROJECT_CHUNK_BYTES))
 
 
 def per_example_projections(
