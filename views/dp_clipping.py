@@ -264,6 +264,7 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
         st.caption(f"σ = **{sigma:.3f}** · expected batch qN = **{q * n_train:.0f}** · **{int(steps) * q:.1f}** epochs · "
                    f"δ = **{delta:g}** · ε from **{privacy.ACCOUNTANTS[accountant]}**, assuming Poisson sampling.")
         with ui.point("dp_sgd"):  # a lecture step opens on this block (gradlab.ui.points; issue 41)
+            planned = st.container()  # before the run, the ε it will spend stands above its button (step 11's point)
             res = None
             with ui.guard("DP-SGD training failed"):
                 fits = costs.largest(sorted({10, 25, *range(50, int(steps) + 1, 50)} & set(range(1, int(steps) + 1))),
@@ -299,8 +300,8 @@ if fitted.trainable:  # a served model trains from its module's init_fn, or not 
                     st.dataframe(table, hide_index=True, width="stretch")
             else:
                 st.info("Press **Train** (or the preset) to run DP-SGD with these settings; changing a setting cancels a run in progress. "
-                        "The privacy it will spend needs no training: the accountant sees only q, σ and the steps.")
-                with ui.guard("Could not compute ε"):
+                        "The privacy it will spend (above) needs no training: the accountant sees only q, σ and the steps.")
+                with planned, ui.guard("Could not compute ε"):
                     at, eps_at = planned_epsilons(q, float(sigma), int(steps), delta, accountant)
                     ui.chart(plots.epsilon_curve(at, eps_at, delta=delta, accountant=accountant.upper(),
                                                  target=eps_target), width="stretch")
