@@ -78,8 +78,9 @@ CHUNK_BYTES = 8 * 2**20
 #: ... and at most this many examples: bigger chunks of small examples measured slower (cache).
 MAX_CHUNK = 256
 #: The projected pass (`per_example_projections`) runs once per model and keeps only k floats per example: its
-#: chunks take twice `CHUNK_BYTES`. Seed 003's SimpleCNN over 7,000 images: 12 images a chunk against 6, 11.9 →
-#: 10.2 CPU-s for +8 MB (benchmarks/RESULTS.md, session 44).
+#: chunks take twice `CHUNK_BYTES`. Seed 003's SimpleCNN over 7,000 images: chunks of 13 images, not 6 (the pass
+#: ~1.5 CPU-s faster, the Influence page's preparation 11.0 → 9.6 s wall, its peak unchanged; benchmarks/RESULTS.md,
+#: session 44).
 PROJECT_CHUNK_BYTES = 2 * CHUNK_BYTES
 #: A loop's per-step bytes count this many times per example when chunks are sized (see `_Traced.example_bytes`).
 LOOP_WEIGHT = 8
