@@ -39,7 +39,6 @@ from gradlab import costs, equivalence, memory, summary
 from gradlab.memory import release_memory, rss_mb
 from gradlab.models import MODELS
 from gradlab.store import MB, Gate, Store, default_directory, key_of
-from gradlab.ui.figures import FIGURES
 from gradlab.ui import walk
 from gradlab.ui.upload import require_upload
 from gradlab.ui.widgets import guard
@@ -103,11 +102,13 @@ STORE = Store(int(STORE_MB * MB), default_directory(),
 
 def _relieve() -> None:
     """A heavy job would take the server over its budget: drop what is rebuilt on demand before it starts, compiled
-    programs first, then (if that is not enough) stored results' memory tier and the shared figures."""
+    programs first, then (if that is not enough) stored results' memory tier. The shared figures stay: all 88 of the
+    lecture's (13 steps, both styles) hold ~1 MB (clearing them returned 3.7 MB), while each heavy job of a room's
+    warm-up cleared them and the students' pages then rebuilt a step's figures at the lecturer's Next, under the GIL
+    (benchmarks/RESULTS.md, issue 41, session 44). `ui.figures.FIGURES` keeps at most `KEEP`."""
     release_memory(force=True, full=_nobody_waits())
     if (rss_mb() * MB + memory.BUDGET_BYTES + memory.COMPILE_BYTES) > SERVER_BUDGET_MB * MB:
         STORE.clear_memory()
-        FIGURES.clear()
         release_memory()
 
 
