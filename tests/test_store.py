@@ -315,8 +315,9 @@ def test_a_long_compile_returns_its_scratch_memory_before_its_program_runs(monke
     at least `TRIM_AFTER_COMPILE_S`, before the compiled program's first run; a shorter compile leaves it alone.
 
     The listener is fed JAX's event directly (it runs in the thread that records it), so the counts are this test's:
-    in the suite a real compile may come with other compiles of the same or another thread (CI stops 53 and 54 saw
-    two trims for one program). A real compile then shows that JAX records the event under the name listened to."""
+    in the suite a real compile may come with other compiles of the same or another thread (CI's stop 53 and a whole
+    suite of session 44 saw two trims for one program). A real compile then shows that JAX records the event under
+    the name listened to."""
     import jax
     import jax.numpy as jnp
 

@@ -110,7 +110,8 @@ class _Figures:
         return spec
 
     def clear(self) -> None:
-        """Drop every figure (the gate's relief when memory is short; each is rebuilt on its next use)."""
+        """Drop every figure; each is rebuilt on its next use. (The gate's relief no longer calls it: the figures
+        hold about 1 MB, `ui.cache._relieve`.)"""
         with self._lock:
             self._items.clear()
             self._specs.clear()
