@@ -3,6 +3,8 @@
 
     python -m benchmarks.screenshots                 # Geometry + lecture step 8, both modes, both sizes
     python -m benchmarks.screenshots --steps 1,7,9   # other lecture steps
+    python -m benchmarks.screenshots --steps 1,2,3,4,5,6,7,8,9,10,11,12,13 --pages --first-screen
+                                                     # every step and every page, the first screen only
     python -m benchmarks.screenshots --dp-fashion    # the DP clipping page on SimpleCNN / Fashion-MNIST, presenter
                                                      # mode at 1024×768, after "Train the model" and the DP-SGD button
 """
@@ -24,6 +26,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", default="8")
     parser.add_argument("--out", default=str(ROOT / "screenshots"))
+    parser.add_argument("--pages", action="store_true", help="also every page of the app by its plain link")
+    parser.add_argument("--first-screen", action="store_true", help="only the first screen (no tall window)")
     parser.add_argument("--dp-fashion", action="store_true", help="only the DP clipping page on SimpleCNN, after its "
                                                                    "two buttons (several minutes of training)")
     args = parser.parse_args(argv)
@@ -33,6 +37,10 @@ def main(argv=None) -> int:
         return dp_fashion(out)
     views = [("geometry", "geometry?geo_clip=true&geo_noise=true&geo_paths=true&geo_c=2&geo_t=20")]
     views += [(f"lecture_step{s}", f"lecture?step={s}") for s in args.steps.split(",") if s.strip()]
+    if args.pages:
+        from gradlab.ui.pages import PAGES
+
+        views += [(f"page_{p.url_path or 'home'}", f"{p.url_path}?") for p in PAGES if p.url_path != "geometry"]
     from playwright.sync_api import sync_playwright
 
     with streamlit_server() as (base, _), sync_playwright() as pw:
@@ -46,6 +54,9 @@ def main(argv=None) -> int:
                     page.wait_for_timeout(1500)
                     file = out / f"{name}_{mode}_{size}.png"
                     page.screenshot(path=str(file))
+                    if args.first_screen:
+                        print(file, "errors:", page_errors(page)[:1] or "none")
+                        continue
                     # the app scrolls inside its own container: a tall window of the same width shows it all
                     page.set_viewport_size({"width": w, "height": 3200})
                     page.wait_for_timeout(1500)
