@@ -41,10 +41,18 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # And the server's lean compiles (`memory.lean_compiles`: XLA:CPU's loop emitters where this jaxlib has the switch,
 # jaxlib 0.10), which compile these programs with about 40% less CPU (tests/test_engine.py, test_pages_norms.py,
 # test_pages_dp.py and test_influence_methods.py from an empty cache: 60–73 against 39–43 user CPU-s). Set before any
-# worker starts a backend; the workers and the servers the tests start inherit it.
-from gradlab import memory as _memory  # noqa: E402
+# worker starts a backend; the servers the tests start inherit it.
 
-_memory.lean_compiles()
+
+def pytest_configure(config):
+    """Lean compiles in every process that runs tests. Not in pytest-xdist's controller, which runs none: importing
+    gradlab there (JAX with it) and trying the flags cost ~2.4 s before any worker started (`-n 2`: the quick
+    subset's fixed cost 11.4–11.7 → 9.3–9.4 s wall); each worker tries them itself, side by side."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    from gradlab import memory
+
+    memory.lean_compiles()
 
 # JAX's announced future forms (`GRADLAB_JAX_FLAGS=jax_remat3,jax_custom_vjp3`, a comma-separated list of boolean JAX
 # config flags turned on for the whole run; .ci/run's newest-JAX lane runs the engine zoo and the users' model set so).
