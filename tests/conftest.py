@@ -46,7 +46,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 def pytest_configure(config):
     """Lean compiles in every process that runs tests. Not in pytest-xdist's controller, which runs none: importing
-    gradlab there (JAX with it) and trying the flags cost ~2.4 s before any worker started (`-n 2`: the quick
+    gradlab there (JAX with it) and trying the flags cost ~2.3 s before any worker started (`-n 2`: the quick
     subset's fixed cost 11.4–11.7 → 9.3–9.4 s wall); each worker tries them itself, side by side."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
