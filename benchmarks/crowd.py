@@ -51,6 +51,8 @@ instance, and the run ends with the cgroup's peak and how many processes the ker
     python -m benchmarks.crowd --scenarios 5 --follow-step 1 --open-room   # a room opened by its button, as in class
     python -m benchmarks.crowd --scenarios 5 --follow-step 10 --as-given   # the warm-up done, the projector's Next
     python -m benchmarks.crowd --scenarios 6                 # a lecture at one step per 30 s after opening a room
+    python -m benchmarks.crowd --scenarios 5 --follow-step 10 --as-given --busy 2   # both cores contended: a machine
+                                                             # about half as fast (two busy loops beside the server)
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ import itertools
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -833,6 +836,9 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=1,
                     help="this many servers sharing the store and XLA cache behind nginx (sticky by client address; "
                          "each visitor connects from its own loopback address)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="this many busy-loop processes run beside the server for the whole run (contended cores: a "
+                         "stand-in for a slower or shared machine)")
     args = ap.parse_args(argv)
     scenarios = {int(s) for s in args.scenarios.split(",") if s.strip()}
 
@@ -847,6 +853,9 @@ def main(argv=None) -> int:
     print(f"# crowd: {'warm' if warm else 'cold'} store and XLA cache in {directory}; server logs in {logs}", flush=True)
     print(f"# machine: {os.cpu_count()} cores; command: python -m benchmarks.crowd {' '.join(sys.argv[1:] if argv is None else argv)}",
           flush=True)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    if busy:
+        print(f"# {len(busy)} busy-loop process(es) beside the server", flush=True)
     try:
         up = server.start()
         print(f"# {args.servers} server{'s behind nginx' if args.servers > 1 else ''} healthy after {up:.1f} s", flush=True)
@@ -963,6 +972,8 @@ def main(argv=None) -> int:
                 print(f"| {r['step']} | {r['at_s']:.0f} | {r['warm'] or '–'} | {_s(r['finished_s'])} | "
                       f"{_s(r['chart_s'])} | {r['status']}{'; ' + r['errors'][0] if r['errors'] else ''} |", flush=True)
     finally:
+        for proc in busy:
+            proc.kill()
         server.close()
         if written is not None:
             twice = written.written_twice()
