@@ -54,16 +54,13 @@ def main(argv=None) -> int:
                     page.wait_for_timeout(1500)
                     file = out / f"{name}_{mode}_{size}.png"
                     page.screenshot(path=str(file))
-                    if args.first_screen:
-                        print(file, "errors:", page_errors(page)[:1] or "none")
-                        continue
-                    # the app scrolls inside its own container: a tall window of the same width shows it all
-                    page.set_viewport_size({"width": w, "height": 3200})
-                    page.wait_for_timeout(1500)
-                    page.screenshot(path=str(out / f"{name}_{mode}_{size}_full.png"))
-                    page.set_viewport_size({"width": w, "height": h})
-                    errors = page_errors(page)
-                    print(file, "errors:", errors[:1] if errors else "none")
+                    if not args.first_screen:
+                        # the app scrolls inside its own container: a tall window of the same width shows it all
+                        page.set_viewport_size({"width": w, "height": 3200})
+                        page.wait_for_timeout(1500)
+                        page.screenshot(path=str(out / f"{name}_{mode}_{size}_full.png"))
+                        page.set_viewport_size({"width": w, "height": h})
+                    print(file, "errors:", page_errors(page)[:1] or "none")
             page.close()
         browser.close()
     return 0

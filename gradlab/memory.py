@@ -380,6 +380,8 @@ def _trim() -> None:
 
 #: A compile of at least this many seconds returns its scratch memory at once (`trim_after_compiles`).
 TRIM_AFTER_COMPILE_S = 0.25
+#: JAX's event (`jax.monitoring`) for the duration of one XLA compile, recorded in the compiling thread.
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @functools.cache
@@ -393,7 +395,7 @@ def trim_after_compiles() -> None:
     import jax.monitoring
 
     def trim(event: str, duration_secs: float, **_) -> None:
-        if event == "/jax/core/compile/backend_compile_duration" and duration_secs >= TRIM_AFTER_COMPILE_S:
+        if event == COMPILE_EVENT and duration_secs >= TRIM_AFTER_COMPILE_S:
             _trim()
 
     jax.monitoring.register_event_duration_secs_listener(trim)

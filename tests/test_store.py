@@ -328,10 +328,9 @@ def test_a_long_compile_returns_its_scratch_memory_before_its_program_runs(monke
     monkeypatch.setattr(memory, "_trim", lambda: trims.append(1) if threading.get_ident() == here else None)
     memory.trim_after_compiles()
     memory.trim_after_compiles()  # once per process: a second call adds no second listener
-    event = "/jax/core/compile/backend_compile_duration"
-    jax.monitoring.record_event_duration_secs(event, memory.TRIM_AFTER_COMPILE_S)
+    jax.monitoring.record_event_duration_secs(memory.COMPILE_EVENT, memory.TRIM_AFTER_COMPILE_S)
     assert len(trims) == 1  # one listener, one trim
-    jax.monitoring.record_event_duration_secs(event, memory.TRIM_AFTER_COMPILE_S / 2)  # a short compile
+    jax.monitoring.record_event_duration_secs(memory.COMPILE_EVENT, memory.TRIM_AFTER_COMPILE_S / 2)  # a short compile
     jax.monitoring.record_event_duration_secs("/jax/core/compile/jaxpr_trace_duration", 10.0)  # not a compile
     assert len(trims) == 1
     x = jnp.arange(7.0).block_until_ready()
