@@ -32,17 +32,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def visit(page_path: str, query: str, store: str | None = None, press: str | None = None,
-          memory_limit: float = 0.0) -> dict:
-    """One cold visit (and `press`), inside a memory cgroup of `memory_limit` MB when given; **returns** its numbers."""
+          memory_limit: float = 0.0, keep_log: str | None = None) -> dict:
+    """One cold visit (and `press`), inside a memory cgroup of `memory_limit` MB when given, the server's log copied
+    to `keep_log` when given; **returns** its numbers."""
     limit = MemoryLimit(memory_limit) if memory_limit else None
     try:
-        return _visit(page_path, query, store, press, limit)
+        return _visit(page_path, query, store, press, limit, keep_log)
     finally:
         if limit:
             limit.close()  # the cgroup's folder, also when the visit failed
 
 
-def _visit(page_path: str, query: str, store: str | None, press: str | None, limit: MemoryLimit | None) -> dict:
+def _visit(page_path: str, query: str, store: str | None, press: str | None, limit: MemoryLimit | None,
+           keep_log: str | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="gradlab-cold-") as tmp, sync_playwright() as p:
@@ -74,6 +76,8 @@ def _visit(page_path: str, query: str, store: str | None, press: str | None, lim
         browser.close()
         cgroup = limit.report() if limit else None
         computes = [line for line in log.read_text().splitlines() if line.startswith("gradlab-compute ")]
+        if keep_log:
+            Path(keep_log).write_text(log.read_text())
         return dict(computes=computes, server=sum(s for _, s in run_times(log)), browser=wall, cpu=cpu, errors=errors,
                     load=(load, os.getloadavg()[0]), text=text, peak=peak, idle=idle, after_press=sampler.peak,
                     pressed_cpu=pressed_cpu, cgroup=cgroup)
@@ -91,10 +95,11 @@ def main(argv=None) -> None:
     ap.add_argument("--memory-limit", type=float, default=0,
                     help="run the server in a memory cgroup of this many MB (root), as a hosting instance does; print "
                          "its peak (file pages included, which the kernel reclaims before it kills) and its OOM kills")
+    ap.add_argument("--keep-log", help="copy the server's log (its per-run and per-computation lines) to this file")
     a = ap.parse_args(argv)
     print(f"{a.page}?{a.query}: cold server (empty store and XLA cache); {os.cpu_count()} CPUs")
     for i in range(a.repeat):
-        r = visit(a.page, a.query, a.store, a.press, a.memory_limit)
+        r = visit(a.page, a.query, a.store, a.press, a.memory_limit, a.keep_log)
         print(f"  visit {i + 1}: server {r['server']:.1f} s, browser {r['browser']:.1f} s, server CPU {r['cpu']:.1f} CPU-s; "
               f"server memory {r['idle']:.0f} MB at start, peak {r['peak']:.0f} MB before any button"
               + (f", {r['after_press']:.0f} MB and {r['pressed_cpu']:.1f} CPU-s after pressing {a.press!r}" if a.press else "")

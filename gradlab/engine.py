@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -776,11 +777,38 @@ PROJECT_WHOLE_MAX = 1024
 PROJECT_DENSE_MAX = 2**24
 
 
-def _gauss(key, rows: int, k: int):
-    """`(rows, k)`: N(0, 1/k) entries (E[R Rᵀ] = I), or the identity when rows ≤ k (nothing to compress)."""
-    if rows <= k:
-        return jnp.eye(rows, dtype=jnp.float32)
-    return jax.random.normal(key, (rows, k), jnp.float32) / np.sqrt(k)
+#: Compile options of `_draws`' program: XLA:CPU's fusion emitters where this jaxlib has the switch (the server turns
+#: them off, `memory.LEAN_XLA_FLAGS`). Seed 003's SimpleCNN at k = 16, cold: `projections` 1.2 CPU-s with the draws as
+#: one such program, 1.7–1.9 with each matrix drawn on its own (a compile per shape); the same values bit for bit.
+DRAW_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
+
+
+def _draws(key, draws: tuple) -> list:
+    """The matrices of `draws`, `((path, rows, k), …)`, NumPy float32: for each, `(rows, k)` N(0, 1/k) entries from
+    `key` folded in along `path` (a tuple of ints), or the identity `(rows, rows)` when rows ≤ k (nothing to
+    compress). The Gaussians are one compiled program; the identities are NumPy's."""
+    gauss = tuple(d for d in draws if d[1] > d[2])
+    fusion_emitters = jax.default_backend() == "cpu" and xla.accepted(DRAW_OPTIONS)
+    drawn = iter(_normals(fusion_emitters)(key, gauss) if gauss else [])
+    # scaled in NumPy as XLA scales x / √k on its own (x times float32 1/√k): inside the draws' program XLA folds the
+    # scale into the normal's own constants, which rounds differently (k = 8: 1 ulp)
+    return [np.asarray(next(drawn)) * (np.float32(1) / np.float32(np.sqrt(k))) if rows > k
+            else np.eye(rows, dtype=np.float32) for _, rows, k in draws]
+
+
+@functools.cache
+def _normals(fusion_emitters: bool):
+    """`(key, draws) -> [N(0, 1) (rows, k)]` jitted (with `DRAW_OPTIONS` when `fusion_emitters`), `draws` static."""
+    def draw(key, draws):
+        out = []
+        for path, rows, k in draws:
+            sub = key
+            for i in path:
+                sub = jax.random.fold_in(sub, i)
+            out.append(jax.random.normal(sub, (rows, k), jnp.float32))
+        return out
+
+    return jax.jit(draw, static_argnums=1, compiler_options=DRAW_OPTIONS if fusion_emitters else None)
 
 
 def _kron_dims(t: _Traced, x, y) -> dict:
@@ -834,21 +862,30 @@ def projections(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, k_in: int 
     t = _traced(loss_fn, params, xs, ys, method)
     one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
     dims = {} if t is None else _kron_dims(t, jax.tree.map(one, xs), jax.tree.map(one, ys))
-    base = jax.random.key(int(key))
-    out = []
+    plan, draws = [], []  # each leaf's kind and the indices of its matrices in `draws`
     for i, (name, leaf) in enumerate(zip(leaf_names(params), jax.tree.leaves(split_params(params)[0]))):
-        k = jax.random.fold_in(base, i)
         if i in dims:
             (rows, cols) = dims[i]
-            pa, pd = _gauss(jax.random.fold_in(k, 0), rows, k_in), _gauss(jax.random.fold_in(k, 1), cols, k_out)
-            out.append(LeafProjection(name, "kronecker", pa.shape[1] * pd.shape[1], pa=pa, pd=pd))
+            plan.append((name, "kronecker", len(draws)))
+            draws += [((i, 0), rows, k_in), ((i, 1), cols, k_out)]
         elif leaf.size <= PROJECT_WHOLE_MAX:
-            out.append(LeafProjection(name, "whole", int(leaf.size)))
+            plan.append((name, "whole", int(leaf.size)))
         elif leaf.size * dense_dim <= PROJECT_DENSE_MAX:
-            out.append(LeafProjection(name, "gaussian", dense_dim, dense=_gauss(k, int(leaf.size), dense_dim)))
+            plan.append((name, "gaussian", len(draws)))
+            draws.append(((i,), int(leaf.size), dense_dim))
         else:
             raise ValueError(f"parameter {name} ({leaf.size:,} values) has no (a, δ) factors to project, and a dense "
                              f"projection to {dense_dim} would hold {leaf.size * dense_dim:,} floats")
+    mats = [jnp.asarray(m) for m in _draws(jax.random.key(int(key)), tuple(draws))]
+    out = []
+    for name, how, at in plan:
+        if how == "kronecker":
+            pa, pd = mats[at], mats[at + 1]
+            out.append(LeafProjection(name, how, pa.shape[1] * pd.shape[1], pa=pa, pd=pd))
+        elif how == "whole":
+            out.append(LeafProjection(name, how, at))
+        else:
+            out.append(LeafProjection(name, how, dense_dim, dense=mats[at]))
     return tuple(out)
 
 

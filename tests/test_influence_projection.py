@@ -99,6 +99,33 @@ def test_a_large_leaf_without_factors_is_projected_densely_and_exactly():
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("k", [8, 16])
+def test_the_projection_is_jax_randoms_normal_draw_bit_for_bit(k):
+    """`projections` draws its matrices in one program (`engine._draws`): the values are still, bit for bit, each
+    matrix drawn on its own as defined (`jax.random.normal` at key(seed) folded in by leaf and side, / √k; the identity
+    where a side is no larger than k), so the stored LDS and every server's features keep their meaning."""
+    model = MODELS["simple_cnn"](jax.random.key(0))
+    xs, ys = jax.random.normal(jax.random.key(1), (1, 100)), jnp.array([1])
+    proj = engine.projections(losses.cross_entropy, model, xs, ys, k_in=k, k_out=k, key=5)
+
+    def drawn(i, side, rows):
+        if rows <= k:
+            return np.eye(rows, dtype=np.float32)
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(5), i), side)
+        return np.asarray(jax.random.normal(key, (rows, k), jnp.float32) / np.sqrt(k))
+
+    leaves = [p.name for p in proj]
+    checked = 0
+    for p in proj:
+        if p.how == "kronecker":
+            i = leaves.index(p.name)
+            for side, mat in enumerate((p.pa, p.pd)):
+                want = drawn(i, side, mat.shape[0])
+                assert np.asarray(mat).dtype == want.dtype and np.array_equal(np.asarray(mat), want), (p.name, side)
+                checked += 1
+    assert checked == 8  # conv1, conv2, fc1, fc2: both sides each
+
+
 def _context(kernel, n=40):
     rng = np.random.default_rng(0)
     xs, ys = rng.normal(size=(n, 5)), rng.integers(0, 3, n)

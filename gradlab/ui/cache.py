@@ -304,7 +304,7 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
         keep = persist and not memory_only
 
         def compute(report):  # another server sharing the store may have computed it meanwhile: `once`
-            started, before, ran = time.perf_counter(), rss_mb(), []
+            started, cpu, before, ran = time.perf_counter(), time.process_time(), rss_mb(), []
 
             def run_fn():
                 ran.append(True)
@@ -319,7 +319,8 @@ def shared(fn=None, *, label: str = "Computing", persist: bool = True, gated: bo
                 # another session's result: a cold room's 30 followers printed 25 lines for one computation)
                 if LOG_RUNS and ran:
                     live = sum(a.nbytes for a in jax.live_arrays()) / MB
-                    print(f"gradlab-compute {fn.__qualname__} {time.perf_counter() - started:.3f} s, RSS {before:.0f} MB "
+                    print(f"gradlab-compute {fn.__qualname__} {time.perf_counter() - started:.3f} s "
+                          f"({time.process_time() - cpu:.1f} process CPU-s), RSS {before:.0f} MB "
                           f"-> peak {memory.peak_rss_mb():.0f} MB; JAX arrays alive after {live:.0f} MB, store memory tier "
                           f"{STORE.used_bytes / MB:.0f} MB", file=sys.stderr, flush=True)
 
