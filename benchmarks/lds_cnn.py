@@ -63,7 +63,7 @@ from benchmarks.torch_cnn import torch_simple_cnn
 from gradlab import influence as inf
 from gradlab.experiment import Experiment, Fitted, fit, init_model, load_data, recipe
 from gradlab.influence import fitted as ifit
-from gradlab.influence.methods import METHODS
+from gradlab.influence.methods import METHODS, defaults
 from gradlab.influence.protocol import UNAVAILABLE
 from gradlab.influence.solvers import InfluenceError
 from gradlab.sources import source_of
@@ -274,12 +274,14 @@ def mean_se(per_test: np.ndarray) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
 
 
-def gradlab_side(fitted: Fitted, t: int, say, only=None, damping_grid=None) -> list[Row]:
+def gradlab_side(fitted: Fitted, t: int, say, only=None, damping_grid=None, settings=None) -> list[Row]:
     """Every registry method that applies to `fitted` and prepares without θ̂, scored on the first `t` test points:
     scores and CPU-seconds of `prepare` + `scores`. A method that cannot run here is a row with its reason. With
     `damping_grid`, a method that reads the damping δ (EK-FAC) is prepared once and scored at each δ, a row each
-    (`score` keeps the best, as it does for dattri's EK-FAC); its CPU-s: preparing plus one δ's scoring."""
-    ctx = ifit.context(fitted, base=_refuse_optimum)
+    (`score` keeps the best, as it does for dattri's EK-FAC); its CPU-s: preparing plus one δ's scoring.
+    `settings`: the methods' settings where they differ from the page's defaults (`--set`)."""
+    settings = dict(settings or {})
+    ctx = ifit.context(fitted, settings, base=_refuse_optimum)
     why = {name: m.applies(fitted) for name, m in METHODS.items()}
     txs, tys = jnp.asarray(fitted.data.x_test[:t]), jnp.asarray(fitted.data.y_test[:t])
     rows = []
@@ -294,7 +296,8 @@ def gradlab_side(fitted: Fitted, t: int, say, only=None, damping_grid=None) -> l
         prep_cpu, prep_wall = clock.cpu_s, clock.wall_s
         grid = list(damping_grid) if damping_grid and "damping" in m.reads else [None]
         for delta in grid:
-            c, clock = (ctx if delta is None else ifit.context(fitted, {"damping": delta}, base=_refuse_optimum)), Clock()
+            c, clock = (ctx if delta is None else ifit.context(fitted, {**settings, "damping": delta},
+                                                                  base=_refuse_optimum)), Clock()
             if err is None:
                 try:
                     values = np.asarray(m.scores(c, state, txs, tys).values)
@@ -309,6 +312,18 @@ def gradlab_side(fitted: Fitted, t: int, say, only=None, damping_grid=None) -> l
             rows.append(Row("gradlab", name, m.label, values, cpu, wall, m.note(state) or "", damping=delta))
             say(f"gradlab {name}" + (f" at δ = {delta:g}" if delta is not None else "") + f": {cpu:.0f} CPU-s")
     return rows
+
+
+def _settings(pairs) -> dict:
+    """`--set` NAME=VALUE pairs as settings, each value parsed as its control's default's type."""
+    known = defaults()
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in known:
+            raise SystemExit(f"--set: no setting {name!r}; the settings are {', '.join(sorted(known))}")
+        out[name] = type(known[name])(value)
+    return out
 
 
 def score(rows: list[Row], subsets, truth) -> list[Row]:
@@ -538,6 +553,8 @@ def main(argv=None) -> None:
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                     help="gradlab's registry, dattri's TRAK, dattri's EK-FAC")
     ap.add_argument("--methods", nargs="+", default=None, help="gradlab methods (registry names): default all")
+    ap.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="gradlab methods' settings other than the page's defaults (e.g. logra_layers=all)")
     ap.add_argument("--trak-models", type=int, nargs="+", default=[1],
                     help="dattri TRAK ensemble sizes: the seed-0 model, then full-data models at seeds 1, 2, …")
     ap.add_argument("--proj-dim", type=int, default=512, help="dattri TRAK's projection dimension (dattri: 512)")
@@ -601,10 +618,12 @@ def main(argv=None) -> None:
     common = [f"--train {args.train}", f"--test {t}", f"--retrains {args.retrains}"]
     rows = []
     if "gradlab" in args.parts:
-        for r in gradlab_side(fitted, t, say, only=args.methods, damping_grid=args.damping if args.gradlab_damping else None):
+        for r in gradlab_side(fitted, t, say, only=args.methods, damping_grid=args.damping if args.gradlab_damping else None,
+                              settings=_settings(args.set)):
             rows.append(dataclasses.replace(r, command=" ".join([COMMAND, *common, "--parts gradlab --methods", r.method]
                                                                 + ["--gradlab-damping --damping " + " ".join(
-                                                                    f"{d:g}" for d in args.damping)] * (r.damping is not None))))
+                                                                    f"{d:g}" for d in args.damping)] * (r.damping is not None)
+                                                                + ["--set " + " ".join(args.set)] * bool(args.set))))
     port, extra_cpu = None, 0.0
     dattri_parts = [p for p in args.parts if p != "gradlab"]
     if dattri_parts and not dattri_available():

@@ -40,7 +40,7 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 import equinox as eqx
@@ -58,7 +58,7 @@ __all__ = [
     "per_example_grads", "per_example_norms", "per_example_layer_norms", "per_example_dots", "clipped_grad_sum",
     "batch_grad", "explain",
     # influence features: per-example gradients under a (Kronecker-factored) random projection
-    "projections", "per_example_projections", "LeafProjection", "PROJECT_WHOLE_MAX", "PROJECT_DENSE_MAX",
+    "projections", "first_layer", "per_example_projections", "LeafProjection", "PROJECT_WHOLE_MAX", "PROJECT_DENSE_MAX",
     "PROJECT_CHUNK_BYTES",
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
@@ -257,28 +257,38 @@ class _Traced:
         fb = sum(self.leaves[self.diff_index[i]].size for i in self.fallback + formed)
         return 4 * (kept + fb) + LOOP_WEIGHT * rules.loop_bytes(self.graph)
 
-    def one(self, leaves, x, y, sq=None, dots=False):
+    def one(self, leaves, x, y, sq=None, dots=False, skip=frozenset()):
         """One example: `(loss, fallback grads {leaf: g}, saved operands, output gradients δ)`; the fallback
         grads include the leaves of computed weights (`rules.composite_grads`), formed from their (a, δ).
         `saved` and `δ` hold the ruled leaves' groups (`self.ruled` order), then the computed weights'. With a
         dict `sq`, the leaves of computed weights with a closed-form norm (`Composite.structure`) get their
         squared norm in `sq` instead of a gradient (`rules.composite_sq_norms`); with `dots`, the leaves of
-        real computed weights get none (`rules.composite_dots` takes their (a, δ))."""
+        real computed weights get none (`rules.composite_dots` takes their (a, δ)). Leaves in `skip` (diff-leaf
+        indices, ruled or fallback) are not differentiated: no δ (None) and no gradient, so the backward pass
+        stops where only they needed it (a network's first layer: the second layer's input gradient)."""
         probes = rules.zero_probes(self.plan)
         xy = jax.tree.leaves(x) + jax.tree.leaves(y)
+        fallback = [i for i in self.fallback if i not in skip]
+        live = [j for j in range(len(probes)) if j >= len(self.ruled) or self.ruled[j] not in skip]
 
-        def f(fb_vals, probes):  # the loss, and (saved operands, the graph's other outputs: an aux)
-            vals = list(leaves)
-            for i, v in zip(self.fallback, fb_vals):
+        def f(fb_vals, live_probes):  # the loss, and (saved operands, the graph's other outputs: an aux)
+            vals, all_probes = list(leaves), list(probes)
+            for i, v in zip(fallback, fb_vals):
                 vals[self.diff_index[i]] = v
-            outs, saved = rules.run(self.graph, self.plan, vals + xy, probes)
+            for j, p in zip(live, live_probes):
+                all_probes[j] = p
+            outs, saved = rules.run(self.graph, self.plan, vals + xy, all_probes)
             return outs[0], (saved, outs[1:])
 
-        fb_vals = [leaves[self.diff_index[i]] for i in self.fallback]
-        (loss, (saved, aux)), (g_fb, deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(fb_vals, probes)
+        fb_vals = [leaves[self.diff_index[i]] for i in fallback]
+        (loss, (saved, aux)), (g_fb, live_deltas) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(
+            fb_vals, [probes[j] for j in live])
+        deltas = [None] * len(probes)
+        for j, d in zip(live, live_deltas):
+            deltas[j] = d
         if self.aux_def is not None:
             loss = (loss, jax.tree.unflatten(self.aux_def, aux))
-        g_fb = dict(zip(self.fallback, g_fb))
+        g_fb = dict(zip(fallback, g_fb))
         n = len(self.ruled)
         if self.composite:
             values = list(leaves) + xy
@@ -677,6 +687,35 @@ def explain(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> list[dict]:
     return rows
 
 
+def first_layer(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any) -> tuple[str, ...]:
+    """The names (`leaf_names`) of the network's first layer: the ruled leaves used only before the loss's second
+    weight layer (a dense layer, convolution or embedding: a `RuleKind` with `layer`) in the order the traced loss
+    computes them, e.g. the first convolution's weight and the bias added to its output. Every gradient of these
+    leaves needs the backward pass through the second layer's input (for SimpleCNN's conv2, as costly as its
+    forward pass); `projections(..., skip=first_layer(...))` leaves that pass out.
+
+    **Arguments** as `per_example_grads` (only the shapes of `xs, ys` matter).
+
+    **Returns** a tuple of names; () when the loss has fewer than two weight layers or the rules cannot trace it.
+    """
+    params = as_params(params)
+    try:
+        t = _Traced(loss_fn, params, xs, ys)
+    except Exception:  # noqa: BLE001 - no rules: nothing to leave out
+        return ()
+    order = {id(e): k for k, e in enumerate(t.graph.eqns)}
+
+    def position(site):  # a site inside a loop is where its outermost loop is
+        return site.where[0][0] if site.where else order[id(site.op)]
+
+    layers = sorted({position(s) for r in t.plan.rules.values() for s in r.sites if s.kind.layer})
+    if len(layers) < 2:
+        return ()
+    names = leaf_names(params)
+    return tuple(names[i] for i, r in sorted(t.plan.rules.items())
+                 if all(position(s) < layers[1] for s in r.sites))
+
+
 def _vdot(a, b):
     """⟨a, b⟩ in float32 or wider, real: Re Σ āⱼ bⱼ for complex leaves (their inner product as pairs of reals)."""
     dtype = rules.acc_dtype(jnp.result_type(a, b))
@@ -759,8 +798,8 @@ class LeafProjection(eqx.Module):
 
     `how`: "kronecker" (a dense, convolution or embedding weight: its gradient in the rule's factor layout
     G `(I, O)` becomes Paᵀ G Pd, `(k_in·k_out,)` row-major, i.e. (Pa ⊗ Pd)ᵀ vec(G), never forming G); "whole" (a
-    small leaf: its flat gradient, unprojected); "gaussian" (its flat gradient times a Gaussian `dense (size, k)`).
-    `pa (I, k_in)`, `pd (O, k_out)`: a Gaussian matrix with N(0, 1/k) entries, or the identity where the side is no
+    small leaf: its flat gradient, unprojected); "gaussian" (its flat gradient times a Gaussian `dense (size, k)`);
+    "skip" (left out: no features, its gradient never formed). `pa (I, k_in)`, `pd (O, k_out)`: a Gaussian matrix with N(0, 1/k) entries, or the identity where the side is no
     larger than k (exact). `name`: the leaf's name (`engine.leaf_names`); `features`: how many it contributes."""
 
     name: str = eqx.field(static=True)
@@ -835,7 +874,8 @@ def _kron_dims(t: _Traced, x, y) -> dict:
 
 
 def projections(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, k_in: int = 32, k_out: int = 32,
-                key: int = 0, dense_dim: int = 1024, method: Method = "auto") -> tuple[LeafProjection, ...]:
+                key: int = 0, dense_dim: int = 1024, method: Method = "auto",
+                skip: Collection[str] = ()) -> tuple[LeafProjection, ...]:
     """The random projection `per_example_projections` applies, one `LeafProjection` per differentiable leaf (in
     `leaf_names` order), drawn from `jax.random.key(key)` (each leaf and side its own `fold_in`).
 
@@ -844,27 +884,35 @@ def projections(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, k_in: int 
     from its factors aᵢ `(T, I)` and δᵢ `(T, O)`, with Pa `(I, k_in)` and Pd `(O, k_out)`: at most
     (I + O)·k floats for an (I, O) weight where a dense projection (TRAK, Park et al. 2023) holds I·O·k. Any other
     leaf of at most `PROJECT_WHOLE_MAX` parameters is kept whole; a larger one is projected by a dense Gaussian
-    `(size, dense_dim)`.
+    `(size, dense_dim)`. A leaf named in `skip` is left out (`how` "skip", no features): on the rules path its
+    gradient is never formed, nor what only it needs (for a network's first layer, the backward pass through the
+    second layer's input; `_Traced.one`).
 
     **Arguments** as `per_example_dots` (`xs`, `ys` only for their shapes); `k_in`, `k_out` ≥ 1; `key` an int
-    seed; `method` "vmap" projects every leaf's formed gradient (no rules).
+    seed; `method` "vmap" projects every leaf's formed gradient (no rules); `skip` leaf names (`leaf_names`).
 
     **Returns** a tuple of `LeafProjection`.
 
-    **Raises** `ValueError` for k < 1, or a leaf without factors too large for a dense projection
-    (size × `dense_dim` > `PROJECT_DENSE_MAX`).
+    **Raises** `ValueError` for k < 1, a name in `skip` that is no differentiable leaf, or a leaf without factors
+    too large for a dense projection (size × `dense_dim` > `PROJECT_DENSE_MAX`).
     """
     if min(k_in, k_out, dense_dim) < 1:
         raise ValueError(f"projection dimensions must be ≥ 1, got k_in={k_in}, k_out={k_out}, dense_dim={dense_dim}")
     check_batch(xs, ys)
     _check_method(method)
     params = as_params(params)
+    unknown = set(skip) - set(leaf_names(params))
+    if unknown:
+        raise ValueError(f"no differentiable leaf named {', '.join(sorted(unknown))} to skip; the leaves are "
+                         f"{', '.join(leaf_names(params))}")
     t = _traced(loss_fn, params, xs, ys, method)
     one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731
     dims = {} if t is None else _kron_dims(t, jax.tree.map(one, xs), jax.tree.map(one, ys))
     plan, draws = [], []  # each leaf's kind and the indices of its matrices in `draws`
     for i, (name, leaf) in enumerate(zip(leaf_names(params), jax.tree.leaves(split_params(params)[0]))):
-        if i in dims:
+        if name in skip:
+            plan.append((name, "skip", 0))
+        elif i in dims:
             (rows, cols) = dims[i]
             plan.append((name, "kronecker", len(draws)))
             draws += [((i, 0), rows, k_in), ((i, 1), cols, k_out)]
@@ -882,7 +930,7 @@ def projections(loss_fn: LossFn, params: PyTree, xs: Any, ys: Any, *, k_in: int 
         if how == "kronecker":
             pa, pd = mats[at], mats[at + 1]
             out.append(LeafProjection(name, how, pa.shape[1] * pd.shape[1], pa=pa, pd=pd))
-        elif how == "whole":
+        elif how in ("whole", "skip"):
             out.append(LeafProjection(name, how, at))
         else:
             out.append(LeafProjection(name, how, dense_dim, dense=mats[at]))
@@ -904,17 +952,21 @@ def _projections(loss_fn, params, xs, ys, mats, chunk, method):
         g = _grad_one(loss_fn, static)
 
         def flat(xy):
-            return jnp.concatenate([_project_flat(p, gi) for p, gi in zip(mats, jax.tree.leaves(g(diff, *xy)))])
+            return jnp.concatenate([_project_flat(p, gi) for p, gi in zip(mats, jax.tree.leaves(g(diff, *xy)))
+                                    if p.how != "skip"])
 
         chunk = _bytes_chunk(n, chunk, _vmap_example_bytes(loss_fn, params, xs, ys), PROJECT_CHUNK_BYTES)
         return _map(flat, (xs, ys), chunk)
     fixed = t.fixed(t.leaves, xs, ys)
     where = {i: j for j, i in enumerate(t.ruled)}
+    skip = frozenset(i for i, p in enumerate(mats) if p.how == "skip")
 
     def one(xy):
-        _, g_fb, saved, deltas = t.one(t.leaves, *xy)
+        _, g_fb, saved, deltas = t.one(t.leaves, *xy, skip=skip)
         feats = []
         for i, p in enumerate(mats):
+            if p.how == "skip":
+                continue
             if p.how == "kronecker":
                 j = where[i]
                 (got,) = rules.project(t.rule(i), saved[j], deltas[j], [p.pa], [p.pd])

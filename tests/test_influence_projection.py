@@ -48,6 +48,8 @@ def _explicit(projection, grads: list, layouts: dict):
             out.append(np.kron(np.asarray(p.pa, np.float64), np.asarray(p.pd, np.float64)).T @ layout.ravel())
         elif p.how == "whole":
             out.append(g.ravel())
+        elif p.how == "skip":
+            continue
         else:
             out.append(np.asarray(p.dense, np.float64).T @ g.ravel())
     return np.concatenate(out)
@@ -124,6 +126,66 @@ def test_the_projection_is_jax_randoms_normal_draw_bit_for_bit(k):
                 assert np.asarray(mat).dtype == want.dtype and np.array_equal(np.asarray(mat), want), (p.name, side)
                 checked += 1
     assert checked == 8  # conv1, conv2, fc1, fc2: both sides each
+
+
+def _dots(fn, *args) -> int:
+    """How many dot products the program `fn(*args)` traces (nested jaxprs included)."""
+    return str(jax.make_jaxpr(fn)(*args)).count("dot_general")
+
+
+@pytest.mark.parametrize("name", ["mlp", "lax_conv", pytest.param("simple_cnn", marks=pytest.mark.slow)])
+def test_leaving_the_first_layer_out_keeps_every_other_feature_and_drops_its_backward_pass(name):
+    """`first_layer` names the first layer's weight and bias; `skip=` leaves them out: every other leaf's features are
+    still the Kronecker projection of its `jax.grad` (the loop), and the pass traces fewer dot products (the second
+    layer's input gradient, which only the first layer needs, is gone)."""
+    model = MODELS[name](jax.random.key(0))
+    d = int(np.prod(model.image_shape)) if hasattr(model, "image_shape") else 36
+    xs = jax.random.normal(jax.random.key(1), (5, d))
+    ys = jnp.array([0, 1, 2, 1, 0])
+    first = engine.first_layer(losses.cross_entropy, model, xs, ys)
+    names = engine.leaf_names(model)
+    assert first == tuple(names[:2]) and first[0].endswith("weight") and first[1].endswith("bias"), first
+    full = engine.projections(losses.cross_entropy, model, xs, ys, k_in=6, k_out=2, key=3)
+    proj = engine.projections(losses.cross_entropy, model, xs, ys, k_in=6, k_out=2, key=3, skip=first)
+    assert [p.how for p in proj[:2]] == ["skip", "skip"] and [p.features for p in proj[:2]] == [0, 0]
+    got = np.asarray(engine.per_example_projections(losses.cross_entropy, model, xs, ys, proj))
+    want = np.stack([_explicit(proj, g, _layouts(model)) for g in _loop(model, xs, ys)])
+    assert got.shape == want.shape == (5, sum(p.features for p in full[2:]))
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5 * np.abs(want).max())
+    run = lambda mats: engine.per_example_projections(losses.cross_entropy, model, xs, ys, mats)  # noqa: E731
+    # gone: the first layer's own projection (A·Pa, δ·Pd, their product) and the second layer's input gradient
+    assert _dots(run, full) - _dots(run, proj) == 4
+
+
+def test_the_first_layer_is_the_first_the_loss_computes_not_the_first_leaf():
+    """Leaves in tree order ("a_out" before "b_in") against the data flow (x → b_in → a_out): the first layer is
+    b_in; a one-layer loss has none to leave out; an unknown name to skip is refused."""
+    p = {"a_out": jax.random.normal(jax.random.key(0), (5, 3)), "b_in": jax.random.normal(jax.random.key(1), (4, 5))}
+
+    def loss(p, x, y):
+        return jnp.sum((jnp.tanh(x @ p["b_in"]) @ p["a_out"] - y) ** 2)
+
+    xs, ys = jnp.ones((2, 4)), jnp.zeros((2, 3))
+    assert engine.leaf_names(p) == ["['a_out']", "['b_in']"]
+    assert engine.first_layer(loss, p, xs, ys) == ("['b_in']",)
+    assert engine.first_layer(lambda p, x, y: jnp.sum(x @ p["b_in"]), p, xs, ys) == ()
+    with pytest.raises(ValueError, match="no differentiable leaf named"):
+        engine.projections(loss, p, xs, ys, k_in=2, k_out=2, skip=("['c']",))
+
+
+def test_the_projected_methods_layers_setting():
+    """`logra_layers`: auto leaves a small first layer out (SimpleCNN's conv1: under 1% of the parameters) and keeps
+    a large one (the MLP's); all keeps every layer; rest leaves the first out; anything else is refused."""
+    from gradlab.influence.methods.logra import left_out
+
+    cnn, mlp = MODELS["simple_cnn"](jax.random.key(0)), MODELS["mlp"](jax.random.key(0))
+    x_cnn, x_mlp, y = jnp.ones((1, 100)), jnp.ones((1, 36)), jnp.array([1])
+    assert left_out(losses.cross_entropy, cnn, x_cnn, y, "auto") == (".conv1.weight", ".conv1.bias")
+    assert left_out(losses.cross_entropy, cnn, x_cnn, y, "all") == ()
+    assert left_out(losses.cross_entropy, mlp, x_mlp, y, "auto") == ()
+    assert left_out(losses.cross_entropy, mlp, x_mlp, y, "rest") == tuple(engine.leaf_names(mlp)[:2])
+    with pytest.raises(ValueError, match="logra_layers"):
+        left_out(losses.cross_entropy, mlp, x_mlp, y, "first")
 
 
 def _context(kernel, n=40):
