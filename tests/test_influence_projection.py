@@ -101,11 +101,12 @@ def test_a_large_leaf_without_factors_is_projected_densely_and_exactly():
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("k", [8, 16])
-def test_the_projection_is_jax_randoms_normal_draw_bit_for_bit(k):
+def test_the_projection_is_jax_randoms_normal_draw_bit_for_bit():
     """`projections` draws its matrices in one program (`engine._draws`): the values are still, bit for bit, each
     matrix drawn on its own as defined (`jax.random.normal` at key(seed) folded in by leaf and side, / √k; the identity
-    where a side is no larger than k), so the stored LDS and every server's features keep their meaning."""
+    where a side is no larger than k), so the stored LDS and every server's features keep their meaning. k = 12: √k
+    is no power of two (the scale's rounding shows), and conv1's 9 inputs and fc2's 10 outputs are identities."""
+    k = 12
     model = MODELS["simple_cnn"](jax.random.key(0))
     xs, ys = jax.random.normal(jax.random.key(1), (1, 100)), jnp.array([1])
     proj = engine.projections(losses.cross_entropy, model, xs, ys, k_in=k, k_out=k, key=5)
