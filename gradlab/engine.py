@@ -58,8 +58,8 @@ __all__ = [
     "per_example_grads", "per_example_norms", "per_example_layer_norms", "per_example_dots", "clipped_grad_sum",
     "batch_grad", "explain",
     # influence features: per-example gradients under a (Kronecker-factored) random projection
-    "projections", "first_layer", "per_example_projections", "LeafProjection", "PROJECT_WHOLE_MAX", "PROJECT_DENSE_MAX",
-    "PROJECT_CHUNK_BYTES",
+    "projections", "first_layer", "per_example_projections", "LeafProjection", "PROJECT_WHOLE_MAX",
+    "PROJECT_DENSE_MAX", "PROJECT_CHUNK_BYTES",
     # pieces the rest of gradlab composes: checks, parameters, weighted and clipped sums inside a trace
     "check_batch", "as_params", "num_params", "leaf_names", "flatten_per_example", "loop_per_example_grads",
     "resolve_method", "clip_factors", "clipped_sum_core", "layer_norms_and_grad_sum", "weighted_grad", "weighted_grads", "scan_chunks", "pad_examples",
@@ -799,8 +799,9 @@ class LeafProjection(eqx.Module):
     `how`: "kronecker" (a dense, convolution or embedding weight: its gradient in the rule's factor layout
     G `(I, O)` becomes Paᵀ G Pd, `(k_in·k_out,)` row-major, i.e. (Pa ⊗ Pd)ᵀ vec(G), never forming G); "whole" (a
     small leaf: its flat gradient, unprojected); "gaussian" (its flat gradient times a Gaussian `dense (size, k)`);
-    "skip" (left out: no features, its gradient never formed). `pa (I, k_in)`, `pd (O, k_out)`: a Gaussian matrix with N(0, 1/k) entries, or the identity where the side is no
-    larger than k (exact). `name`: the leaf's name (`engine.leaf_names`); `features`: how many it contributes."""
+    "skip" (left out: no features, its gradient never formed). `pa (I, k_in)`, `pd (O, k_out)`: a Gaussian matrix
+    with N(0, 1/k) entries, or the identity where the side is no larger than k (exact). `name`: the leaf's name
+    (`engine.leaf_names`); `features`: how many it contributes."""
 
     name: str = eqx.field(static=True)
     how: str = eqx.field(static=True)
