@@ -337,7 +337,7 @@ def freeze_imported_heap() -> None:
         gc.freeze()
 
 
-#: Seconds between two of `release_memory`'s full collections (`collect_everything`) while visitors wait: each
+#: Seconds between two of `release_memory`'s full collections (`collect_everything`), visitors waiting or not: each
 #: holds the GIL for 0.3–0.5 s, which stalls every visitor's page and the server's sending. Before and after every
 #: computation they took 9.4 s of a 47 s run of ten changes at once (py-spy, `benchmarks/crowd.py` scenario 2).
 FULL_COLLECT_EVERY_S = float(os.environ.get("GRADLAB_FULL_COLLECT_EVERY_S", "60"))
@@ -407,7 +407,7 @@ def release_memory(force: bool = False, *, full: bool | None = None) -> None:
     JAX's compiled functions (`jax.clear_caches()`), which other sessions simply recompile when they need them,
     and collect what that left as cyclic garbage: an ordinary collection (milliseconds: the imported heap is
     frozen), and a full one (`collect_everything`) when `full`, or (`full=None`) when none ran in the last
-    `FULL_COLLECT_EVERY_S`. The gate asks for a full one when nobody waits for it (`ui.cache`)."""
+    `FULL_COLLECT_EVERY_S` (the gate's before and after every job, `ui.cache`)."""
     _trim()
     if force or (MEMORY_BUDGET_MB and rss_mb() > MEMORY_BUDGET_MB):
         before = rss_mb()

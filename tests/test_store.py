@@ -163,7 +163,7 @@ def test_a_waiting_visitor_sees_their_place_before_the_training_checks(monkeypat
 
 def test_dropping_compiled_programs_collects_everything_at_most_once_a_minute(monkeypatch):
     """A full collection holds the GIL for 0.3–0.5 s: `release_memory` runs it at most every
-    `FULL_COLLECT_EVERY_S` (an ordinary collection otherwise), or when asked to (`full=True`: nobody waits)."""
+    `FULL_COLLECT_EVERY_S` (an ordinary collection otherwise), or when asked to (`full=True`)."""
     from gradlab import memory
 
     full = []
@@ -176,7 +176,7 @@ def test_dropping_compiled_programs_collects_everything_at_most_once_a_minute(mo
     memory.release_memory(force=True)
     memory.release_memory(force=True, full=False)
     assert len(full) == 2
-    memory.release_memory(force=True, full=True)  # nobody waits in the gate's queue: collect everything now
+    memory.release_memory(force=True, full=True)  # asked for: collect everything now
     assert len(full) == 3
 
 

@@ -106,20 +106,18 @@ def _relieve() -> None:
     lecture's (13 steps, both styles) hold ~1 MB (clearing them returned 3.7 MB), while each heavy job of a room's
     warm-up cleared them and the students' pages then rebuilt a step's figures at the lecturer's Next, under the GIL
     (benchmarks/RESULTS.md, issue 41, session 44). `ui.figures.FIGURES` keeps at most `KEEP`."""
-    release_memory(force=True, full=_nobody_waits())
+    release_memory(force=True)
     if (rss_mb() * MB + memory.BUDGET_BYTES + memory.COMPILE_BYTES) > SERVER_BUDGET_MB * MB:
         STORE.clear_memory()
         release_memory()
 
 
-def _nobody_waits() -> bool | None:
-    """A full collection (0.3–0.5 s under the GIL) whenever no request waits in the gate's queue; while some
-    do, at most every `memory.FULL_COLLECT_EVERY_S` (None)."""
-    return True if not GATE.waiting else None
-
-
+# Before and after every job, `release_memory` collects the frozen heap in full (0.3–0.5 s under the GIL) at most every
+# `memory.FULL_COLLECT_EVERY_S`, waiters or not. A full collection whenever nobody waited in the gate's queue came to
+# ~8 in one Influence press on seed 003's SimpleCNN, ~1.3 of its 25 CPU-s, and held the GIL against other visitors'
+# page runs, which the queue does not count (benchmarks/RESULTS.md, issue 40, session 46).
 GATE = Gate(GATE_SLOTS, int(SERVER_BUDGET_MB * MB), rss=lambda: int(rss_mb() * MB),
-            relieve=_relieve, after=lambda: release_memory(full=_nobody_waits()), hold=STORE.slot)
+            relieve=_relieve, after=release_memory, hold=STORE.slot)
 
 
 #: Practice's own slot: a student's run waits only behind other students' runs, never in the pages' queue, so a run
