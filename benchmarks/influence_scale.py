@@ -96,7 +96,7 @@ def main() -> None:
 
     settings = {**defaults(), **({"logra_kernel": args.kernel} if args.kernel else {}),
                 **({"logra_k": args.k} if args.k else {})}
-    out["settings"] = {"logra_k": settings["logra_k"], "logra_kernel": settings["logra_kernel"]}
+    out["settings"] = {k: settings[k] for k in ("logra_k", "logra_layers", "logra_kernel")}
     m = METHODS["logra"]
     ctx = ifit.context(f, settings, between=lambda: release_memory(full=False))  # as the page does
     d = f.data
