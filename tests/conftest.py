@@ -17,6 +17,12 @@ from benchmarks.browser import CHROMIUM
 # again. Set before JAX is imported; the streamlit servers inherit it through the environment.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gradlab-test-xla-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# The same bound as app.py's in every process, not only in the servers: a bounded cache takes a file lock around each
+# read and write and keeps an access-time file beside each entry. A worker without the bound wrote entries with no
+# access-time file, and every later write of a server then failed (its eviction scan reads every entry's file: 43 of
+# one server's writes in one suite were lost, so the next server compiled those programs again); and an unlocked
+# read could meet an entry another process was still writing.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(512 * 2**20))
 
 # A test worker holds many tests' programs (well over the server's 400 MB default): dropping JAX's compiled
 # functions after every shared computation would make every later test trace and load its programs again.
