@@ -1,5 +1,6 @@
 """The memory the browser tests hold the server to (`benchmarks.browser.tree_rss_mb`): a process tree read from /proc,
-counting what a container would be charged, and nothing twice."""
+counting what a container would be charged, and nothing twice; and the CPU a test run takes by kind of process
+(`benchmarks.suite_cpu`)."""
 
 import subprocess
 import sys
@@ -18,16 +19,16 @@ import subprocess, sys, time
 import numpy as np
 held = np.ones(200 * 2**18, dtype=np.float32)  # 200 MB, written
 print("ready", flush=True)
-end = time.time() + 2
+end = time.time() + 1
 while time.time() < end:
     subprocess.run(["uname", "-p"], stdout=subprocess.DEVNULL)
 """
 
-# A parent that starts a Python child holding 100 MB of its own for 2 s.
+# A parent that starts a Python child holding 100 MB of its own for 1 s.
 PARENT_OF_A_LARGE_CHILD = """
 import subprocess, sys
 print("ready", flush=True)
-subprocess.run([sys.executable, "-c", "import numpy as np, time; a = np.ones(100 * 2**18, dtype=np.float32); time.sleep(2)"])
+subprocess.run([sys.executable, "-c", "import numpy as np, time; a = np.ones(100 * 2**18, dtype=np.float32); time.sleep(1)"])
 """
 
 
@@ -58,3 +59,21 @@ def test_a_child_before_its_exec_is_not_counted_as_a_second_copy_of_its_parent()
 def test_a_child_that_runs_its_own_program_is_counted():
     peak, own = _peak_while_running(PARENT_OF_A_LARGE_CHILD)
     assert peak > own + 90, (peak, own)
+
+
+# A grandchild that burns 1 CPU-s, then idles long enough for a sample to see its total.
+BURNS_ONE_CPU_SECOND = """
+import subprocess, sys
+code = "# gradlab.practice\\nimport time\\nwhile time.process_time() < 1.0: pass\\ntime.sleep(0.8)"
+subprocess.run([sys.executable, "-c", code], check=True)
+"""
+
+
+def test_the_suite_cpu_counts_a_grandchilds_cpu_under_its_kind():
+    from benchmarks import suite_cpu
+
+    wall, status, totals = suite_cpu.measure([sys.executable, "-c", BURNS_ONE_CPU_SECOND])
+    assert status == 0 and wall >= 1.8
+    assert 0.95 <= totals.get("practice sandbox", 0) <= 1.3, totals
+    assert suite_cpu.kind("/usr/lib/chromium/chromium --type=renderer") == "chromium"
+    assert suite_cpu.kind("/x/python -u -c import sys;exec(eval(sys.stdin.readline()))") == "test worker"
