@@ -1,7 +1,8 @@
 """The memory the browser tests hold the server to (`benchmarks.browser.tree_rss_mb`): a process tree read from /proc,
 counting what a container would be charged, and nothing twice; and the CPU a test run takes by kind of process
-(`benchmarks.suite_cpu`)."""
+(`benchmarks.suite_cpu`) and by test (`benchmarks.cpu_per_test`)."""
 
+import os
 import subprocess
 import sys
 import time
@@ -77,3 +78,38 @@ def test_the_suite_cpu_counts_a_grandchilds_cpu_under_its_kind():
     assert 0.95 <= totals.get("practice sandbox", 0) <= 1.3, totals
     assert suite_cpu.kind("/usr/lib/chromium/chromium --type=renderer") == "chromium"
     assert suite_cpu.kind("/x/python -u -c import sys;exec(eval(sys.stdin.readline()))") == "test worker"
+
+
+# Two tests for benchmarks.cpu_per_test: one whose child process burns ~0.5 CPU-s (and writes what it burnt), one that
+# sleeps.
+TWO_TESTS = """
+import resource, subprocess, sys, time
+
+def test_child_burns(tmp_path):
+    subprocess.run([sys.executable, "-c", "x = 0\\nfor i in range(6_000_000): x += i"], check=True)
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    (tmp_path.parent.parent / "burnt").write_text(str(r.ru_utime + r.ru_stime))
+
+def test_sleeps():
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.slow
+def test_cpu_per_test_charges_a_childs_cpu_to_its_test(tmp_path):
+    import json
+
+    from benchmarks.browser import ROOT
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the repository's: no -n 2, no conftest
+    (tmp_path / "test_two.py").write_text(TWO_TESTS)
+    out = tmp_path / "cpu.jsonl"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.cpu_per_test",
+                    "--cpu-per-test", str(out), "--basetemp", str(tmp_path / "base"), "test_two.py"],
+                   cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True,
+                   capture_output=True)
+    rows = {r["nodeid"]: r for r in map(json.loads, out.read_text().splitlines())}
+    burnt = float((tmp_path / "burnt").read_text())
+    assert burnt > 0.2 and rows["test_two.py::test_child_burns"]["cpu_s"] >= 0.9 * burnt, (burnt, rows)
+    assert rows["test_two.py::test_sleeps"]["wall_s"] >= 0.3
+    assert {r["outcome"] for r in rows.values()} == {"passed"}
