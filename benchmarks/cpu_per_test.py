@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections import defaultdict
 
 import pytest
 
-HZ = os.sysconf("SC_CLK_TCK")
+from benchmarks.suite_cpu import HZ
 
 
 def busy_seconds() -> float:

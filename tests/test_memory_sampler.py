@@ -2,6 +2,7 @@
 counting what a container would be charged, and nothing twice; and the CPU a test run takes by kind of process
 (`benchmarks.suite_cpu`) and by test (`benchmarks.cpu_per_test`)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from benchmarks.browser import tree_rss_mb
+from benchmarks.browser import ROOT, tree_rss_mb
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -97,10 +98,6 @@ def test_sleeps():
 
 @pytest.mark.slow
 def test_cpu_per_test_charges_a_childs_cpu_to_its_test(tmp_path):
-    import json
-
-    from benchmarks.browser import ROOT
-
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the repository's: no -n 2, no conftest
     (tmp_path / "test_two.py").write_text(TWO_TESTS)
     out = tmp_path / "cpu.jsonl"
